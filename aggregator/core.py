@@ -1,0 +1,111 @@
+"""The aggregation core: a weighted mean over flat float32 buffers, as a monoid.
+
+Every model travels and is aggregated as one contiguous 1-D float32 buffer.
+The weighted mean is sum-decomposable, so it is written as a monoid::
+
+    state = empty(size)
+    state = add(state, update, weight)   # once per client reply, as it arrives
+    state = merge(a, b)                  # partial states, e.g. across workers
+    mean = finalize(state)
+
+The aggregator therefore holds O(model) memory whatever the number of clients
+(McMahan et al., "Communication-Efficient Learning of Deep Networks from
+Decentralized Data", AISTATS 2017, Algorithm 1). ``add`` and ``merge`` accumulate
+into the buffer of their first argument and return a new frozen state that
+shares it: the old state must not be used again (it is consumed), which keeps
+the hot path free of per-reply allocations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aggregator.errors import UpdateRejected
+
+__all__ = ["MeanState", "empty", "add", "merge", "finalize", "check_update"]
+
+
+@dataclass(frozen=True)
+class MeanState:
+    """Running weighted sum of updates.
+
+    Attributes
+    ----------
+    total : np.ndarray
+        ``sum_i w_i * x_i`` as a 1-D float32 buffer (owned by the state).
+    weight : float
+        ``sum_i w_i``.
+    count : int
+        Number of updates folded in.
+    """
+
+    total: np.ndarray
+    weight: float
+    count: int
+    scratch: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def size(self) -> int:
+        return int(self.total.shape[0])
+
+
+def empty(size: int) -> MeanState:
+    """Return the identity element for a model of ``size`` parameters."""
+    if size <= 0:
+        raise ValueError(f"size must be positive, got {size}")
+    return MeanState(total=np.zeros(size, dtype=np.float32), weight=0.0, count=0)
+
+
+def check_update(update: np.ndarray, size: int) -> np.ndarray:
+    """Validate one client update and return it as a 1-D float32 view.
+
+    Raises
+    ------
+    UpdateRejected
+        With the reason, when the update has the wrong dtype, shape or holds a
+        NaN or an infinity. A rejected update never touches the running state.
+    """
+    if not isinstance(update, np.ndarray):
+        raise UpdateRejected(f"update is a {type(update).__name__}, not an array")
+    if update.dtype != np.float32:
+        raise UpdateRejected(f"update dtype is {update.dtype}, expected float32")
+    if update.ndim != 1 or update.shape[0] != size:
+        raise UpdateRejected(f"update shape is {update.shape}, expected ({size},)")
+    if not np.isfinite(update).all():
+        raise UpdateRejected("update holds NaN or Inf values")
+    return update
+
+
+def add(state: MeanState, update: np.ndarray, weight: float) -> MeanState:
+    """Fold ``weight * update`` into ``state`` (consumes ``state``)."""
+    if not weight > 0 or not np.isfinite(weight):
+        raise UpdateRejected(f"weight must be a positive finite number, got {weight}")
+    update = check_update(update, state.size)
+    total, scratch = state.total, state.scratch
+    if weight == 1.0:
+        np.add(total, update, out=total)
+    else:
+        # numpy has no fused axpy ufunc: the scaled copy goes through one
+        # scratch buffer kept with the state, so no reply allocates a model.
+        if scratch is None:
+            scratch = np.empty_like(total)
+        np.multiply(update, np.float32(weight), out=scratch)
+        np.add(total, scratch, out=total)
+    return MeanState(total, state.weight + float(weight), state.count + 1, scratch)
+
+
+def merge(a: MeanState, b: MeanState) -> MeanState:
+    """Combine two partial states (consumes ``a``)."""
+    if a.size != b.size:
+        raise ValueError(f"cannot merge states of sizes {a.size} and {b.size}")
+    np.add(a.total, b.total, out=a.total)
+    return MeanState(a.total, a.weight + b.weight, a.count + b.count, a.scratch)
+
+
+def finalize(state: MeanState) -> np.ndarray:
+    """Return the weighted mean ``sum_i w_i x_i / sum_i w_i`` as float32."""
+    if state.count == 0 or state.weight <= 0:
+        raise ValueError("cannot finalize an empty aggregate: no update was added")
+    return (state.total / np.float32(state.weight)).astype(np.float32, copy=False)

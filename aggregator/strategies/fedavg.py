@@ -1,0 +1,30 @@
+"""FedAvg (McMahan et al., AISTATS 2017) with an optional server learning rate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aggregator.strategies.base import ServerState, Strategy
+
+__all__ = ["FedAvg"]
+
+
+@dataclass(frozen=True)
+class FedAvg(Strategy):
+    """x <- x + server_lr * mean_i(delta_i), weighted by example counts.
+
+    With ``server_lr = 1`` this is the weighted average of the client models.
+    """
+
+    server_lr: float = 1.0
+    name: str = "fedavg"
+
+    def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
+        params = state.params + np.float32(self.server_lr) * mean_delta
+        return state.advanced(params.astype(np.float32, copy=False))
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "server_lr": self.server_lr}

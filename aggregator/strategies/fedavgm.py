@@ -1,0 +1,31 @@
+"""FedAvgM: server momentum (Hsu et al., "Measuring the Effects of Non-Identical
+Data Distribution for Federated Visual Classification", 2019)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aggregator.strategies.base import ServerState, Strategy
+
+__all__ = ["FedAvgM"]
+
+
+@dataclass(frozen=True)
+class FedAvgM(Strategy):
+    """m <- beta * m + delta;  x <- x + server_lr * m."""
+
+    server_lr: float = 1.0
+    momentum: float = 0.9
+    name: str = "fedavgm"
+
+    def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
+        previous = state.slots.get("momentum")
+        momentum = mean_delta.copy() if previous is None else np.float32(self.momentum) * previous + mean_delta
+        params = state.params + np.float32(self.server_lr) * momentum
+        return state.advanced(params.astype(np.float32, copy=False), momentum=momentum)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "server_lr": self.server_lr, "momentum": self.momentum}

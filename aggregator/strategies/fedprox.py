@@ -1,0 +1,29 @@
+"""FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020).
+
+The server side is FedAvg; the difference is the proximal term
+``mu/2 * ||w - w_global||^2`` that each client adds to its local objective
+(``clients.training``). The strategy's part is to send ``mu`` to the clients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aggregator.strategies.fedavg import FedAvg
+
+__all__ = ["FedProx"]
+
+
+@dataclass(frozen=True)
+class FedProx(FedAvg):
+    """FedAvg on the server, the proximal term ``mu`` on the clients."""
+
+    mu: float = 0.01
+    name: str = "fedprox"
+
+    def client_config(self, server_round: int) -> dict[str, Any]:
+        return {"proximal-mu": float(self.mu)}
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "mu": self.mu}

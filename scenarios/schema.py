@@ -1,0 +1,351 @@
+"""The scenario schema: frozen, validated dataclasses parsed once from TOML.
+
+A scenario file describes a whole experiment: the data set and how it is split
+over clients, the model, the federation, local training, the strategy, privacy
+and the faults to inject. Every section is a frozen dataclass; parsing checks
+every key and value and fails with one line naming the file, the key and the
+value. Nothing is executed and nothing is mutated after parsing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from scenarios.errors import ScenarioError
+
+__all__ = [
+    "DataSpec", "ModelSpec", "FederationSpec", "TrainingSpec", "StrategySpec",
+    "EvaluationSpec", "FaultSpec", "SecAggSpec", "DPSpec", "Scenario",
+    "load_scenario", "loads_scenario", "scenario_from_dict", "FAULT_STAGES",
+]
+
+FAULT_STAGES = ("train", "advertise_keys", "share_keys", "masked_input", "unmask")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    dataset: Literal["mnist", "digits", "synthetic", "file"] = "mnist"
+    partition: Literal["iid", "dirichlet", "shards"] = "iid"
+    alpha: float = 0.5
+    shards_per_client: int = 2
+    server_test_fraction: float = 0.2
+    client_test_fraction: float = 0.1
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    path: str = ""
+    label_column: str = "label"
+
+    def _check(self) -> None:
+        _positive("alpha", self.alpha)
+        _positive("shards_per_client", self.shards_per_client)
+        _fraction("server_test_fraction", self.server_test_fraction, allow_zero=True)
+        _fraction("client_test_fraction", self.client_test_fraction, allow_zero=True)
+        _non_negative("synthetic_alpha", self.synthetic_alpha)
+        _non_negative("synthetic_beta", self.synthetic_beta)
+        if self.dataset == "file" and not self.path:
+            raise _Bad("path", self.path, "is required when dataset = 'file'")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: Literal["logreg", "mlp", "cnn"] = "cnn"
+
+
+@dataclass(frozen=True)
+class FederationSpec:
+    clients: int = 10
+    fraction: float = 1.0
+    clients_per_round: int = 0
+    min_clients: int = 1
+    deadline_s: float = 120.0
+    max_update_mb: float = 256.0
+
+    def _check(self) -> None:
+        _positive("clients", self.clients)
+        _fraction("fraction", self.fraction)
+        _non_negative("clients_per_round", self.clients_per_round)
+        if self.clients_per_round > self.clients:
+            raise _Bad("clients_per_round", self.clients_per_round, f"exceeds clients = {self.clients}")
+        _positive("min_clients", self.min_clients)
+        _positive("deadline_s", self.deadline_s)
+        _positive("max_update_mb", self.max_update_mb)
+
+    @property
+    def per_round(self) -> int:
+        """Clients sampled per round."""
+        if self.clients_per_round:
+            return self.clients_per_round
+        return max(1, round(self.fraction * self.clients))
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.0
+
+    def _check(self) -> None:
+        _positive("local_epochs", self.local_epochs)
+        _positive("batch_size", self.batch_size)
+        _positive("lr", self.lr)
+        _fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox"] = "fedavg"
+    server_lr: float = 1.0
+    momentum: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+    mu: float = 0.01
+
+    def _check(self) -> None:
+        _positive("server_lr", self.server_lr)
+        _fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
+        _fraction("beta1", self.beta1, allow_zero=True, allow_one=False)
+        _fraction("beta2", self.beta2, allow_zero=True, allow_one=False)
+        _positive("tau", self.tau)
+        _non_negative("mu", self.mu)
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    federated: bool = True
+    server: bool = True
+    every: int = 1
+
+    def _check(self) -> None:
+        _positive("every", self.every)
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    dropouts: Mapping[str, float] = field(default_factory=dict)
+    stragglers: float = 0.0
+    straggler_delay_s: float = 0.0
+    byzantine: float = 0.0
+    byzantine_kind: Literal["nan", "wrong_shape", "scaled", "oversized"] = "nan"
+
+    def _check(self) -> None:
+        for stage, frac in self.dropouts.items():
+            if stage not in FAULT_STAGES:
+                raise _Bad(f"dropouts.{stage}", frac, f"unknown stage; expected one of {', '.join(FAULT_STAGES)}")
+            if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1:
+                raise _Bad(f"dropouts.{stage}", frac, "must be a fraction in [0, 1)")
+        _fraction("stragglers", self.stragglers, allow_zero=True, allow_one=False)
+        _non_negative("straggler_delay_s", self.straggler_delay_s)
+        _fraction("byzantine", self.byzantine, allow_zero=True, allow_one=False)
+
+
+@dataclass(frozen=True)
+class SecAggSpec:
+    enabled: bool = False
+    threshold: float = 0.5
+    graph: Literal["complete", "kregular"] = "complete"
+    degree: int = 0
+    clip_range: float = 8.0
+    bits: Literal[32, 64] = 32
+    max_weight: float = 10000.0
+    stage_timeout_s: float = 30.0
+
+    def _check(self) -> None:
+        _positive("threshold", self.threshold)
+        _non_negative("degree", self.degree)
+        _positive("clip_range", self.clip_range)
+        _positive("max_weight", self.max_weight)
+        _positive("stage_timeout_s", self.stage_timeout_s)
+
+
+@dataclass(frozen=True)
+class DPSpec:
+    enabled: bool = False
+    placement: Literal["central", "distributed"] = "central"
+    clip_norm: float = 1.0
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    delta: float = 1e-5
+    sampling: Literal["poisson", "fixed"] = "fixed"
+    adaptive_clipping: bool = False
+    target_quantile: float = 0.5
+    clip_lr: float = 0.2
+    count_noise_multiplier: float | None = None
+    local_dp_sgd: bool = False
+    local_noise_multiplier: float = 1.0
+    local_max_grad_norm: float = 1.0
+
+    def _check(self) -> None:
+        _positive("clip_norm", self.clip_norm)
+        if self.noise_multiplier is not None:
+            _non_negative("noise_multiplier", self.noise_multiplier)
+        if self.target_epsilon is not None:
+            _positive("target_epsilon", self.target_epsilon)
+        _fraction("delta", self.delta, allow_one=False)
+        _fraction("target_quantile", self.target_quantile, allow_one=False)
+        _positive("clip_lr", self.clip_lr)
+        if self.enabled and self.noise_multiplier is None and self.target_epsilon is None:
+            raise _Bad("noise_multiplier", None, "give noise_multiplier, or target_epsilon to derive it")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A whole experiment, as parsed from one TOML file."""
+
+    name: str
+    seed: int = 0
+    rounds: int = 10
+    description: str = ""
+    data: DataSpec = field(default_factory=DataSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    federation: FederationSpec = field(default_factory=FederationSpec)
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    strategy: StrategySpec = field(default_factory=StrategySpec)
+    evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)
+    faults: FaultSpec = field(default_factory=FaultSpec)
+    secagg: SecAggSpec = field(default_factory=SecAggSpec)
+    dp: DPSpec = field(default_factory=DPSpec)
+
+    def _check(self) -> None:
+        _positive("rounds", self.rounds)
+        if self.federation.min_clients > self.federation.per_round:
+            raise _Bad("federation.min_clients", self.federation.min_clients,
+                       f"exceeds the {self.federation.per_round} clients sampled per round")
+
+    def with_overrides(self, **changes: Any) -> "Scenario":
+        """Return a copy with top-level values replaced (e.g. rounds, seed), re-validated."""
+        return scenario_from_dict({**self.to_dict(), **changes}, source="<override>")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class _Bad(Exception):
+    """Internal: a bad value, before the file and section are known."""
+
+    def __init__(self, key: str, value: Any, why: str) -> None:
+        super().__init__(key, value, why)
+        self.key, self.value, self.why = key, value, why
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise _Bad(key, value, "must be > 0")
+
+
+def _non_negative(key: str, value: float) -> None:
+    if not value >= 0:
+        raise _Bad(key, value, "must be >= 0")
+
+
+def _fraction(key: str, value: float, *, allow_zero: bool = False, allow_one: bool = True) -> None:
+    low_ok = value >= 0 if allow_zero else value > 0
+    high_ok = value <= 1 if allow_one else value < 1
+    if not (low_ok and high_ok):
+        lo, hi = ("[0" if allow_zero else "(0"), ("1]" if allow_one else "1)")
+        raise _Bad(key, value, f"must be in {lo}, {hi}")
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Parse and validate a scenario file.
+
+    Raises
+    ------
+    ScenarioError
+        One line naming the file, the key and the value.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario file ({exc.strerror})") from None
+    return loads_scenario(text, source=str(path))
+
+
+def loads_scenario(text: str, source: str = "<string>") -> Scenario:
+    """Parse and validate scenario TOML text; ``source`` names it in errors."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{source}: not valid TOML: {exc}") from None
+    return scenario_from_dict(raw, source=source)
+
+
+def scenario_from_dict(raw: Mapping[str, Any], source: str = "<dict>") -> Scenario:
+    """Build a validated :class:`Scenario` from plain data (e.g. parsed TOML)."""
+    if "name" not in raw:
+        raw = {"name": Path(source).stem, **raw}
+    try:
+        return _build(Scenario, raw, prefix="")
+    except _Bad as bad:
+        raise ScenarioError(f"{source}: {bad.key} = {bad.value!r}: {bad.why}") from None
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, Mapping):
+        raise _Bad(prefix.rstrip(".") or "<root>", raw, "must be a table")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise _Bad(prefix + unknown[0], raw[unknown[0]], f"unknown key; allowed: {', '.join(sorted(names))}")
+    values = {}
+    for name in names & set(raw):
+        values[name] = _coerce(hints[name], raw[name], prefix + name)
+    try:
+        obj = cls(**values)
+    except TypeError as exc:  # a required key is missing
+        raise _Bad(prefix.rstrip(".") or "<root>", None, str(exc)) from None
+    check = getattr(obj, "_check", None)
+    if check is not None:
+        try:
+            check()
+        except _Bad as bad:
+            raise _Bad(prefix + bad.key, bad.value, bad.why) from None
+    return obj
+
+
+def _coerce(hint: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key + ".")
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        if value not in args or isinstance(value, bool) != isinstance(args[0], bool):
+            raise _Bad(key, value, f"must be one of {', '.join(repr(a) for a in args)}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return None if value is None else _coerce(inner[0], value, key)
+    if origin in (Mapping, dict) or hint is Mapping:
+        if not isinstance(value, Mapping):
+            raise _Bad(key, value, "must be a table")
+        return dict(value)
+    return _scalar(hint, value, key)
+
+
+def _scalar(hint: Any, value: Any, key: str) -> Any:
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise _Bad(key, value, "must be true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Bad(key, value, "must be an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _Bad(key, value, "must be a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise _Bad(key, value, "must be a string")
+        return value
+    raise _Bad(key, value, f"unsupported type {hint}")  # pragma: no cover - schema bug
