@@ -58,8 +58,11 @@ def empty(size: int) -> MeanState:
     return MeanState(total=np.zeros(size, dtype=np.float32), weight=0.0, count=0)
 
 
-def check_update(update: np.ndarray, size: int) -> np.ndarray:
+def check_update(update: np.ndarray, size: int, *, finite: bool = True) -> np.ndarray:
     """Validate one client update and return it as a 1-D float32 view.
+
+    ``finite=False`` skips the NaN/Inf scan, for callers that decoded the
+    update through :func:`aggregator.messages.decode_flat`, which already did it.
 
     Raises
     ------
@@ -73,16 +76,19 @@ def check_update(update: np.ndarray, size: int) -> np.ndarray:
         raise UpdateRejected(f"update dtype is {update.dtype}, expected float32")
     if update.ndim != 1 or update.shape[0] != size:
         raise UpdateRejected(f"update shape is {update.shape}, expected ({size},)")
-    if not np.isfinite(update).all():
+    if finite and not np.isfinite(update).all():
         raise UpdateRejected("update holds NaN or Inf values")
     return update
 
 
-def add(state: MeanState, update: np.ndarray, weight: float) -> MeanState:
-    """Fold ``weight * update`` into ``state`` (consumes ``state``)."""
+def add(state: MeanState, update: np.ndarray, weight: float, *, checked: bool = False) -> MeanState:
+    """Fold ``weight * update`` into ``state`` (consumes ``state``).
+
+    ``checked=True`` skips the NaN/Inf scan for updates already validated.
+    """
     if not weight > 0 or not np.isfinite(weight):
         raise UpdateRejected(f"weight must be a positive finite number, got {weight}")
-    update = check_update(update, state.size)
+    update = check_update(update, state.size, finite=not checked)
     total, scratch = state.total, state.scratch
     if weight == 1.0:
         np.add(total, update, out=total)

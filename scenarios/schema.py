@@ -134,7 +134,7 @@ class FaultSpec:
     stragglers: float = 0.0
     straggler_delay_s: float = 0.0
     byzantine: float = 0.0
-    byzantine_kind: Literal["nan", "wrong_shape", "scaled", "oversized"] = "nan"
+    byzantine_kind: Literal["nan", "wrong_shape", "oversized", "garbage"] = "nan"
 
     def _check(self) -> None:
         for stage, frac in self.dropouts.items():

@@ -1,0 +1,64 @@
+"""Evaluation: federated (clients score the global model on their own test
+split) and server-side (the aggregator scores it on a held-out set)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from aggregator.collect import collect, push
+from aggregator.errors import UpdateRejected
+from aggregator.messages import TrainConfig, parse_eval_reply, train_instruction
+
+__all__ = ["EvalSummary", "federated_evaluate", "ServerEvaluator"]
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    loss: float | None
+    accuracy: float | None
+    per_client: dict[int, tuple[float, float, int]]
+
+
+def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, config: TrainConfig,
+                       deadline_s: float) -> EvalSummary:
+    """Ask ``nodes`` to evaluate ``params``; example-weighted mean of what comes back."""
+    content = {n: train_instruction(params, config) for n in nodes}
+    results: dict[int, tuple[float, float, int]] = {}
+
+    def on_reply(node: int, reply: Message) -> None:
+        if reply.has_error():
+            return
+        try:
+            parsed = parse_eval_reply(reply.content)
+        except UpdateRejected:
+            return
+        results[node] = (parsed.loss, parsed.accuracy, parsed.num_examples)
+
+    collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
+    if not results:
+        return EvalSummary(None, None, {})
+    losses, accs, counts = zip(*results.values())
+    return EvalSummary(float(np.average(losses, weights=counts)), float(np.average(accs, weights=counts)), results)
+
+
+class ServerEvaluator:
+    """Scores flat parameters on the aggregator's held-out set."""
+
+    def __init__(self, model_factory, test_set) -> None:  # noqa: ANN001 - torch kept out of the signature
+        from clients.models import set_flat  # torch is imported only when evaluation is used
+
+        self._model = model_factory()
+        self._set_flat = set_flat
+        self._test = test_set
+
+    def __call__(self, params: np.ndarray) -> tuple[float, float]:
+        from clients.training import evaluate
+
+        self._set_flat(self._model, params)
+        result = evaluate(self._model, self._test)
+        return float(result.loss), float(result.accuracy)

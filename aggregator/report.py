@@ -1,0 +1,75 @@
+"""Run reports: PNG plots per round and a JSON summary, from the run store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from aggregator.store import RunStore
+
+__all__ = ["write_report", "run_summary"]
+
+
+def run_summary(store: RunStore, run_id: str) -> dict[str, Any]:
+    """Everything about a run that fits in one JSON object."""
+    run = store.get_run(run_id)
+    rounds = store.rounds(run.id)
+    accuracies = [r.server_accuracy if r.server_accuracy is not None else r.fed_accuracy for r in rounds]
+    known = [a for a in accuracies if a is not None]
+    return {
+        "run_id": run.id, "scenario": run.name, "status": run.status, "strategy": run.strategy,
+        "seed": run.seed, "rounds_total": run.rounds_total, "rounds_done": len(rounds),
+        "final_accuracy": accuracies[-1] if accuracies else None,
+        "best_accuracy": max(known) if known else None,
+        "final_train_loss": rounds[-1].train_loss if rounds else None,
+        "epsilon": rounds[-1].epsilon if rounds else None,
+        "duration_s": (run.finished_at or run.updated_at) - run.started_at,
+        "rounds": [{
+            "round": r.round, "train_loss": r.train_loss, "fed_loss": r.fed_loss,
+            "fed_accuracy": r.fed_accuracy, "server_loss": r.server_loss,
+            "server_accuracy": r.server_accuracy, "sampled": r.sampled, "answered": r.answered,
+            "dropped": r.dropped, "rejected": r.rejected, "duration_s": r.duration_s,
+            "epsilon": r.epsilon} for r in rounds],
+    }
+
+
+def write_report(store: RunStore, run_id: str, out_dir: str | Path) -> list[Path]:
+    """Write ``summary.json``, ``accuracy_loss.png`` and ``clients.png`` into ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = run_summary(store, run_id)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summary["rounds"]
+    x = [r["round"] for r in rows]
+    paths = [out / "summary.json", out / "accuracy_loss.png", out / "clients.png"]
+    paths[0].write_text(json.dumps(summary, indent=2))
+
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in (("server_accuracy", "server"), ("fed_accuracy", "federated")):
+        ax_acc.plot(x, [r[key] for r in rows], marker="o", label=label)
+    for key, label in (("train_loss", "train"), ("server_loss", "server"), ("fed_loss", "federated")):
+        ax_loss.plot(x, [r[key] for r in rows], marker="o", label=label)
+    ax_acc.set(title=f"{summary['scenario']}: accuracy", xlabel="round", ylabel="accuracy")
+    ax_loss.set(title="loss", xlabel="round", ylabel="loss")
+    for ax in (ax_acc, ax_loss):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in ("sampled", "answered", "dropped", "rejected"):
+        ax.plot(x, [r[key] for r in rows], marker="o", label=key)
+    ax.set(title="clients per round", xlabel="round", ylabel="clients")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(paths[2], dpi=110)
+    plt.close(fig)
+    return paths

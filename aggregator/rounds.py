@@ -1,0 +1,137 @@
+"""The round loop: the one owner of the federated loop.
+
+Each round: sample clients (seeded by the run seed and the round, so a resumed
+run samples exactly as an uninterrupted one), run the fit workflow (plain or
+secure), finalize the aggregate through the strategy, apply the server
+optimiser, evaluate, and commit the round with its checkpoint in one store
+transaction. Budget checks (differential privacy) happen before a round
+starts, never after it has spent privacy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from flwr.serverapp import Grid
+
+from aggregator.evaluation import ServerEvaluator, federated_evaluate
+from aggregator.fit import FitOutcome, FitRequest, FitWorkflow
+from aggregator.messages import TrainConfig
+from aggregator.store import ClientRecord, RoundRecord, RunStore
+from aggregator.strategies.base import ServerState, Strategy
+from scenarios.schema import Scenario
+
+__all__ = ["RoundLoop", "sample_clients", "client_seed", "LoopResult"]
+
+
+def sample_clients(node_ids: Sequence[int], k: int, seed: int, round_: int) -> list[int]:
+    """Choose ``k`` of ``node_ids`` for ``round_``; a pure function of (seed, round)."""
+    ordered = sorted(node_ids)
+    k = min(k, len(ordered))
+    picks = np.random.default_rng([seed, round_, 0x5A]).choice(len(ordered), size=k, replace=False)
+    return sorted(ordered[i] for i in picks)
+
+
+def client_seed(seed: int, round_: int, node: int) -> int:
+    """The training seed of ``node`` in ``round_`` (independent streams per pair)."""
+    return int(np.random.SeedSequence([seed, round_, node]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    state: ServerState
+    status: str  # finished | stopped_budget | failed
+    last: RoundRecord | None
+
+
+@dataclass
+class RoundLoop:
+    """Runs rounds ``state.round + 1 .. scenario.rounds`` for one stored run."""
+
+    scenario: Scenario
+    strategy: Strategy
+    fit: FitWorkflow
+    store: RunStore
+    run_id: str
+    server_eval: ServerEvaluator | None = None
+    on_round: Callable[[RoundRecord], None] | None = None
+    eval_deadline_s: float = 30.0
+
+    def run(self, grid: Grid, state: ServerState) -> LoopResult:
+        last = None
+        while state.round < self.scenario.rounds:
+            stop = getattr(self.strategy, "would_exceed_budget", None)
+            if stop is not None and stop(state):
+                self.store.log(self.run_id, f"privacy budget reached before round {state.round + 1}; stopping")
+                return LoopResult(state, "stopped_budget", last)
+            state, last = self.run_round(grid, state)
+        return LoopResult(state, "finished", last)
+
+    def run_round(self, grid: Grid, state: ServerState) -> tuple[ServerState, RoundRecord]:
+        round_ = state.round + 1
+        started, t0 = time.time(), time.monotonic()
+        fed = self.scenario.federation
+        nodes = sample_clients(list(grid.get_node_ids()), fed.per_round, self.scenario.seed, round_)
+        request = FitRequest(round=round_, nodes=nodes, state=state,
+                             configs={n: self._train_config(round_, n) for n in nodes},
+                             deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20))
+        outcome = self.fit(grid, request, self.strategy)
+        state, status = self._apply(state, outcome, round_)
+        record = self._evaluate_and_record(grid, state, outcome, nodes, round_, started, t0, status)
+        self.store.commit_round(self.run_id, record, state)
+        if self.on_round is not None:
+            self.on_round(record)
+        return state, record
+
+    def _train_config(self, round_: int, node: int) -> TrainConfig:
+        t = self.scenario.training
+        extra = self.strategy.client_config(round_)
+        return TrainConfig(round=round_, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
+                           momentum=t.momentum, seed=client_seed(self.scenario.seed, round_, node),
+                           proximal_mu=float(extra.pop("proximal-mu", 0.0)), extra=extra)
+
+    def _apply(self, state: ServerState, outcome: FitOutcome, round_: int) -> tuple[ServerState, str]:
+        answered = outcome.aggregate.count if outcome.aggregate is not None else 0
+        if answered < self.scenario.federation.min_clients:
+            self.store.log(self.run_id, f"round {round_}: {answered} usable updates, fewer than "
+                           f"min_clients = {self.scenario.federation.min_clients}; model unchanged", "warning")
+            return replace(state, round=round_), "skipped"
+        rng = np.random.default_rng([self.scenario.seed, round_, 0xD9])
+        mean_delta = self.strategy.finalize(outcome.aggregate, rng)
+        new = self.strategy.apply(state, mean_delta)
+        return replace(new, round=round_), "ok"
+
+    def _evaluate_and_record(self, grid: Grid, state: ServerState, outcome: FitOutcome, nodes: list[int],
+                             round_: int, started: float, t0: float, status: str) -> RoundRecord:
+        ev = self.scenario.evaluation
+        fed_loss = fed_acc = srv_loss = srv_acc = None
+        clients = list(outcome.clients)
+        if round_ % ev.every == 0 or round_ == self.scenario.rounds:
+            if ev.federated:
+                ok = [n for n in nodes if any(c.client == str(n) and c.outcome == "ok" for c in clients)]
+                summary = federated_evaluate(grid, ok or nodes, state.params,
+                                             self._train_config(round_, 0), self.eval_deadline_s)
+                fed_loss, fed_acc = summary.loss, summary.accuracy
+                clients = [_with_eval(c, summary.per_client) for c in clients]
+            if ev.server and self.server_eval is not None:
+                srv_loss, srv_acc = self.server_eval(state.params)
+        epsilon = getattr(self.strategy, "epsilon", None)
+        return RoundRecord(
+            round=round_, started_at=started, duration_s=time.monotonic() - t0, sampled=len(nodes),
+            clients=clients, train_loss=outcome.train_loss, fed_loss=fed_loss, fed_accuracy=fed_acc,
+            server_loss=srv_loss, server_accuracy=srv_acc, bytes_in=outcome.bytes_in,
+            bytes_out=outcome.bytes_out, epsilon=epsilon(state) if epsilon is not None else None,
+            secagg=outcome.secagg, metrics={"status": status})
+
+
+def _with_eval(record: ClientRecord, per_client: dict[int, tuple[float, float, int]]) -> ClientRecord:
+    try:
+        result = per_client.get(int(record.client))
+    except ValueError:
+        result = None
+    if result is None:
+        return record
+    return replace(record, eval_loss=result[0], eval_accuracy=result[1])

@@ -1,0 +1,135 @@
+"""Quorum's Flower ServerApp, and the one function that runs a federation.
+
+:func:`run_federation` is what every runtime calls: the in-process grid of
+``quorum simulate``, Flower's Ray simulation and a real SuperLink all hand it
+a ``Grid``. It builds the strategy (wrapped for DP when the scenario asks),
+the fit workflow (plain or secure aggregation), opens or resumes the run in
+the store and drives the :class:`~aggregator.rounds.RoundLoop`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from aggregator.fit import FitWorkflow, PlainFit
+from aggregator.rounds import LoopResult, RoundLoop
+from aggregator.store import RoundRecord, RunStore, default_db_url
+from aggregator.strategies import FedAdam, FedAvg, FedAvgM, FedProx, FedYogi, Strategy
+from scenarios.schema import Scenario
+
+__all__ = ["app", "build_strategy", "build_fit", "run_federation", "RunHandle"]
+
+
+def build_strategy(scenario: Scenario) -> Strategy:
+    """The scenario's strategy, wrapped in DP-FedAvg when ``[dp]`` is enabled."""
+    s = scenario.strategy
+    base: Strategy = {
+        "fedavg": lambda: FedAvg(server_lr=s.server_lr),
+        "fedprox": lambda: FedProx(server_lr=s.server_lr, mu=s.mu),
+        "fedavgm": lambda: FedAvgM(server_lr=s.server_lr, momentum=s.momentum),
+        "fedadam": lambda: FedAdam(server_lr=s.server_lr, beta1=s.beta1, beta2=s.beta2, tau=s.tau),
+        "fedyogi": lambda: FedYogi(server_lr=s.server_lr, beta1=s.beta1, beta2=s.beta2, tau=s.tau),
+    }[s.name]()
+    if not scenario.dp.enabled:
+        return base
+    from privacy.dp import make_dp_strategy
+
+    return make_dp_strategy(base, scenario.dp, clients_per_round=scenario.federation.per_round,
+                            population=scenario.federation.clients, rounds=scenario.rounds)
+
+
+def build_fit(scenario: Scenario) -> FitWorkflow:
+    """Plain fit, or the secure-aggregation workflow when ``[secagg]`` is enabled."""
+    if not scenario.secagg.enabled:
+        return PlainFit()
+    from privacy.secagg.fit import SecAggFit
+
+    return SecAggFit(scenario.secagg)
+
+
+@dataclass(frozen=True)
+class RunHandle:
+    """Where a run lives: its store and id."""
+
+    store: RunStore
+    run_id: str
+
+
+def _model_factory(scenario: Scenario) -> tuple[Callable[[], object], object]:
+    from clients.clientapp import cached_federation
+    from clients.models import build_model
+
+    fed = cached_federation(scenario)
+
+    def factory() -> object:
+        return build_model(scenario.model.name, fed.input_shape, fed.num_classes, seed=scenario.seed)
+
+    return factory, fed
+
+
+def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: str,
+             resume_id: str | None = None):  # noqa: ANN201
+    """Create a run (or reopen ``resume_id``); returns (run_id, state, model factory, test set)."""
+    from clients.models import get_flat
+
+    factory, fed = _model_factory(scenario)
+    if resume_id is not None:
+        state = store.load_state(resume_id)
+        store.set_status(resume_id, "running")
+        store.log(resume_id, f"resumed after round {state.round if state else 0}")
+        if state is not None:
+            return resume_id, state, factory, fed.test
+    initial = get_flat(factory())
+    run_id = resume_id or store.create_run(
+        name=scenario.name, scenario=scenario.to_dict(), seed=scenario.seed,
+        strategy=strategy.describe()["name"], rounds=scenario.rounds, engine=engine,
+        num_params=int(initial.size), info={"strategy": strategy.describe()})
+    return run_id, strategy.init_state(initial), factory, fed.test
+
+
+def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: str,
+                   resume_id: str | None = None,
+                   on_round: Callable[[RoundRecord], None] | None = None,
+                   on_start: Callable[[str], None] | None = None) -> tuple[str, LoopResult]:
+    """Run (or resume) a federation over ``grid``; returns the run id and how it ended."""
+    from aggregator.evaluation import ServerEvaluator
+
+    strategy = build_strategy(scenario)
+    run_id, state, factory, test = open_run(store, scenario, strategy, engine, resume_id)
+    if on_start is not None:
+        on_start(run_id)
+    evaluator = ServerEvaluator(factory, test) if test is not None and scenario.evaluation.server else None
+    loop = RoundLoop(scenario=scenario, strategy=strategy, fit=build_fit(scenario), store=store,
+                     run_id=run_id, server_eval=evaluator, on_round=on_round)
+    try:
+        result = loop.run(grid, state)
+    except BaseException as exc:
+        store.set_status(run_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+                         error=f"{type(exc).__name__}: {exc}")
+        raise
+    store.set_status(run_id, result.status)
+    return run_id, result
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Entry point under ``flwr run`` (Ray simulation or a SuperLink)."""
+    from clients.clientapp import scenario_from_run_config
+
+    config = dict(context.run_config)
+    scenario = scenario_from_run_config(config)
+    overrides = json.loads(str(config.get("overrides", "{}")))
+    if overrides:
+        scenario = scenario.with_overrides(**overrides)
+    db = str(config.get("db") or os.environ.get("QUORUM_DB") or default_db_url())
+    resume = str(config.get("resume", "")) or None
+    run_federation(grid, scenario, RunStore(db), engine=str(config.get("engine", "flower")), resume_id=resume)

@@ -1,0 +1,317 @@
+"""The run store: runs, rounds, per-client results and events, over SQLAlchemy.
+
+SQLite (a file, WAL mode so the dashboard reads while the aggregator writes) by
+default, any SQLAlchemy URL for a shared deployment. Model checkpoints are
+``safetensors`` files beside the database; a round row, its client results and
+its checkpoint reference are committed in one transaction, after the
+checkpoint file has been written and renamed into place, so a crash leaves
+either the whole round or none of it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, create_engine, event,
+                        select)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from aggregator.errors import RunNotFound, StoreError
+from aggregator.strategies.base import ServerState
+
+__all__ = ["RunStore", "Run", "Round", "ClientResult", "Event", "RoundRecord", "ClientRecord",
+           "default_db_url"]
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    scenario: Mapped[dict] = mapped_column(JSON)
+    seed: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(32), index=True)
+    engine: Mapped[str] = mapped_column(String(32), default="inprocess")
+    strategy: Mapped[str] = mapped_column(String(64))
+    rounds_total: Mapped[int] = mapped_column(Integer)
+    rounds_done: Mapped[int] = mapped_column(Integer, default=0)
+    num_params: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    info: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class Round(Base):
+    __tablename__ = "rounds"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    round: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[float] = mapped_column(Float)
+    duration_s: Mapped[float] = mapped_column(Float)
+    sampled: Mapped[int] = mapped_column(Integer)
+    answered: Mapped[int] = mapped_column(Integer)
+    dropped: Mapped[int] = mapped_column(Integer)
+    rejected: Mapped[int] = mapped_column(Integer)
+    train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    fed_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    fed_accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
+    server_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    server_accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
+    bytes_in: Mapped[int] = mapped_column(Integer, default=0)
+    bytes_out: Mapped[int] = mapped_column(Integer, default=0)
+    epsilon: Mapped[float | None] = mapped_column(Float, nullable=True)
+    secagg: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    metrics: Mapped[dict] = mapped_column(JSON, default=dict)
+    checkpoint: Mapped[str] = mapped_column(Text)
+
+
+class ClientResult(Base):
+    __tablename__ = "client_results"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    round: Mapped[int] = mapped_column(Integer, index=True)
+    client: Mapped[str] = mapped_column(String(64), index=True)
+    outcome: Mapped[str] = mapped_column(String(32))
+    stage: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    num_examples: Mapped[int] = mapped_column(Integer, default=0)
+    train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    eval_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    eval_accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
+    duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    bytes_in: Mapped[int] = mapped_column(Integer, default=0)
+    metrics: Mapped[dict] = mapped_column(JSON, default=dict)
+    finished_at: Mapped[float] = mapped_column(Float)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    ts: Mapped[float] = mapped_column(Float)
+    level: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+
+
+@dataclass(frozen=True)
+class ClientRecord:
+    """One client's part in one round, as the round loop saw it."""
+
+    client: str
+    outcome: str  # ok | dropped | rejected | error | late
+    num_examples: int = 0
+    train_loss: float | None = None
+    eval_loss: float | None = None
+    eval_accuracy: float | None = None
+    duration_s: float | None = None
+    bytes_in: int = 0
+    stage: str | None = None
+    reason: str | None = None
+    metrics: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """Everything committed for one round."""
+
+    round: int
+    started_at: float
+    duration_s: float
+    sampled: int
+    clients: Sequence[ClientRecord]
+    train_loss: float | None = None
+    fed_loss: float | None = None
+    fed_accuracy: float | None = None
+    server_loss: float | None = None
+    server_accuracy: float | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    epsilon: float | None = None
+    secagg: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for c in self.clients if c.outcome == outcome)
+
+
+def default_db_url(directory: str | Path = "runs") -> str:
+    """The default store: ``runs/quorum.db`` under the working directory."""
+    return f"sqlite:///{Path(directory) / 'quorum.db'}"
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """Create an engine; SQLite files get WAL mode and their folder created."""
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+class RunStore:
+    """Read and write runs; checkpoints live in ``checkpoint_dir``."""
+
+    def __init__(self, url: str, checkpoint_dir: str | Path | None = None) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        Base.metadata.create_all(self.engine)
+        if checkpoint_dir is None:
+            base = Path(url.removeprefix("sqlite:///")).parent if url.startswith("sqlite:///") else Path("runs")
+            checkpoint_dir = base / "checkpoints"
+        self.checkpoint_dir = Path(checkpoint_dir)
+
+    def session(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    # -- runs -------------------------------------------------------------
+    def create_run(self, *, name: str, scenario: dict, seed: int, strategy: str, rounds: int,
+                   engine: str = "inprocess", num_params: int = 0, info: dict | None = None) -> str:
+        run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        now = time.time()
+        with self.session() as s, s.begin():
+            s.add(Run(id=run_id, name=name, scenario=scenario, seed=seed, status="running",
+                      engine=engine, strategy=strategy, rounds_total=rounds, rounds_done=0,
+                      num_params=num_params, started_at=now, updated_at=now, info=info or {}))
+        return run_id
+
+    def get_run(self, run_id: str) -> Run:
+        with self.session() as s:
+            run = s.get(Run, run_id)
+            if run is None:
+                matches = s.scalars(select(Run).where(Run.id.like(f"%{run_id}%"))).all()
+                if len(matches) != 1:
+                    raise RunNotFound(f"no run {run_id!r} in {self.url}")
+                run = matches[0]
+            return run
+
+    def list_runs(self, status: str | None = None) -> list[Run]:
+        with self.session() as s:
+            query = select(Run).order_by(Run.started_at.desc())
+            if status:
+                query = query.where(Run.status == status)
+            return list(s.scalars(query).all())
+
+    def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
+        with self.session() as s, s.begin():
+            run = s.get(Run, run_id)
+            if run is None:
+                raise RunNotFound(f"no run {run_id!r} in {self.url}")
+            run.status, run.error, run.updated_at = status, error, time.time()
+            run.finished_at = time.time() if status != "running" else None
+
+    def update_info(self, run_id: str, **info: Any) -> None:
+        with self.session() as s, s.begin():
+            run = s.get(Run, run_id)
+            run.info = {**(run.info or {}), **info}
+
+    def log(self, run_id: str, message: str, level: str = "info") -> None:
+        with self.session() as s, s.begin():
+            s.add(Event(run_id=run_id, ts=time.time(), level=level, message=message))
+
+    # -- rounds -----------------------------------------------------------
+    def commit_round(self, run_id: str, record: RoundRecord, state: ServerState) -> None:
+        """Write the checkpoint, then the round and its client results atomically."""
+        path = self._write_checkpoint(run_id, record.round, state)
+        with self.session() as s, s.begin():
+            run = s.get(Run, run_id)
+            if run is None:
+                raise RunNotFound(f"no run {run_id!r} in {self.url}")
+            if s.get(Round, (run_id, record.round)) is not None:
+                raise StoreError(f"run {run_id} already has round {record.round} committed")
+            s.add(_round_row(run_id, record, str(path)))
+            s.add_all(_client_rows(run_id, record))
+            run.rounds_done, run.updated_at = record.round, time.time()
+
+    def rounds(self, run_id: str) -> list[Round]:
+        with self.session() as s:
+            return list(s.scalars(select(Round).where(Round.run_id == run_id).order_by(Round.round)).all())
+
+    def client_results(self, run_id: str, round_: int | None = None) -> list[ClientResult]:
+        with self.session() as s:
+            query = select(ClientResult).where(ClientResult.run_id == run_id)
+            if round_ is not None:
+                query = query.where(ClientResult.round == round_)
+            return list(s.scalars(query.order_by(ClientResult.round, ClientResult.id)).all())
+
+    def events(self, run_id: str) -> list[Event]:
+        with self.session() as s:
+            return list(s.scalars(select(Event).where(Event.run_id == run_id).order_by(Event.id)).all())
+
+    # -- checkpoints ------------------------------------------------------
+    def _write_checkpoint(self, run_id: str, round_: int, state: ServerState) -> Path:
+        folder = self.checkpoint_dir / run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"round-{round_:05d}.safetensors"
+        tmp = path.with_suffix(".tmp")
+        tensors = {"params": state.params, **{f"slot.{k}": v for k, v in state.slots.items()}}
+        meta = {"round": str(state.round), "extra": json.dumps(state.extra)}
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata=meta)
+        tmp.replace(path)
+        return path
+
+    def load_state(self, run_id: str, round_: int | None = None) -> ServerState | None:
+        """The server state committed with ``round_`` (default: the last one)."""
+        with self.session() as s:
+            query = select(Round).where(Round.run_id == run_id)
+            if round_ is not None:
+                query = query.where(Round.round == round_)
+            row = s.scalars(query.order_by(Round.round.desc()).limit(1)).first()
+        if row is None:
+            return None
+        return read_checkpoint(row.checkpoint)
+
+
+def read_checkpoint(path: str | Path) -> ServerState:
+    """Load a ``ServerState`` from a safetensors checkpoint."""
+    from safetensors import safe_open
+
+    try:
+        tensors = load_file(str(path))
+        with safe_open(str(path), framework="numpy") as handle:
+            meta = handle.metadata() or {}
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"cannot read checkpoint {path}: {exc}") from None
+    slots = {k.removeprefix("slot."): v for k, v in tensors.items() if k.startswith("slot.")}
+    return ServerState(params=tensors["params"], slots=slots, round=int(meta.get("round", 0)),
+                       extra=json.loads(meta.get("extra", "{}")))
+
+
+def _round_row(run_id: str, r: RoundRecord, checkpoint: str) -> Round:
+    return Round(run_id=run_id, round=r.round, started_at=r.started_at, duration_s=r.duration_s,
+                 sampled=r.sampled, answered=r.count("ok"), dropped=r.count("dropped"),
+                 rejected=r.count("rejected") + r.count("error"), train_loss=r.train_loss,
+                 fed_loss=r.fed_loss, fed_accuracy=r.fed_accuracy, server_loss=r.server_loss,
+                 server_accuracy=r.server_accuracy, bytes_in=r.bytes_in, bytes_out=r.bytes_out,
+                 epsilon=r.epsilon, secagg=r.secagg, metrics=r.metrics or {}, checkpoint=checkpoint)
+
+
+def _client_rows(run_id: str, r: RoundRecord) -> Iterable[ClientResult]:
+    now = time.time()
+    for c in r.clients:
+        yield ClientResult(run_id=run_id, round=r.round, client=c.client, outcome=c.outcome,
+                           stage=c.stage, reason=c.reason, num_examples=c.num_examples,
+                           train_loss=c.train_loss, eval_loss=c.eval_loss,
+                           eval_accuracy=c.eval_accuracy, duration_s=c.duration_s,
+                           bytes_in=c.bytes_in, metrics=c.metrics or {}, finished_at=now)

@@ -1,0 +1,150 @@
+"""Quorum's Flower ClientApp: local training and evaluation on local data.
+
+The same app runs in every runtime. Its data comes from the node: a
+simulated node names its partition of the scenario's data set
+(``partition-id`` / ``num-partitions`` in its node config); a real edge device
+names its own file (``data-path``), which never leaves the device. The model
+and the data are loaded once per process and reused across rounds.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from aggregator.messages import TrainConfig, eval_reply, parse_instruction, train_reply
+from clients.datasets import ClientData, Federation, build_federation, load_client_data
+from clients.models import build_model, get_flat, set_flat
+from clients.training import evaluate, train
+from scenarios.schema import DataSpec, Scenario, load_scenario, scenario_from_dict
+
+__all__ = ["app", "scenario_from_run_config", "client_mods", "cached_federation"]
+
+
+def scenario_from_run_config(run_config: dict[str, Any]) -> Scenario:
+    """The scenario a run was started with: inline JSON, or a TOML path."""
+    if "scenario-json" in run_config:
+        return _scenario_from_json(str(run_config["scenario-json"]))
+    return _scenario_from_path(str(run_config.get("scenario", "scenarios/quickstart.toml")))
+
+
+@functools.lru_cache(maxsize=4)
+def _scenario_from_json(text: str) -> Scenario:
+    return scenario_from_dict(json.loads(text), source="run_config")
+
+
+@functools.lru_cache(maxsize=4)
+def _scenario_from_path(name: str) -> Scenario:
+    path = Path(name)
+    if not path.is_absolute() and not path.exists():
+        path = Path(__file__).resolve().parent.parent / path  # relative to the app
+    return load_scenario(path)
+
+
+@dataclass
+class _Runtime:
+    """What a node keeps between messages: its data and one model instance."""
+
+    data: ClientData
+    model: torch.nn.Module
+
+
+def cached_federation(scenario: Scenario) -> Federation:
+    """The scenario's federated data set, built once per process."""
+    return _federation(scenario.data, scenario.federation.clients, scenario.seed)
+
+
+@functools.lru_cache(maxsize=2)
+def _federation(spec: DataSpec, num_clients: int, seed: int) -> Federation:
+    return build_federation(spec, num_clients, seed)
+
+
+_RUNTIMES: dict[tuple[Any, ...], _Runtime] = {}
+
+
+def _runtime(context: Context) -> _Runtime:
+    """Load (once per process) the node's data and model."""
+    scenario = scenario_from_run_config(dict(context.run_config))
+    node = dict(context.node_config)
+    key = (id(scenario), node.get("partition-id"), node.get("data-path"))
+    runtime = _RUNTIMES.get(key)
+    if runtime is None:
+        runtime = _RUNTIMES[key] = _load_runtime(scenario, node)
+    return runtime
+
+
+def _load_runtime(scenario: Scenario, node: dict[str, Any]) -> _Runtime:
+    if "data-path" in node:
+        data = load_client_data(str(node["data-path"]), label_column=scenario.data.label_column,
+                                test_fraction=scenario.data.client_test_fraction, seed=scenario.seed)
+        fed = cached_federation(scenario) if scenario.data.dataset != "file" else None
+        shape = fed.input_shape if fed else tuple(data.train.x.shape[1:])
+        classes = fed.num_classes if fed else int(data.train.y.max()) + 1
+    else:
+        fed = cached_federation(scenario)
+        data = fed.clients[int(node["partition-id"]) % len(fed.clients)]
+        shape, classes = fed.input_shape, fed.num_classes
+    model = build_model(scenario.model.name, shape, classes, seed=scenario.seed)
+    return _Runtime(data=data, model=model)
+
+
+def client_mods() -> list[Any]:
+    """ClientApp mods: secure aggregation answers its own protocol stages."""
+    try:
+        from privacy.secagg.flower_mod import secagg_mod
+    except ImportError:  # secure aggregation not installed in this build
+        return []
+    return [secagg_mod]
+
+
+app = ClientApp(mods=client_mods())
+
+
+@app.train()
+def train_handler(message: Message, context: Context) -> Message:
+    """Train the global model on local data; reply with the update (a delta)."""
+    runtime = _runtime(context)
+    params, config = parse_instruction(message.content)
+    started = time.monotonic()
+    set_flat(runtime.model, params)
+    result = _train(runtime, config)
+    delta = get_flat(runtime.model) - params
+    metrics = {"train-loss": float(result.loss), "duration-s": time.monotonic() - started}
+    delta, extra = _privatize(delta, config)
+    return Message(train_reply(delta, result.num_examples, {**metrics, **extra}), reply_to=message)
+
+
+def _train(runtime: _Runtime, config: TrainConfig) -> Any:
+    return train(runtime.model, runtime.data.train, epochs=config.epochs, batch_size=config.batch_size,
+                 lr=config.lr, momentum=config.momentum, proximal_mu=config.proximal_mu, seed=config.seed)
+
+
+def _privatize(delta: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, dict[str, float]]:
+    """Client-side DP (distributed placement): clip, and add this client's noise share."""
+    clip = config.extra.get("dp-clip")
+    if clip is None:
+        return delta, {}
+    from privacy.dp import privatize_update, secure_rng
+
+    noise_std = float(config.extra.get("dp-noise-std", 0.0))
+    private, norm, below = privatize_update(delta, float(clip), noise_std, secure_rng())
+    return private.astype(np.float32, copy=False), {"dp-norm": float(norm), "dp-norm-below-clip": float(below)}
+
+
+@app.evaluate()
+def evaluate_handler(message: Message, context: Context) -> Message:
+    """Score the global model on the node's local test split."""
+    runtime = _runtime(context)
+    params, _ = parse_instruction(message.content)
+    set_flat(runtime.model, params)
+    result = evaluate(runtime.model, runtime.data.test)
+    return Message(eval_reply(result.loss, result.accuracy, result.num_examples), reply_to=message)

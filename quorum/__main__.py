@@ -1,0 +1,3 @@
+from quorum.cli import main
+
+main()

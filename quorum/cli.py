@@ -1,0 +1,157 @@
+"""The ``quorum`` command: simulate, resume, list and report runs, and more.
+
+Each package contributes its own sub-commands (``privacy``, ``dashboard``,
+...); this module only assembles them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from aggregator.errors import QuorumError
+from aggregator.store import RunStore, default_db_url
+from scenarios.errors import ScenarioError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(help="Quorum: federated learning with secure aggregation, differential privacy "
+                       "and a live dashboard.", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_show_locals=False)
+console = Console(stderr=True)
+
+DbOption = Annotated[str, typer.Option("--db", help="Run store: an SQLAlchemy URL.", envvar="QUORUM_DB")]
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+@app.command()
+def simulate(
+    scenario: Annotated[Path, typer.Argument(help="Scenario TOML file, e.g. scenarios/quickstart.toml.")],
+    rounds: Annotated[Optional[int], typer.Option(help="Override the scenario's number of rounds.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Override the scenario's seed.")] = None,
+    db: DbOption = default_db_url(),
+    engine: Annotated[str, typer.Option(help="inprocess (default, no Ray) or ray (needs quorum[simulation]).")]
+    = "inprocess",
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the live display.")]
+    = False,
+) -> None:
+    """Run a federation from a scenario file on this machine and store every round."""
+    from aggregator.simulation import simulate as run
+    from quorum.progress import RoundDisplay
+    from scenarios.schema import load_scenario
+
+    try:
+        spec = load_scenario(scenario)
+        overrides = {k: v for k, v in (("rounds", rounds), ("seed", seed)) if v is not None}
+        if overrides:
+            spec = spec.with_overrides(**overrides)
+        with RoundDisplay(spec, enabled=not json_out) as display:
+            summary = run(spec, db_url=db, engine=engine, on_round=display.update, on_start=display.start)
+    except (ScenarioError, QuorumError) as exc:
+        _fail(str(exc))
+    _print_summary(summary, json_out)
+
+
+@app.command()
+def resume(
+    run_id: Annotated[str, typer.Argument(help="The run to continue (its id, or a unique part of it).")],
+    db: DbOption = default_db_url(),
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Continue a run whose process died, from its last committed round."""
+    from aggregator.simulation import simulate as run
+    from quorum.progress import RoundDisplay
+    from scenarios.schema import scenario_from_dict
+
+    try:
+        store = RunStore(db)
+        stored = store.get_run(run_id)
+        spec = scenario_from_dict(stored.scenario, source=f"run {stored.id}")
+        with RoundDisplay(spec, enabled=not json_out, done=stored.rounds_done) as display:
+            summary = run(spec, db_url=db, engine=stored.engine if stored.engine == "ray" else "inprocess",
+                          resume_id=stored.id, on_round=display.update)
+    except (ScenarioError, QuorumError) as exc:
+        _fail(str(exc))
+    _print_summary(summary, json_out)
+
+
+def _print_summary(summary, json_out: bool) -> None:  # noqa: ANN001
+    if json_out:
+        sys.stdout.write(json.dumps(summary.to_json()) + "\n")
+        return
+    acc = "n/a" if summary.final_accuracy is None else f"{summary.final_accuracy:.2%}"
+    console.print(f"[bold green]{summary.status}[/]: run [bold]{summary.run_id}[/] ({summary.scenario}, "
+                  f"{summary.rounds} rounds, accuracy {acc}, {summary.wall_s:.1f} s)")
+    console.print(f"  store:  {summary.db}")
+    console.print(f"  report: quorum report {summary.run_id} --db {summary.db}")
+
+
+@app.command()
+def runs(
+    db: DbOption = default_db_url(),
+    status: Annotated[Optional[str], typer.Option(help="Only runs with this status.")] = None,
+) -> None:
+    """List the runs in the store, newest first."""
+    from aggregator.report import run_summary
+
+    store = RunStore(db)
+    table = Table(title=f"runs in {db}")
+    for col in ("run", "scenario", "status", "rounds", "best acc", "strategy"):
+        table.add_column(col)
+    for run in store.list_runs(status):
+        best = run_summary(store, run.id)["best_accuracy"]
+        table.add_row(run.id, run.name, run.status, f"{run.rounds_done}/{run.rounds_total}",
+                      "" if best is None else f"{best:.2%}", run.strategy)
+    Console().print(table)
+
+
+@app.command()
+def report(
+    run_id: Annotated[str, typer.Argument(help="The run (its id, or a unique part of it).")],
+    db: DbOption = default_db_url(),
+    out: Annotated[Optional[Path], typer.Option(help="Output folder (default runs/reports/RUN).")] = None,
+) -> None:
+    """Write PNG plots per round and a JSON summary of a run."""
+    from aggregator.report import write_report
+
+    try:
+        store = RunStore(db)
+        run = store.get_run(run_id)
+        paths = write_report(store, run.id, out or Path("runs") / "reports" / run.id)
+    except QuorumError as exc:
+        _fail(str(exc))
+    for path in paths:
+        console.print(f"wrote {path}")
+
+
+def _mount_optional() -> None:
+    """Sub-commands owned by other packages."""
+    for module, name, help_ in (
+        ("privacy.dp.cli", "privacy", "Plan differential privacy: epsilon for a plan, noise for a target."),
+        ("dashboard.cli", "dashboard", None),
+    ):
+        try:
+            sub = __import__(module, fromlist=["app"])
+        except ImportError:
+            continue
+        if isinstance(sub.app, typer.Typer):
+            app.add_typer(sub.app, name=name, help=help_)
+        else:
+            app.command(name=name)(sub.app)
+
+
+_mount_optional()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,51 @@
+"""The live display of ``quorum simulate``: a progress bar and one line per round."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from aggregator.store import RoundRecord
+from scenarios.schema import Scenario
+
+__all__ = ["RoundDisplay"]
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else format(value, pattern)
+
+
+class RoundDisplay:
+    """Rich progress over rounds; silent when ``enabled`` is False (``--json``)."""
+
+    def __init__(self, scenario: Scenario, *, enabled: bool = True, done: int = 0) -> None:
+        self.enabled = enabled
+        self.console = Console(stderr=True)
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=self.console, disable=not enabled)
+        self.task = self.progress.add_task(f"{scenario.name}", total=scenario.rounds, completed=done)
+
+    def __enter__(self) -> "RoundDisplay":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def start(self, run_id: str) -> None:
+        if self.enabled:
+            self.progress.console.print(f"run [bold]{run_id}[/] started")
+
+    def update(self, record: RoundRecord) -> None:
+        acc = record.server_accuracy if record.server_accuracy is not None else record.fed_accuracy
+        loss = record.server_loss if record.server_loss is not None else record.fed_loss
+        eps = f"  eps {record.epsilon:.3f}" if record.epsilon is not None else ""
+        line = (f"round {record.round:>3}  loss {_fmt(loss, '.4f')}  acc {_fmt(acc, '.2%')}  "
+                f"train-loss {_fmt(record.train_loss, '.4f')}  clients {record.count('ok')}/{record.sampled} ok, "
+                f"{record.count('dropped')} dropped, {record.count('rejected') + record.count('error')} rejected"
+                f"  {record.duration_s:.1f}s{eps}")
+        if self.enabled:
+            self.progress.console.print(line, highlight=False)
+        self.progress.advance(self.task)
