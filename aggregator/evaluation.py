@@ -19,8 +19,11 @@ __all__ = ["EvalSummary", "federated_evaluate", "ServerEvaluator"]
 
 @dataclass(frozen=True)
 class EvalSummary:
+    """Example-weighted means over the clients that answered."""
+
     loss: float | None
     accuracy: float | None
+    train_loss: float | None
     per_client: dict[int, tuple[float, float, int]]
 
 
@@ -29,6 +32,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     """Ask ``nodes`` to evaluate ``params``; example-weighted mean of what comes back."""
     content = {n: train_instruction(params, config) for n in nodes}
     results: dict[int, tuple[float, float, int]] = {}
+    train: list[tuple[float, int]] = []
 
     def on_reply(node: int, reply: Message) -> None:
         if reply.has_error():
@@ -38,12 +42,16 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
         except UpdateRejected:
             return
         results[node] = (parsed.loss, parsed.accuracy, parsed.num_examples)
+        if parsed.train_loss is not None and parsed.train_examples > 0:
+            train.append((parsed.train_loss, parsed.train_examples))
 
     collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
     if not results:
-        return EvalSummary(None, None, {})
+        return EvalSummary(None, None, None, {})
     losses, accs, counts = zip(*results.values())
-    return EvalSummary(float(np.average(losses, weights=counts)), float(np.average(accs, weights=counts)), results)
+    train_loss = float(np.average([l for l, _ in train], weights=[n for _, n in train])) if train else None
+    return EvalSummary(float(np.average(losses, weights=counts)), float(np.average(accs, weights=counts)),
+                       train_loss, results)
 
 
 class ServerEvaluator:

@@ -59,9 +59,14 @@ class TrainReply:
 
 @dataclass(frozen=True)
 class EvalReply:
+    """A client's score of the global model: on its test split, and its loss
+    on its training split (the "training loss" of Li et al. 2020, Fig. 1)."""
+
     loss: float
     accuracy: float
     num_examples: int
+    train_loss: float | None = None
+    train_examples: int = 0
 
 
 def encode_flat(vector: np.ndarray) -> Array:
@@ -152,9 +157,12 @@ def parse_train_reply(content: RecordDict, size: int, max_bytes: int) -> TrainRe
     return TrainReply(decode_flat(array, size, max_bytes), n, metrics)
 
 
-def eval_reply(loss: float, accuracy: float, num_examples: int) -> RecordDict:
-    return RecordDict({"metrics": MetricRecord(
-        {"num-examples": int(num_examples), "eval-loss": float(loss), "eval-accuracy": float(accuracy)})})
+def eval_reply(loss: float, accuracy: float, num_examples: int, train_loss: float | None = None,
+               train_examples: int = 0) -> RecordDict:
+    metrics = {"num-examples": int(num_examples), "eval-loss": float(loss), "eval-accuracy": float(accuracy)}
+    if train_loss is not None:
+        metrics.update({"train-loss": float(train_loss), "train-examples": int(train_examples)})
+    return RecordDict({"metrics": MetricRecord(metrics)})
 
 
 def parse_eval_reply(content: RecordDict) -> EvalReply:
@@ -163,7 +171,10 @@ def parse_eval_reply(content: RecordDict) -> EvalReply:
     loss, acc = metrics.get("eval-loss"), metrics.get("eval-accuracy")
     if not isinstance(loss, float) or not isinstance(acc, float) or not np.isfinite([loss, acc]).all():
         raise UpdateRejected(f"eval metrics are not finite numbers: loss={loss!r} accuracy={acc!r}")
-    return EvalReply(loss, acc, n)
+    train_loss, train_n = metrics.get("train-loss"), metrics.get("train-examples", 0)
+    if not isinstance(train_loss, float) or not np.isfinite(train_loss) or not isinstance(train_n, int):
+        train_loss, train_n = None, 0
+    return EvalReply(loss, acc, n, train_loss, train_n)
 
 
 def content_bytes(content: RecordDict) -> int:

@@ -108,20 +108,23 @@ class RoundLoop:
                              round_: int, started: float, t0: float, status: str) -> RoundRecord:
         ev = self.scenario.evaluation
         fed_loss = fed_acc = srv_loss = srv_acc = None
+        train_loss = outcome.train_loss
         clients = list(outcome.clients)
         if round_ % ev.every == 0 or round_ == self.scenario.rounds:
             if ev.federated:
                 ok = [n for n in nodes if any(c.client == str(n) and c.outcome == "ok" for c in clients)]
-                summary = federated_evaluate(grid, ok or nodes, state.params,
+                targets = sorted(grid.get_node_ids()) if ev.clients == "all" else (ok or nodes)
+                summary = federated_evaluate(grid, targets, state.params,
                                              self._train_config(round_, 0), self.eval_deadline_s)
                 fed_loss, fed_acc = summary.loss, summary.accuracy
+                train_loss = summary.train_loss if summary.train_loss is not None else train_loss
                 clients = [_with_eval(c, summary.per_client) for c in clients]
             if ev.server and self.server_eval is not None:
                 srv_loss, srv_acc = self.server_eval(state.params)
         epsilon = getattr(self.strategy, "epsilon", None)
         return RoundRecord(
             round=round_, started_at=started, duration_s=time.monotonic() - t0, sampled=len(nodes),
-            clients=clients, train_loss=outcome.train_loss, fed_loss=fed_loss, fed_accuracy=fed_acc,
+            clients=clients, train_loss=train_loss, fed_loss=fed_loss, fed_accuracy=fed_acc,
             server_loss=srv_loss, server_accuracy=srv_acc, bytes_in=outcome.bytes_in,
             bytes_out=outcome.bytes_out, epsilon=epsilon(state) if epsilon is not None else None,
             secagg=outcome.secagg, metrics={"status": status})

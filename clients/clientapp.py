@@ -147,4 +147,6 @@ def evaluate_handler(message: Message, context: Context) -> Message:
     params, _ = parse_instruction(message.content)
     set_flat(runtime.model, params)
     result = evaluate(runtime.model, runtime.data.test)
-    return Message(eval_reply(result.loss, result.accuracy, result.num_examples), reply_to=message)
+    on_train = evaluate(runtime.model, runtime.data.train)
+    reply = eval_reply(result.loss, result.accuracy, result.num_examples, on_train.loss, on_train.num_examples)
+    return Message(reply, reply_to=message)

@@ -134,6 +134,24 @@ def report(
         console.print(f"wrote {path}")
 
 
+@app.command()
+def demo(
+    scenario: Annotated[Path, typer.Argument(help="Scenario to run.")] = Path("scenarios/quickstart.toml"),
+    db: DbOption = default_db_url(),
+    host: Annotated[str, typer.Option(help="Dashboard address (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Dashboard port.")] = 8000,
+    keep_serving: Annotated[bool, typer.Option(help="Keep the dashboard up after the run (Ctrl-C stops).")]
+    = True,
+) -> None:
+    """Start the dashboard, run the quickstart federation, watch it live in the browser."""
+    from quorum.demo import run_demo
+
+    try:
+        run_demo(scenario, db=db, host=host, port=port, keep_serving=keep_serving, console=console)
+    except (ScenarioError, QuorumError) as exc:
+        _fail(str(exc))
+
+
 def _mount_optional() -> None:
     """Sub-commands owned by other packages."""
     for module, name, help_ in (

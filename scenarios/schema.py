@@ -123,6 +123,7 @@ class EvaluationSpec:
     federated: bool = True
     server: bool = True
     every: int = 1
+    clients: Literal["sampled", "all"] = "sampled"
 
     def _check(self) -> None:
         _positive("every", self.every)

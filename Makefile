@@ -1,0 +1,35 @@
+# Quorum: set up, run the demo, run the tests. Everything installs from nothing.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PORT   ?= 8000
+
+.PHONY: setup demo test browser bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: the CPU build on this machine's disk (a bare "torch" pulls CUDA)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev,simulation]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+# The quickstart federation (in-process, no Ray) with the live dashboard.
+demo: setup
+	$(VENV)/bin/quorum demo --port $(PORT)
+
+# Debian's chromium for the real-browser dashboard test (Playwright drives it).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
+test: setup browser
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) bench/aggregate.py
+	$(PY) bench/secagg.py
+
+clean:
+	rm -rf $(VENV) runs test-output .pytest_cache

@@ -1,0 +1,191 @@
+"""One data-parallel job on one rank: its data, model, trainer, and one round at a time.
+
+Both modes commit *rounds* to the run store. A synchronous round is
+``training.local_epochs`` epochs over every rank's shard; a local-SGD round is
+one federated round (see :mod:`aggregator.parallel.localsgd`). After training,
+each rank scores the new model on the test splits of the clients it trained
+(the federated evaluation), and the per-client figures of the round travel to
+every rank in one small all-reduce of a table with one row per client (or per
+rank in synchronous mode).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+import torch
+from torch import nn
+
+from aggregator.parallel.comm import Comm
+from aggregator.parallel.localsgd import (apply_mean, local_updates, owned_nodes, round_nodes,
+                                          train_config)
+from aggregator.parallel.shards import assign_clients, epoch_order, shard_sizes, steps_per_epoch, union
+from aggregator.parallel.sync import SyncSGD, run_epoch
+from aggregator.serverapp import build_strategy
+from aggregator.strategies.base import ServerState, Strategy
+from clients.datasets import ArrayDataset, Federation, build_federation
+from clients.models import build_model, get_flat, set_flat
+from clients.training import evaluate
+from scenarios.schema import Scenario
+
+__all__ = ["Mode", "JobSpec", "Job", "RoundResult", "build_job", "initial_state", "run_round", "COLUMNS"]
+
+# Columns of the per-round table: one row per client (local SGD) or per rank (sync).
+COLUMNS = ("present", "examples", "loss_sum", "duration_s", "eval_n", "eval_loss_sum", "eval_correct")
+_C = {name: i for i, name in enumerate(COLUMNS)}
+
+
+class Mode(str, Enum):
+    """How the ranks synchronise."""
+
+    SYNC = "sync"          # gradients averaged every step
+    LOCALSGD = "localsgd"  # local epochs (or steps), then models averaged and the strategy applied
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to train and how."""
+
+    scenario: Scenario
+    mode: Mode = Mode.SYNC
+    local_steps: int = 0  # local SGD only: H steps per client instead of local_epochs
+
+
+@dataclass
+class Job:
+    """Everything one rank holds for the whole run."""
+
+    spec: JobSpec
+    comm: Comm
+    fed: Federation
+    model: nn.Module
+    strategy: Strategy
+    clients: list[int]                 # client indices this rank owns
+    trainer: SyncSGD | None = None
+    shard: tuple[torch.Tensor, torch.Tensor] | None = None
+    sizes: list[int] = field(default_factory=list)
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.spec.scenario
+
+    @property
+    def rows(self) -> int:
+        return self.comm.world if self.spec.mode is Mode.SYNC else self.fed.num_clients
+
+    def row_labels(self) -> list[str]:
+        if self.spec.mode is Mode.SYNC:
+            return [f"rank-{r}" for r in range(self.comm.world)]
+        return [str(node) for node in range(1, self.fed.num_clients + 1)]
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What one round produced, identical on every rank."""
+
+    state: ServerState
+    status: str            # ok | skipped
+    table: np.ndarray      # (rows, len(COLUMNS)), summed over ranks
+    bytes_sent: int        # payload this rank gave to collectives this round
+    steps: int
+
+
+def build_job(spec: JobSpec, comm: Comm) -> Job:
+    """Load the scenario's federation and build this rank's model, shard and trainer."""
+    scenario = spec.scenario
+    fed = build_federation(scenario.data, scenario.federation.clients, scenario.seed)
+    mine = assign_clients(fed.num_clients, comm.world)[comm.rank]
+    model = build_model(scenario.model.name, fed.input_shape, fed.num_classes, seed=scenario.seed)
+    job = Job(spec=spec, comm=comm, fed=fed, model=model, strategy=build_strategy(scenario), clients=mine)
+    if spec.mode is Mode.SYNC:
+        t = scenario.training
+        data = union([fed.clients[c].train for c in mine])
+        job.shard = (torch.from_numpy(data.x), torch.from_numpy(data.y))
+        job.sizes = shard_sizes(fed, comm.world)
+        job.trainer = SyncSGD(model, comm, lr=t.lr, momentum=t.momentum)
+    return job
+
+
+def initial_state(job: Job) -> ServerState:
+    """The state before round 1: the model's weights through the strategy (sync: no slots)."""
+    return job.strategy.init_state(get_flat(job.model))
+
+
+def adopt(job: Job, state: ServerState) -> None:
+    """Load a (broadcast, resumed) state into this rank's model and optimiser."""
+    set_flat(job.model, state.params)
+    momentum = state.slots.get("sgd_momentum")
+    if job.trainer is not None and momentum is not None:
+        job.trainer.load_momentum(momentum)
+
+
+def run_round(job: Job, state: ServerState, round_: int) -> RoundResult:
+    """Train one round, evaluate it federatedly, and share the per-client table."""
+    sent, table = job.comm.bytes_sent, np.zeros((job.rows, len(COLUMNS)))
+    if job.spec.mode is Mode.SYNC:
+        state, status = _sync_round(job, round_, table), "ok"
+        t = job.scenario.training
+        steps = t.local_epochs * steps_per_epoch(job.sizes, t.batch_size)
+        evals = {job.comm.rank: [job.fed.clients[c].test for c in job.clients]}
+    else:
+        state, status, evals = _local_round(job, state, round_, table)
+        steps = 0
+    if _evaluates(job.scenario, round_):
+        _evaluate_rows(job, state, evals, table)
+    job.comm.where = f"round {round_} metrics"
+    tensor = torch.from_numpy(table)
+    job.comm.sum_(tensor)
+    return RoundResult(state, status, table, job.comm.bytes_sent - sent, steps)
+
+
+def _sync_round(job: Job, round_: int, table: np.ndarray) -> ServerState:
+    t, comm, trainer = job.scenario.training, job.comm, job.trainer
+    x, y = job.shard
+    steps = steps_per_epoch(job.sizes, t.batch_size)
+    started, loss = time.monotonic(), 0.0
+    for k in range(t.local_epochs):
+        epoch = (round_ - 1) * t.local_epochs + k + 1
+        order = epoch_order(len(y), job.scenario.seed, epoch, comm.rank)
+        loss = run_epoch(trainer, x, y, order, steps, t.batch_size, label=f"round {round_} epoch {k + 1}")
+    row = table[comm.rank]
+    row[[_C["present"], _C["examples"], _C["loss_sum"]]] = 1, len(y), loss  # loss of the last epoch
+    row[_C["duration_s"]] = time.monotonic() - started
+    momentum = trainer.momentum()
+    slots = {} if momentum is None else {"sgd_momentum": momentum}
+    return ServerState(params=get_flat(job.model), slots=slots, round=round_)
+
+
+def _local_round(job: Job, state: ServerState, round_: int,
+                 table: np.ndarray) -> tuple[ServerState, str, dict[int, list[ArrayDataset]]]:
+    comm, scenario = job.comm, job.scenario
+    nodes = owned_nodes(round_nodes(scenario, round_), comm.rank, comm.world)
+    configs = {n: train_config(scenario, job.strategy, round_, n) for n in nodes}
+    agg, runs = local_updates(job.model, job.fed, job.strategy, state, configs, job.spec.local_steps)
+    for run in runs:
+        table[run.node - 1, [_C["present"], _C["examples"], _C["loss_sum"], _C["duration_s"]]] = (
+            1, run.num_examples, run.loss * run.num_examples, run.duration_s)
+    comm.where = f"round {round_} model averaging"
+    merged = comm.merge(agg)
+    new, status = apply_mean(job.strategy, state, merged, scenario, round_)
+    return new, status, {n - 1: [job.fed.clients[n - 1].test] for n in nodes}
+
+
+def _evaluates(scenario: Scenario, round_: int) -> bool:
+    ev = scenario.evaluation
+    return ev.federated and (round_ % ev.every == 0 or round_ == scenario.rounds)
+
+
+def _evaluate_rows(job: Job, state: ServerState, evals: dict[int, list[ArrayDataset]], table: np.ndarray) -> None:
+    """Score the round's model on each row's test splits (this rank's rows only)."""
+    set_flat(job.model, state.params)
+    for row, parts in evals.items():
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            continue
+        result = evaluate(job.model, union(parts))
+        n = result.num_examples
+        table[row, [_C["eval_n"], _C["eval_loss_sum"], _C["eval_correct"]]] = (
+            n, result.loss * n, result.accuracy * n)

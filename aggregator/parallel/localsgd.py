@@ -1,0 +1,165 @@
+"""Local SGD / FedAvg over ranks: the federated round, with the ranks as its transport.
+
+One round ``k`` does what :class:`aggregator.rounds.RoundLoop` does in-process,
+step for step:
+
+1. every rank computes the same sample, ``sample_clients(node ids, per_round, seed, k)``
+   (node ``n`` is client ``n - 1``, as in the in-process runtime);
+2. each rank trains the sampled clients it owns (:func:`~aggregator.parallel.shards.owner`),
+   each from the global model, with ``clients.training.train`` (``E`` local
+   epochs) or :func:`train_steps` (``H`` local steps) and the seed
+   ``client_seed(seed, k, n)``, and folds each delta, weighted by its example
+   count, into its partial aggregate through the strategy;
+3. one all-reduce merges the partial aggregates (:meth:`Comm.merge`);
+4. every rank finalizes and applies the strategy (server optimiser) itself,
+   with the round's seeded generator, so the global model never needs to be
+   sent: every rank computes the same new state.
+
+With every client sampled and one rank per client this is local SGD with
+periodic model averaging (Stich, "Local SGD Converges Fast and Communicates
+Little", ICLR 2019); in general it is FedAvg (McMahan et al., AISTATS 2017,
+Algorithm 1) spread over the ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from aggregator import core
+from aggregator.fit import accumulate
+from aggregator.messages import TrainConfig
+from aggregator.parallel.errors import ParallelError
+from aggregator.parallel.shards import owner
+from aggregator.rounds import client_seed, sample_clients
+from aggregator.strategies.base import ServerState, Strategy
+from clients.datasets import ArrayDataset, Federation
+from clients.models import get_flat, set_flat
+from clients.training import TrainResult, train
+from scenarios.schema import Scenario
+
+__all__ = ["ClientRun", "round_nodes", "owned_nodes", "train_config", "train_steps", "local_updates",
+           "apply_mean"]
+
+
+@dataclass(frozen=True)
+class ClientRun:
+    """What one client's local training produced on this rank."""
+
+    node: int
+    num_examples: int
+    loss: float
+    duration_s: float
+
+
+def round_nodes(scenario: Scenario, round_: int) -> list[int]:
+    """The node ids sampled in ``round_``, as the federated round loop samples them."""
+    nodes = range(1, scenario.federation.clients + 1)
+    return sample_clients(list(nodes), scenario.federation.per_round, scenario.seed, round_)
+
+
+def owned_nodes(nodes: Sequence[int], rank: int, world: int) -> list[int]:
+    """The nodes among ``nodes`` that ``rank`` trains."""
+    return [n for n in nodes if owner(n - 1, world) == rank]
+
+
+def train_config(scenario: Scenario, strategy: Strategy, round_: int, node: int) -> TrainConfig:
+    """The training settings node ``node`` gets in ``round_`` (as ``RoundLoop`` builds them)."""
+    t = scenario.training
+    extra = strategy.client_config(round_)
+    mu = float(extra.pop("proximal-mu", 0.0))
+    if extra:
+        raise ParallelError(f"strategy {strategy.name!r} sends client settings {sorted(extra)} that the "
+                            "parallel mode does not apply (client-side DP runs only in federations)")
+    return TrainConfig(round=round_, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
+                       momentum=t.momentum, seed=client_seed(scenario.seed, round_, node), proximal_mu=mu)
+
+
+def train_steps(model: nn.Module, data: ArrayDataset, *, steps: int, batch_size: int, lr: float,
+                momentum: float = 0.0, proximal_mu: float = 0.0, seed: int) -> TrainResult:
+    """``steps`` SGD steps, visiting the data exactly as ``clients.training.train`` does.
+
+    Each pass draws a fresh ``randperm`` from one generator seeded with
+    ``seed`` and takes consecutive batches (the last of a pass may be
+    smaller); a pass cut short by ``steps`` ends the call. With
+    ``steps = E * ceil(n / batch_size)`` this is ``train(..., epochs=E)``.
+    Returns the example-weighted mean loss over all steps.
+    """
+    if steps < 1 or len(data) == 0:
+        raise ValueError(f"need steps >= 1 and data, got {steps} steps and {len(data)} examples")
+    x, y = (torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in (data.x, data.y))
+    params = [p for p in model.parameters() if p.requires_grad]
+    anchor = [p.detach().clone() for p in params] if proximal_mu > 0 else None
+    optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    done, total, seen = 0, 0.0, 0
+    while done < steps:
+        order = torch.randperm(len(y), generator=generator)
+        xs, ys = x[order], y[order]
+        for start in range(0, len(ys), batch_size):
+            if done == steps:
+                break
+            total += _sgd_step(model, optimizer, xs[start:start + batch_size], ys[start:start + batch_size],
+                               params, anchor, proximal_mu)
+            seen += len(ys[start:start + batch_size])
+            done += 1
+    return TrainResult(loss=total / seen, num_examples=len(data), steps=steps)
+
+
+def _sgd_step(model: nn.Module, optimizer: torch.optim.Optimizer, xb: torch.Tensor, yb: torch.Tensor,
+              params: list[nn.Parameter], anchor: list[torch.Tensor] | None, mu: float) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(xb), yb)
+    loss.backward()
+    if anchor is not None:
+        with torch.no_grad():
+            for p, p0 in zip(params, anchor):
+                p.grad.add_(p - p0, alpha=mu)
+    optimizer.step()
+    return float(loss.item()) * len(yb)
+
+
+def _train_client(model: nn.Module, data: ArrayDataset, config: TrainConfig, local_steps: int) -> TrainResult:
+    common = dict(batch_size=config.batch_size, lr=config.lr, momentum=config.momentum,
+                  proximal_mu=config.proximal_mu, seed=config.seed)
+    if local_steps:
+        return train_steps(model, data, steps=local_steps, **common)
+    return train(model, data, epochs=config.epochs, **common)
+
+
+def local_updates(model: nn.Module, fed: Federation, strategy: Strategy, state: ServerState,
+                  configs: dict[int, TrainConfig], local_steps: int = 0) -> tuple[core.MeanState, list[ClientRun]]:
+    """Train each of this rank's nodes from ``state`` and fold their deltas (this rank's partial state)."""
+    agg = strategy.new_aggregate(state.params.size)
+    if type(agg) is not core.MeanState:
+        raise ParallelError(f"strategy {strategy.name!r} aggregates into a {type(agg).__name__}, which the "
+                            "parallel mode cannot all-reduce; it needs the core's MeanState")
+    runs = []
+    for node, config in configs.items():
+        started = time.monotonic()
+        set_flat(model, state.params)
+        result = _train_client(model, fed.clients[node - 1].train, config, local_steps)
+        delta = get_flat(model) - state.params
+        duration = time.monotonic() - started
+        metrics = {"train-loss": float(result.loss), "duration-s": duration}
+        agg = accumulate(strategy, agg, delta, result.num_examples, metrics)
+        runs.append(ClientRun(node, result.num_examples, float(result.loss), duration))
+    return agg, runs
+
+
+def apply_mean(strategy: Strategy, state: ServerState, agg: core.MeanState, scenario: Scenario,
+               round_: int) -> tuple[ServerState, str]:
+    """Finalize the merged aggregate and apply the server optimiser (``RoundLoop._apply``'s rule)."""
+    if agg.count < scenario.federation.min_clients:
+        return replace(state, round=round_), "skipped"
+    rng = np.random.default_rng([scenario.seed, round_, 0xD9])
+    mean_delta = strategy.finalize(agg, rng)
+    new = strategy.apply(state, mean_delta)
+    return replace(new, round=round_), "ok"

@@ -1,0 +1,165 @@
+"""One data-parallel worker, as ``torchrun`` starts it: ``python -m aggregator.parallel.worker``.
+
+Reads its rank and the rendezvous from the environment torchrun sets, joins
+the gloo process group with a timeout on every collective, trains the
+scenario's rounds and, on rank 0, commits each round to the run store. Any
+failure (including a SIGTERM from torchrun because another worker died) marks
+the run failed with the reason before the process exits non-zero.
+
+Multi-node, e.g. under Slurm (every node runs the same line)::
+
+    torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 \\
+        -m aggregator.parallel.worker --scenario scenarios/quickstart.toml --db postgresql://...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from aggregator.evaluation import ServerEvaluator
+from aggregator.parallel.comm import DEFAULT_BUCKET_BYTES, Comm
+from aggregator.parallel.errors import WorkerStopped
+from aggregator.parallel.job import Job, JobSpec, Mode, adopt, build_job, initial_state, run_round
+from aggregator.parallel.runlog import RunWriter, create_run, round_record, run_info
+from aggregator.store import RunStore, default_db_url
+from aggregator.strategies.base import ServerState
+from clients.models import build_model, num_params
+from scenarios.schema import Scenario, load_scenario
+
+__all__ = ["main", "parse_args", "load_job_scenario"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m aggregator.parallel.worker", description=__doc__.split("\n")[0])
+    parser.add_argument("--scenario", required=True, type=Path, help="scenario TOML file")
+    parser.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.SYNC.value)
+    parser.add_argument("--local-steps", type=int, default=0, help="local SGD: H steps per round (0: local_epochs)")
+    parser.add_argument("--rounds", type=int, default=None, help="override the scenario's rounds")
+    parser.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    parser.add_argument("--db", default=os.environ.get("QUORUM_DB") or default_db_url(), help="run store URL")
+    parser.add_argument("--run-id", default=None, help="commit into (or resume) this run; rank 0 creates one if unset")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a collective gives up")
+    parser.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
+    parser.add_argument("--pid-dir", type=Path, default=None, help="write rankN.pid files here (supervision)")
+    return parser.parse_args(argv)
+
+
+def load_job_scenario(path: Path, rounds: int | None, seed: int | None) -> Scenario:
+    """The scenario with the command line's overrides applied."""
+    scenario = load_scenario(path)
+    overrides = {k: v for k, v in (("rounds", rounds), ("seed", seed)) if v is not None}
+    return scenario.with_overrides(**overrides) if overrides else scenario
+
+
+def _stop(signum: int, _frame: FrameType | None) -> None:
+    raise WorkerStopped(f"stopped by {signal.Signals(signum).name}, usually because another worker failed")
+
+
+def _setup(args: argparse.Namespace) -> Comm:
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
+    if args.pid_dir is not None:
+        args.pid_dir.mkdir(parents=True, exist_ok=True)
+        (args.pid_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
+    signal.signal(signal.SIGTERM, _stop)
+    if world > 1 or "MASTER_ADDR" in os.environ:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+        rank, world = dist.get_rank(), dist.get_world_size()
+    return Comm(rank=rank, world=world, timeout_s=args.timeout, bucket_bytes=int(args.bucket_mb * 2**20))
+
+
+def _open_writer(args: argparse.Namespace, job: Job) -> RunWriter:
+    store = RunStore(args.db)
+    run_id = args.run_id
+    if run_id is None:
+        info = run_info(job.spec.mode, job.comm.world, job.spec.local_steps, args.bucket_mb, args.timeout)
+        run_id = create_run(store, job.scenario, job.spec.mode, num_params(job.model), info)
+    return RunWriter(store, store.get_run(run_id).id)
+
+
+def _evaluator(job: Job) -> ServerEvaluator | None:
+    fed, scenario = job.fed, job.scenario
+    if fed.test is None or not scenario.evaluation.server:
+        return None
+    return ServerEvaluator(lambda: build_model(scenario.model.name, fed.input_shape, fed.num_classes,
+                                               seed=scenario.seed), fed.test)
+
+
+def train_rounds(job: Job, writer: RunWriter | None) -> tuple[ServerState, str]:
+    """Run the remaining rounds; rank 0 commits each. Returns the final state and the run status."""
+    start = writer.resumed if writer is not None and writer.resumed is not None else initial_state(job)
+    state = job.comm.broadcast_state(start if job.comm.rank == 0 else None, start.params.size)
+    adopt(job, state)
+    evaluator = _evaluator(job) if writer is not None else None
+    stop = getattr(job.strategy, "would_exceed_budget", None)
+    for round_ in range(state.round + 1, job.scenario.rounds + 1):
+        if job.spec.mode is Mode.LOCALSGD and stop is not None and stop(state):
+            return state, "stopped_budget"
+        started, t0 = time.time(), time.monotonic()
+        result = run_round(job, state, round_)
+        state = result.state
+        if writer is not None:
+            server = evaluator(state.params) if evaluator is not None and _server_due(job, round_) else None
+            record = round_record(job, result, round_, started, time.monotonic() - t0, server)
+            writer.commit(record, state)
+            _progress(job, record)
+    return state, "finished"
+
+
+def _server_due(job: Job, round_: int) -> bool:
+    return round_ % job.scenario.evaluation.every == 0 or round_ == job.scenario.rounds
+
+
+def _progress(job: Job, record) -> None:  # noqa: ANN001 - a RoundRecord
+    acc = record.server_accuracy if record.server_accuracy is not None else record.fed_accuracy
+    loss = "n/a" if record.train_loss is None else f"{record.train_loss:.4f}"
+    shown = "n/a" if acc is None else f"{acc:.2%}"
+    print(f"[quorum parallel] round {record.round}/{job.scenario.rounds} ({job.spec.mode.value}, "
+          f"{job.comm.world} workers): train loss {loss}, accuracy {shown}, {record.duration_s:.2f} s",
+          file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace, comm: Comm) -> str:
+    """Build the job, train it, and record how it ended (rank 0)."""
+    scenario = load_job_scenario(args.scenario, args.rounds, args.seed)
+    job = build_job(JobSpec(scenario, Mode(args.mode), args.local_steps), comm)
+    writer = _open_writer(args, job) if comm.rank == 0 else None
+    try:
+        _, status = train_rounds(job, writer)
+    except BaseException as exc:
+        if writer is not None:
+            writer.finish("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+                          error=f"{type(exc).__name__}: {exc}")
+        raise
+    if writer is not None:
+        writer.finish(status)
+    return status
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    comm = _setup(args)
+    try:
+        run(args, comm)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

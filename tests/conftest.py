@@ -1,0 +1,31 @@
+"""Shared factories for the test suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scenarios.schema import Scenario, scenario_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_scenario(**sections: Any) -> Scenario:
+    """A federation that runs in about a second: sklearn digits, logistic regression."""
+    raw: dict[str, Any] = {
+        "name": "tiny", "seed": 3, "rounds": 2,
+        "data": {"dataset": "digits", "partition": "iid", "server_test_fraction": 0.2},
+        "model": {"name": "logreg"},
+        "federation": {"clients": 4, "fraction": 1.0, "min_clients": 1, "deadline_s": 20.0},
+        "training": {"local_epochs": 1, "batch_size": 16, "lr": 0.1},
+    }
+    for key, value in sections.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) and key in raw else value
+    return scenario_from_dict(raw, source="tiny")
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'runs.db'}"

@@ -1,0 +1,83 @@
+"""The ``quorum`` command as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+TINY = """
+name = "cli-tiny"
+seed = 5
+rounds = 2
+[data]
+dataset = "digits"
+[model]
+name = "logreg"
+[federation]
+clients = 3
+min_clients = 1
+[training]
+lr = 0.1
+"""
+
+
+def quorum(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "quorum", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, check=check)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, Path]:
+    folder = tmp_path_factory.mktemp("cli")
+    scenario = folder / "cli-tiny.toml"
+    scenario.write_text(TINY)
+    db = f"sqlite:///{folder / 'runs.db'}"
+    out = quorum("simulate", str(scenario), "--db", db, "--json", "--rounds", "3", "--seed", "9")
+    return json.loads(out.stdout)["run_id"], db, folder
+
+
+def test_simulate_json_has_the_promised_keys(finished_run: tuple[str, str, Path]) -> None:
+    run_id, db, _ = finished_run
+    runs = quorum("runs", "--db", db).stdout
+    assert run_id in runs and "3/3" in runs
+
+
+def test_simulate_json_fields(tmp_path: Path) -> None:
+    scenario = tmp_path / "cli-tiny.toml"
+    scenario.write_text(TINY)
+    out = quorum("simulate", str(scenario), "--db", f"sqlite:///{tmp_path / 'r.db'}", "--json")
+    summary = json.loads(out.stdout)
+    for key in ("run_id", "scenario", "strategy", "rounds", "final_accuracy", "final_loss",
+                "final_train_loss", "wall_s"):
+        assert key in summary
+    assert summary["rounds"] == 2 and summary["scenario"] == "cli-tiny" and summary["strategy"] == "fedavg"
+    assert 0 < summary["final_accuracy"] <= 1
+
+
+def test_report_writes_plots_and_summary(finished_run: tuple[str, str, Path]) -> None:
+    run_id, db, folder = finished_run
+    quorum("report", run_id, "--db", db, "--out", str(folder / "report"))
+    summary = json.loads((folder / "report" / "summary.json").read_text())
+    assert summary["rounds_done"] == 3 and summary["seed"] == 9
+    for png in ("accuracy_loss.png", "clients.png"):
+        assert (folder / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_malformed_scenario_is_one_named_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rounds = 2\n[federation]\nclients = -4\n")
+    out = quorum("simulate", str(bad), "--db", f"sqlite:///{tmp_path / 'r.db'}", check=False)
+    assert out.returncode == 2
+    assert "federation.clients = -4: must be > 0" in out.stderr and str(bad) in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_unknown_run_is_a_clear_error(tmp_path: Path) -> None:
+    out = quorum("resume", "nope", "--db", f"sqlite:///{tmp_path / 'r.db'}", check=False)
+    assert out.returncode == 2 and "no run 'nope'" in out.stderr
