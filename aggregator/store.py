@@ -285,13 +285,13 @@ class RunStore:
 
 def read_checkpoint(path: str | Path) -> ServerState:
     """Load a ``ServerState`` from a safetensors checkpoint."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     try:
         tensors = load_file(str(path))
         with safe_open(str(path), framework="numpy") as handle:
             meta = handle.metadata() or {}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:
         raise StoreError(f"cannot read checkpoint {path}: {exc}") from None
     slots = {k.removeprefix("slot."): v for k, v in tensors.items() if k.startswith("slot.")}
     return ServerState(params=tensors["params"], slots=slots, round=int(meta.get("round", 0)),

@@ -1,0 +1,69 @@
+"""The run store: rounds commit atomically with their checkpoint; state round-trips."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aggregator.errors import RunNotFound, StoreError
+from aggregator.store import ClientRecord, RoundRecord, RunStore, read_checkpoint
+from aggregator.strategies.base import ServerState
+
+
+def make_run(store: RunStore) -> str:
+    return store.create_run(name="t", scenario={"name": "t"}, seed=1, strategy="fedavg", rounds=3)
+
+
+def record(round_: int) -> RoundRecord:
+    clients = [ClientRecord("1", "ok", num_examples=10, train_loss=0.5),
+               ClientRecord("2", "dropped", stage="train", reason="no reply"),
+               ClientRecord("3", "rejected", reason="update holds NaN or Inf values")]
+    return RoundRecord(round=round_, started_at=0.0, duration_s=1.0, sampled=3, clients=clients,
+                       server_accuracy=0.9, epsilon=1.5)
+
+
+def test_round_and_state_round_trip(db_url: str) -> None:
+    store = RunStore(db_url)
+    run_id = make_run(store)
+    state = ServerState(params=np.arange(4, dtype=np.float32), slots={"m": np.ones(4, np.float32)},
+                        round=1, extra={"dp": {"history": [[0.1, 1.0, 1]]}})
+    store.commit_round(run_id, record(1), state)
+    loaded = store.load_state(run_id)
+    np.testing.assert_array_equal(loaded.params, state.params)
+    np.testing.assert_array_equal(loaded.slots["m"], state.slots["m"])
+    assert loaded.round == 1 and loaded.extra == {"dp": {"history": [[0.1, 1.0, 1]]}}
+    (row,) = store.rounds(run_id)
+    assert (row.sampled, row.answered, row.dropped, row.rejected, row.epsilon) == (3, 1, 1, 1, 1.5)
+    assert [c.outcome for c in store.client_results(run_id, 1)] == ["ok", "dropped", "rejected"]
+    assert store.get_run(run_id).rounds_done == 1
+
+
+def test_a_round_cannot_be_committed_twice(db_url: str) -> None:
+    store = RunStore(db_url)
+    run_id = make_run(store)
+    state = ServerState(params=np.zeros(2, np.float32), round=1)
+    store.commit_round(run_id, record(1), state)
+    with pytest.raises(StoreError, match="already has round 1"):
+        store.commit_round(run_id, record(1), state)
+    assert len(store.rounds(run_id)) == 1 and len(store.client_results(run_id)) == 3
+
+
+def test_unknown_run_and_unique_prefix(db_url: str) -> None:
+    store = RunStore(db_url)
+    run_id = make_run(store)
+    assert store.get_run(run_id[-6:]).id == run_id
+    with pytest.raises(RunNotFound, match="no run 'zzz'"):
+        store.get_run("zzz")
+
+
+def test_corrupt_checkpoint_is_a_store_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(StoreError, match="cannot read checkpoint"):
+        read_checkpoint(bad)
+
+
+def test_sqlite_store_uses_wal(db_url: str) -> None:
+    store = RunStore(db_url)
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
