@@ -35,7 +35,7 @@ class FitRequest:
     round: int
     nodes: Sequence[int]
     state: ServerState
-    configs: Mapping[int, TrainConfig]
+    config: TrainConfig
     deadline_s: float
     max_update_bytes: int
 
@@ -64,9 +64,10 @@ class PlainFit:
     """Send ``train`` instructions, validate and fold replies as they arrive."""
 
     def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome:
-        contents = {n: train_instruction(request.state.params, request.configs[n]) for n in request.nodes}
+        content = train_instruction(request.state.params, request.config)
+        contents = {n: content for n in request.nodes}
         outcome = FitOutcome(aggregate=strategy.new_aggregate(request.state.params.size))
-        outcome.bytes_out = sum(content_bytes(c) for c in contents.values())
+        outcome.bytes_out = content_bytes(content) * len(request.nodes)
         started = time.monotonic()
         losses: list[tuple[float, int]] = []
         fold = _Folder(strategy, request, outcome, losses, started)

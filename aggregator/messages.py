@@ -21,13 +21,20 @@ from aggregator.errors import UpdateRejected
 __all__ = [
     "TrainConfig", "TrainReply", "EvalReply", "encode_flat", "decode_flat",
     "train_instruction", "parse_instruction", "train_reply", "parse_train_reply",
-    "eval_reply", "parse_eval_reply", "content_bytes",
+    "eval_reply", "parse_eval_reply", "content_bytes", "client_seed",
 ]
+
+
+def client_seed(seed: int, round_: int, node: int) -> int:
+    """The training seed of ``node`` in ``round_``: independent streams per
+    (run seed, round, node), so a resumed run trains exactly as an uninterrupted one."""
+    return int(np.random.SeedSequence([seed, round_, node]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What a client needs to train one round."""
+    """What a client needs to train one round (``seed`` is the run's seed;
+    each client derives its own with :func:`client_seed`)."""
 
     round: int
     epochs: int

@@ -19,12 +19,12 @@ from flwr.serverapp import Grid
 
 from aggregator.evaluation import ServerEvaluator, federated_evaluate
 from aggregator.fit import FitOutcome, FitRequest, FitWorkflow
-from aggregator.messages import TrainConfig
+from aggregator.messages import TrainConfig, client_seed
 from aggregator.store import ClientRecord, RoundRecord, RunStore
 from aggregator.strategies.base import ServerState, Strategy
 from scenarios.schema import Scenario
 
-__all__ = ["RoundLoop", "sample_clients", "client_seed", "LoopResult"]
+__all__ = ["RoundLoop", "sample_clients", "LoopResult"]
 
 
 def sample_clients(node_ids: Sequence[int], k: int, seed: int, round_: int) -> list[int]:
@@ -33,11 +33,6 @@ def sample_clients(node_ids: Sequence[int], k: int, seed: int, round_: int) -> l
     k = min(k, len(ordered))
     picks = np.random.default_rng([seed, round_, 0x5A]).choice(len(ordered), size=k, replace=False)
     return sorted(ordered[i] for i in picks)
-
-
-def client_seed(seed: int, round_: int, node: int) -> int:
-    """The training seed of ``node`` in ``round_`` (independent streams per pair)."""
-    return int(np.random.SeedSequence([seed, round_, node]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 @dataclass(frozen=True)
@@ -76,7 +71,7 @@ class RoundLoop:
         fed = self.scenario.federation
         nodes = sample_clients(list(grid.get_node_ids()), fed.per_round, self.scenario.seed, round_)
         request = FitRequest(round=round_, nodes=nodes, state=state,
-                             configs={n: self._train_config(round_, n) for n in nodes},
+                             config=self._train_config(round_),
                              deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20))
         outcome = self.fit(grid, request, self.strategy)
         state, status = self._apply(state, outcome, round_)
@@ -86,11 +81,11 @@ class RoundLoop:
             self.on_round(record)
         return state, record
 
-    def _train_config(self, round_: int, node: int) -> TrainConfig:
+    def _train_config(self, round_: int) -> TrainConfig:
         t = self.scenario.training
         extra = self.strategy.client_config(round_)
         return TrainConfig(round=round_, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
-                           momentum=t.momentum, seed=client_seed(self.scenario.seed, round_, node),
+                           momentum=t.momentum, seed=self.scenario.seed,
                            proximal_mu=float(extra.pop("proximal-mu", 0.0)), extra=extra)
 
     def _apply(self, state: ServerState, outcome: FitOutcome, round_: int) -> tuple[ServerState, str]:
@@ -115,7 +110,7 @@ class RoundLoop:
                 ok = [n for n in nodes if any(c.client == str(n) and c.outcome == "ok" for c in clients)]
                 targets = sorted(grid.get_node_ids()) if ev.clients == "all" else (ok or nodes)
                 summary = federated_evaluate(grid, targets, state.params,
-                                             self._train_config(round_, 0), self.eval_deadline_s)
+                                             self._train_config(round_), self.eval_deadline_s)
                 fed_loss, fed_acc = summary.loss, summary.accuracy
                 train_loss = summary.train_loss if summary.train_loss is not None else train_loss
                 clients = [_with_eval(c, summary.per_client) for c in clients]

@@ -21,7 +21,7 @@ import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from aggregator.messages import TrainConfig, eval_reply, parse_instruction, train_reply
+from aggregator.messages import TrainConfig, client_seed, eval_reply, parse_instruction, train_reply
 from clients.datasets import ClientData, Federation, build_federation, load_client_data
 from clients.models import build_model, get_flat, set_flat
 from clients.training import evaluate, train
@@ -32,7 +32,7 @@ __all__ = ["app", "scenario_from_run_config", "client_mods", "cached_federation"
 
 def scenario_from_run_config(run_config: dict[str, Any]) -> Scenario:
     """The scenario a run was started with: inline JSON, or a TOML path."""
-    if "scenario-json" in run_config:
+    if run_config.get("scenario-json"):  # declared empty in pyproject: absent unless given
         return _scenario_from_json(str(run_config["scenario-json"]))
     return _scenario_from_path(str(run_config.get("scenario", "scenarios/quickstart.toml")))
 
@@ -116,16 +116,16 @@ def train_handler(message: Message, context: Context) -> Message:
     params, config = parse_instruction(message.content)
     started = time.monotonic()
     set_flat(runtime.model, params)
-    result = _train(runtime, config)
+    result = _train(runtime, config, client_seed(config.seed, config.round, context.node_id))
     delta = get_flat(runtime.model) - params
     metrics = {"train-loss": float(result.loss), "duration-s": time.monotonic() - started}
     delta, extra = _privatize(delta, config)
     return Message(train_reply(delta, result.num_examples, {**metrics, **extra}), reply_to=message)
 
 
-def _train(runtime: _Runtime, config: TrainConfig) -> Any:
+def _train(runtime: _Runtime, config: TrainConfig, seed: int) -> Any:
     return train(runtime.model, runtime.data.train, epochs=config.epochs, batch_size=config.batch_size,
-                 lr=config.lr, momentum=config.momentum, proximal_mu=config.proximal_mu, seed=config.seed)
+                 lr=config.lr, momentum=config.momentum, proximal_mu=config.proximal_mu, seed=seed)
 
 
 def _privatize(delta: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, dict[str, float]]:

@@ -10,7 +10,8 @@ from aggregator.store import RunStore
 from clients.datasets import build_federation
 from clients.models import build_model, get_flat, set_flat
 from clients.training import train
-from aggregator.rounds import client_seed, sample_clients
+from aggregator.messages import client_seed
+from aggregator.rounds import sample_clients
 from tests.conftest import tiny_scenario
 
 
