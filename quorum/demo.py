@@ -16,7 +16,8 @@ def _serve(db: str, host: str, port: int) -> threading.Thread:
 
     from dashboard.app import create_app
 
-    server = uvicorn.Server(uvicorn.Config(create_app(db), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(db), host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, name="quorum-dashboard", daemon=True)
     thread.start()
     deadline = time.monotonic() + 15

@@ -1,0 +1,140 @@
+"""The JSON API under ``/api/``, live streams, downloads and ``/metrics``."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, HTTPException, Query, Request
+from fastapi.responses import FileResponse, Response
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from dashboard.live import run_events, runs_events
+from dashboard.metrics import CONTENT_TYPE, render_metrics
+from dashboard.queries import Reader
+from dashboard.schemas import (ClientResultOut, ClientSummaryOut, EventOut, RoundOut, RunDetailOut,
+                               RunOut)
+from dashboard.views import (ROUND_CSV_FIELDS, client_result_data, client_summary_data, round_data,
+                             run_data)
+
+__all__ = ["router", "metrics_router"]
+
+router = APIRouter(prefix="/api", tags=["api"])
+metrics_router = APIRouter(tags=["metrics"])
+
+StatusQuery = Annotated[str | None, Query(description="Only runs with this status.")]
+RunQuery = Annotated[str | None, Query(alias="run", description="Only this run.")]
+
+
+def reader_of(request: Request) -> Reader:
+    return request.app.state.reader
+
+
+def _found(value: Any, what: str) -> Any:
+    if value is None:
+        raise HTTPException(status_code=404, detail=f"no {what}")
+    return value
+
+
+@router.get("/runs", response_model=list[RunOut], summary="Every run, newest first")
+def list_runs(request: Request, status: StatusQuery = None) -> list[dict[str, Any]]:
+    return [run_data(run, stats) for run, stats in reader_of(request).runs(status)]
+
+
+@router.get("/runs/{run_id}", response_model=RunDetailOut, summary="One run, with its scenario")
+def get_run(request: Request, run_id: str) -> dict[str, Any]:
+    run, stats = _found(reader_of(request).run(run_id), f"run {run_id!r}")
+    return {**run_data(run, stats), "scenario": run.scenario, "info": run.info or {}}
+
+
+@router.get("/runs/{run_id}/rounds", response_model=list[RoundOut], summary="A run's committed rounds")
+def list_rounds(request: Request, run_id: str,
+                after: Annotated[int, Query(ge=0, description="Only rounds after this one.")] = 0
+                ) -> list[dict[str, Any]]:
+    reader = reader_of(request)
+    _found(reader.head(run_id), f"run {run_id!r}")
+    return [round_data(r) for r in reader.rounds(run_id, after)]
+
+
+@router.get("/runs/{run_id}/rounds/{number}", response_model=RoundOut, summary="One round")
+def get_round(request: Request, run_id: str, number: int) -> dict[str, Any]:
+    return round_data(_found(reader_of(request).round(run_id, number), f"round {number} in run {run_id!r}"))
+
+
+@router.get("/runs/{run_id}/rounds/{number}/clients", response_model=list[ClientResultOut],
+            summary="Each sampled client's outcome in one round")
+def round_clients(request: Request, run_id: str, number: int) -> list[dict[str, Any]]:
+    reader = reader_of(request)
+    _found(reader.round(run_id, number), f"round {number} in run {run_id!r}")
+    return [client_result_data(c) for c in reader.round_clients(run_id, number)]
+
+
+@router.get("/runs/{run_id}/log", response_model=list[EventOut], summary="A run's event log (last 200)")
+def run_log(request: Request, run_id: str) -> list[dict[str, Any]]:
+    return [{"ts": e.ts, "level": e.level, "message": e.message} for e in reader_of(request).events(run_id)]
+
+
+@router.get("/runs/{run_id}/events", response_class=EventSourceResponse,
+            summary="Live: new rounds of a run as Server-Sent Events")
+async def run_stream(request: Request, run_id: str,
+                     after: Annotated[int, Query(ge=0, description="Send rounds after this one.")] = 0,
+                     last_event_id: Annotated[str | None, Header()] = None) -> AsyncIterator[ServerSentEvent]:
+    """`round` events (data: `{"round": Round, "display": {...}}`, id: the round number) and
+    `run` events (data: `{"run": Run, "display": {...}}`); the stream ends when the run does."""
+    if last_event_id and last_event_id.isdigit():
+        after = max(after, int(last_event_id))
+    async for event in run_events(reader_of(request), run_id, after):
+        yield event
+
+
+@router.get("/events", response_class=EventSourceResponse, summary="Live: changes to any run")
+async def all_runs_stream(request: Request,
+                          since: Annotated[float | None, Query(description="Unix time of the last change seen.")]
+                          = None) -> AsyncIterator[ServerSentEvent]:
+    """A `run` event (data: `{"run": Run, "display": {...}}`) whenever a run starts, commits a
+    round or changes status."""
+    async for event in runs_events(reader_of(request), since):
+        yield event
+
+
+@router.get("/runs/{run_id}/metrics.csv", summary="A run's per-round metrics as CSV",
+            response_class=Response, responses={200: {"content": {"text/csv": {}}}})
+def rounds_csv(request: Request, run_id: str) -> Response:
+    reader = reader_of(request)
+    run, _ = _found(reader.run(run_id), f"run {run_id!r}")
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=ROUND_CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(round_data(r) for r in reader.rounds(run.id))
+    return Response(out.getvalue(), media_type="text/csv; charset=utf-8",
+                    headers={"content-disposition": f'attachment; filename="{run.id}-rounds.csv"'})
+
+
+@router.get("/runs/{run_id}/checkpoint", summary="A model checkpoint (safetensors; default the last round)",
+            response_class=FileResponse,
+            responses={200: {"content": {"application/octet-stream": {}}}, 404: {"description": "none"}})
+def checkpoint(request: Request, run_id: str,
+               round_: Annotated[int | None, Query(alias="round", ge=1)] = None) -> FileResponse:
+    number, path = _found(reader_of(request).checkpoint(run_id, round_), "checkpoint file for that round")
+    return FileResponse(path, media_type="application/octet-stream",
+                        filename=f"{run_id}-round-{number:05d}.safetensors")
+
+
+@router.get("/clients", response_model=list[ClientSummaryOut], summary="Every client's participation")
+def list_clients(request: Request, run_id: RunQuery = None) -> list[dict[str, Any]]:
+    return [client_summary_data(c) for c in reader_of(request).clients(run_id)]
+
+
+@router.get("/clients/{client}", response_model=list[ClientResultOut],
+            summary="One client's history, newest first")
+def client_history(request: Request, client: str, run_id: RunQuery = None) -> list[dict[str, Any]]:
+    rows = reader_of(request).client_history(client, run_id)
+    return [client_result_data(c) for c in _found(rows or None, f"client {client!r}")]
+
+
+@metrics_router.get("/metrics", response_class=Response, summary="Prometheus metrics",
+                    responses={200: {"content": {"text/plain": {}}}})
+def metrics(request: Request) -> Response:
+    return Response(render_metrics(request.app.state.registry), media_type=CONTENT_TYPE)

@@ -1,0 +1,52 @@
+"""``quorum dashboard``: serve the dashboard over a run store."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from aggregator.store import default_db_url
+from dashboard.auth import TOKEN_ENV, check_bind
+from dashboard.errors import InsecureBind
+
+__all__ = ["app"]
+
+console = Console(stderr=True)
+
+
+def app(
+    db: Annotated[str, typer.Option("--db", help="Run store: an SQLAlchemy URL.", envvar="QUORUM_DB")]
+    = default_db_url(),
+    host: Annotated[str, typer.Option(help="Address to bind; anything but loopback needs --token.")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    token: Annotated[Optional[str], typer.Option(help="Access token required by every page and API call.",
+                                                 envvar=TOKEN_ENV, show_envvar=True)] = None,
+) -> None:
+    """Serve the live web dashboard (read-only) over the run store."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        check_bind(host, token)
+        shown_db = make_url(db).render_as_string(hide_password=True)
+    except InsecureBind as exc:
+        _fail(str(exc))
+    except ArgumentError:
+        _fail(f"--db {db!r} is not an SQLAlchemy URL (e.g. sqlite:///runs/quorum.db)")
+    import uvicorn
+
+    from dashboard.app import create_app
+
+    shown = f"[{host}]" if ":" in host else host
+    console.print(f"Quorum dashboard on [bold]http://{shown}:{port}/[/] (store {shown_db})"
+                  + (", token required" if token else ""), highlight=False)
+    uvicorn.run(create_app(db, token=token or None), host=host, port=port, log_level="warning",
+                timeout_graceful_shutdown=2)
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(2)

@@ -1,0 +1,93 @@
+"""Prometheus metrics, read from the run store at scrape time.
+
+A custom collector (no counters kept in this process): the store is the
+source of truth, so every dashboard replica reports the same figures and a
+restart loses nothing. One aggregate query per scrape; each series is
+labelled with its ``run``, and ``quorum_run_info`` carries the scenario,
+strategy and status for joins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Metric,
+                                    SummaryMetricFamily)
+from prometheus_client.registry import Collector
+
+from aggregator.store import Run
+from dashboard.queries import Reader, RunStats
+
+__all__ = ["StoreCollector", "make_registry", "render_metrics", "CONTENT_TYPE"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_COUNTERS = (  # (name, help, RunStats field)
+    ("quorum_run_rounds_completed", "Rounds committed to the store.", "rounds"),
+    ("quorum_run_clients_answered", "Client updates accepted, summed over rounds.", "answered"),
+    ("quorum_run_clients_dropped", "Clients that dropped or were late, summed over rounds.", "dropped"),
+    ("quorum_run_clients_rejected", "Client updates rejected or failed, summed over rounds.", "rejected"),
+    ("quorum_run_bytes_in", "Bytes received from clients.", "bytes_in"),
+    ("quorum_run_bytes_out", "Bytes sent to clients.", "bytes_out"),
+)
+_GAUGES = (
+    ("quorum_run_epsilon", "Differential privacy budget spent (epsilon); only runs with DP.", "epsilon"),
+    ("quorum_run_accuracy", "Accuracy after the last committed round.", "last_accuracy"),
+    ("quorum_run_best_accuracy", "Best accuracy of any round.", "best_accuracy"),
+    ("quorum_run_last_round_duration_seconds", "Duration of the last committed round.", "last_duration"),
+)
+
+
+class StoreCollector(Collector):
+    """Collects per-run figures from the store on each scrape."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+
+    def collect(self) -> Iterator[Metric]:
+        runs = self.reader.runs()
+        yield _status_counts(runs)
+        yield _info(runs)
+        for name, help_, attr in _COUNTERS:
+            family = CounterMetricFamily(name, help_, labels=["run"])
+            for run, stats in runs:
+                family.add_metric([run.id], getattr(stats, attr))
+            yield family
+        for name, help_, attr in _GAUGES:
+            family = GaugeMetricFamily(name, help_, labels=["run"])
+            for run, stats in runs:
+                if getattr(stats, attr) is not None:
+                    family.add_metric([run.id], getattr(stats, attr))
+            yield family
+        durations = SummaryMetricFamily("quorum_run_round_duration_seconds", "Round wall time.", labels=["run"])
+        for run, stats in runs:
+            durations.add_metric([run.id], count_value=stats.rounds, sum_value=stats.duration_sum)
+        yield durations
+
+
+def _status_counts(runs: list[tuple[Run, RunStats]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily("quorum_runs", "Runs in the store, by status.", labels=["status"])
+    counts: dict[str, int] = {}
+    for run, _ in runs:
+        counts[run.status] = counts.get(run.status, 0) + 1
+    for status in sorted({"running", "finished", "failed", "stopped_budget", "interrupted", *counts}):
+        family.add_metric([status], counts.get(status, 0))
+    return family
+
+
+def _info(runs: list[tuple[Run, RunStats]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily("quorum_run_info", "One series per run; its labels describe the run.",
+                               labels=["run", "scenario", "strategy", "status"])
+    for run, _ in runs:
+        family.add_metric([run.id, run.name, run.strategy, run.status], 1)
+    return family
+
+
+def make_registry(reader: Reader) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(reader))
+    return registry
+
+
+def render_metrics(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

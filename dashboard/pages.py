@@ -1,0 +1,115 @@
+"""Server-rendered pages: runs, a run, a round, clients, a client, the API reference."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from dashboard.queries import Reader
+from dashboard.views import (client_result_data, client_result_display, client_summary_data, fmt_time,
+                             round_data, round_display, run_data, run_display, scenario_text,
+                             secagg_table)
+
+__all__ = ["router", "STATUSES"]
+
+router = APIRouter(include_in_schema=False)
+STATUSES = ("running", "finished", "failed", "stopped_budget", "interrupted")
+
+
+def _render(request: Request, template: str, **context: Any) -> HTMLResponse:
+    return request.app.state.templates.TemplateResponse(request, template, context)
+
+
+def _reader(request: Request) -> Reader:
+    return request.app.state.reader
+
+
+def _run_or_404(reader: Reader, run_id: str) -> tuple[dict[str, Any], dict[str, str], Any]:
+    found = reader.run(run_id)
+    if found is None:
+        raise HTTPException(status_code=404, detail=f"There is no run {run_id!r} in this store.")
+    data = run_data(*found)
+    return data, run_display(data), found[0]
+
+
+@router.get("/", response_class=HTMLResponse)
+def runs_page(request: Request, status: Annotated[str | None, Query()] = None) -> HTMLResponse:
+    reader = _reader(request)
+    rows = [run_data(run, stats) for run, stats in reader.runs(status or None)]
+    counts = reader.status_counts()
+    return _render(request, "runs.html", nav="runs", status=status or "", statuses=STATUSES, counts=counts,
+                   total=sum(counts.values()), runs=[(d, run_display(d)) for d in rows],
+                   since=reader.last_update())
+
+
+@router.get("/runs")
+def runs_alias() -> Response:
+    return RedirectResponse("/", status_code=308)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: str) -> HTMLResponse:
+    reader = _reader(request)
+    run, display, row = _run_or_404(reader, run_id)
+    rounds = [round_data(r) for r in reader.rounds(run_id)]
+    return _render(
+        request, "run.html", nav="runs", run=run, display=display, rounds=rounds,
+        round_rows=[(r, round_display(r)) for r in reversed(rounds)],
+        has_dp=any(r["epsilon"] is not None for r in rounds),
+        has_secagg=any(r["secagg"] for r in rounds), scenario=scenario_text(row.scenario or {}),
+        description=(row.scenario or {}).get("description", ""), info=row.info or {},
+        events=reader.events(run_id), has_checkpoint=reader.checkpoint(run_id) is not None,
+        chart_data={"run": run, "rounds": rounds})
+
+
+@router.get("/runs/{run_id}/rounds/{number}", response_class=HTMLResponse)
+def round_page(request: Request, run_id: str, number: int) -> HTMLResponse:
+    reader = _reader(request)
+    run, display, _ = _run_or_404(reader, run_id)
+    row = reader.round(run_id, number)
+    if row is None:
+        raise HTTPException(status_code=404, detail=f"Run {run_id} has no committed round {number}.")
+    data = round_data(row)
+    clients = [client_result_data(c) for c in reader.round_clients(run_id, number)]
+    outcomes: dict[str, int] = {}
+    for c in clients:
+        outcomes[c["outcome"]] = outcomes.get(c["outcome"], 0) + 1
+    columns, secagg_rows = secagg_table(data["secagg"]) if data["secagg"] else ([], [])
+    return _render(request, "round.html", nav="runs", run=run, run_display=display, round=data,
+                   display=round_display(data), clients=[(c, client_result_display(c)) for c in clients],
+                   outcomes=outcomes, secagg_columns=columns, secagg_rows=secagg_rows,
+                   has_prev=number > 1, has_next=number < run["rounds_done"],
+                   has_checkpoint=reader.checkpoint(run_id, number) is not None)
+
+
+@router.get("/clients", response_class=HTMLResponse)
+def clients_page(request: Request, run: Annotated[str | None, Query()] = None) -> HTMLResponse:
+    reader = _reader(request)
+    clients = [client_summary_data(c) for c in reader.clients(run or None)]
+    runs = [(r.id, r.name) for r, _ in reader.runs()]
+    return _render(request, "clients.html", nav="clients", clients=clients, runs=runs, run=run or "",
+                   fmt_time=fmt_time)
+
+
+@router.get("/clients/{client}", response_class=HTMLResponse)
+def client_page(request: Request, client: str, run: Annotated[str | None, Query()] = None) -> HTMLResponse:
+    reader = _reader(request)
+    rows = [client_result_data(c) for c in reader.client_history(client, run or None)]
+    if not rows:
+        raise HTTPException(status_code=404, detail=f"Client {client!r} has not taken part in any round.")
+    names = reader.run_names([r["run_id"] for r in rows])
+    ok = sum(1 for r in rows if r["outcome"] == "ok")
+    return _render(request, "client.html", nav="clients", client=client, names=names, run=run or "",
+                   rows=[(r, client_result_display(r)) for r in rows], ok=ok,
+                   last_seen=fmt_time(max(r["finished_at"] for r in rows)))
+
+
+@router.get("/docs", response_class=HTMLResponse)
+def api_reference(request: Request) -> HTMLResponse:
+    schema = request.app.openapi()
+    endpoints = [(method.upper(), path, op.get("summary", ""), op.get("description", ""),
+                  [p["name"] for p in op.get("parameters", []) if p.get("in") == "query"])
+                 for path, ops in schema["paths"].items() for method, op in ops.items()]
+    return _render(request, "docs.html", nav="docs", endpoints=endpoints, title=schema["info"]["title"])

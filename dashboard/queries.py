@@ -1,0 +1,267 @@
+"""Read-only queries over the run store, each in its own short session.
+
+The aggregator writes the same SQLite file while a run is in progress (WAL
+mode): every method here opens a session, reads, and closes it at once, so a
+reader never holds a snapshot that keeps the writer's log from checkpointing.
+Aggregates are computed in SQL, one query per page, not per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import ColumnElement, Select, and_, case, func, select
+from sqlalchemy.orm import Session
+
+from aggregator.store import ClientResult, Event, Round, Run, RunStore
+
+__all__ = ["Reader", "RunStats", "RunHead", "ClientSummary", "Participation", "TERMINAL"]
+
+# Accuracy of a round: the server's held-out score when it has one, else the federated one.
+ACCURACY = func.coalesce(Round.server_accuracy, Round.fed_accuracy)
+TERMINAL = frozenset({"finished", "failed", "stopped_budget", "interrupted"})
+RECENT = 30  # participations shown per client on the clients page
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Per-run aggregates over its committed rounds."""
+
+    rounds: int = 0
+    best_accuracy: float | None = None
+    last_accuracy: float | None = None
+    last_round: int = 0
+    epsilon: float | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    answered: int = 0
+    dropped: int = 0
+    rejected: int = 0
+    duration_sum: float = 0.0
+    last_duration: float | None = None
+
+
+@dataclass(frozen=True)
+class RunHead:
+    """What the live stream polls: cheap, by primary key."""
+
+    status: str
+    last_round: int
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class Participation:
+    run_id: str
+    round: int
+    outcome: str
+    stage: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class ClientSummary:
+    client: str
+    rounds: int
+    ok: int
+    dropped: int
+    rejected: int
+    runs: int
+    examples: int
+    last_seen: float
+    recent: list[Participation] = field(default_factory=list)  # newest first
+
+
+class Reader:
+    """Short read sessions over a :class:`RunStore`'s engine."""
+
+    def __init__(self, db_url: str) -> None:
+        self.store = RunStore(db_url)
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        with Session(self.store.engine, expire_on_commit=False) as session:
+            yield session
+
+    # -- runs ---------------------------------------------------------------
+    def runs(self, status: str | None = None) -> list[tuple[Run, RunStats]]:
+        with self._session() as s:
+            query = select(Run).order_by(Run.started_at.desc())
+            if status:
+                query = query.where(Run.status == status)
+            runs = list(s.scalars(query).all())
+            stats = _stats(s, None if status is None else [r.id for r in runs])
+        return [(r, stats.get(r.id, RunStats())) for r in runs]
+
+    def run(self, run_id: str) -> tuple[Run, RunStats] | None:
+        with self._session() as s:
+            run = s.get(Run, run_id)
+            if run is None:
+                return None
+            return run, _stats(s, [run_id]).get(run_id, RunStats())
+
+    def changed_runs(self, since: float) -> list[tuple[Run, RunStats]]:
+        """Runs whose row changed after ``since`` (new, new round, new status)."""
+        with self._session() as s:
+            runs = list(s.scalars(select(Run).where(Run.updated_at > since)).all())
+            stats = _stats(s, [r.id for r in runs]) if runs else {}
+        return [(r, stats.get(r.id, RunStats())) for r in runs]
+
+    def last_update(self) -> float:
+        with self._session() as s:
+            return s.scalar(select(func.max(Run.updated_at))) or 0.0
+
+    def status_counts(self) -> dict[str, int]:
+        with self._session() as s:
+            rows = s.execute(select(Run.status, func.count()).group_by(Run.status)).all()
+        return {status: count for status, count in rows}
+
+    def head(self, run_id: str) -> RunHead | None:
+        with self._session() as s:
+            row = s.execute(select(Run.status, Run.updated_at).where(Run.id == run_id)).first()
+            if row is None:
+                return None
+            last = s.scalar(select(func.max(Round.round)).where(Round.run_id == run_id))
+        return RunHead(status=row.status, last_round=last or 0, updated_at=row.updated_at)
+
+    # -- rounds -------------------------------------------------------------
+    def rounds(self, run_id: str, after: int = 0) -> list[Round]:
+        with self._session() as s:
+            query = select(Round).where(Round.run_id == run_id, Round.round > after)
+            return list(s.scalars(query.order_by(Round.round)).all())
+
+    def round(self, run_id: str, number: int) -> Round | None:
+        with self._session() as s:
+            return s.get(Round, (run_id, number))
+
+    def round_clients(self, run_id: str, number: int) -> list[ClientResult]:
+        with self._session() as s:
+            query = select(ClientResult).where(ClientResult.run_id == run_id, ClientResult.round == number)
+            return list(s.scalars(query.order_by(ClientResult.id)).all())
+
+    def events(self, run_id: str, limit: int = 200) -> list[Event]:
+        with self._session() as s:
+            query = select(Event).where(Event.run_id == run_id).order_by(Event.id.desc()).limit(limit)
+            return list(reversed(s.scalars(query).all()))
+
+    def checkpoint(self, run_id: str, number: int | None = None) -> tuple[int, Path] | None:
+        """The round number and file of a round's checkpoint (default: the last round)."""
+        with self._session() as s:
+            query = select(Round.round, Round.checkpoint).where(Round.run_id == run_id)
+            if number is not None:
+                query = query.where(Round.round == number)
+            row = s.execute(query.order_by(Round.round.desc()).limit(1)).first()
+        if row is None or not row.checkpoint:
+            return None
+        path = _existing_checkpoint(Path(row.checkpoint), self.store.checkpoint_dir / run_id)
+        return None if path is None else (row.round, path)
+
+    # -- clients ------------------------------------------------------------
+    def clients(self, run_id: str | None = None) -> list[ClientSummary]:
+        with self._session() as s:
+            totals = s.execute(_client_totals(run_id)).all()
+            recent = s.execute(_client_recent(run_id)).all()
+        history: dict[str, list[Participation]] = {}
+        for row in recent:
+            history.setdefault(row.client, []).append(
+                Participation(row.run_id, row.round, row.outcome, row.stage, row.reason))
+        summaries = [ClientSummary(client=r.client, rounds=r.rounds, ok=r.ok or 0, dropped=r.dropped or 0,
+                                   rejected=r.rejected or 0, runs=r.runs, examples=r.examples or 0,
+                                   last_seen=r.last_seen, recent=history.get(r.client, []))
+                     for r in totals]
+        return sorted(summaries, key=lambda c: natural_key(c.client))
+
+    def client_history(self, client: str, run_id: str | None = None, limit: int = 1000) -> list[ClientResult]:
+        with self._session() as s:
+            query = select(ClientResult).where(ClientResult.client == client)
+            if run_id:
+                query = query.where(ClientResult.run_id == run_id)
+            return list(s.scalars(query.order_by(ClientResult.id.desc()).limit(limit)).all())
+
+    def run_names(self, run_ids: Sequence[str]) -> dict[str, str]:
+        if not run_ids:
+            return {}
+        with self._session() as s:
+            rows = s.execute(select(Run.id, Run.name).where(Run.id.in_(set(run_ids)))).all()
+        return {row.id: row.name for row in rows}
+
+
+def natural_key(label: str) -> tuple[int, int, str]:
+    """Sort client labels numerically when they are numbers ("2" before "10")."""
+    return (0, int(label), "") if label.isdigit() else (1, 0, label)
+
+
+def _stats(s: Session, run_ids: Sequence[str] | None) -> dict[str, RunStats]:
+    """Aggregates over each run's rounds (all runs when ``run_ids`` is None): two queries in all."""
+    if run_ids is not None and not run_ids:
+        return {}
+    last = {row.run_id: row for row in s.execute(_last_rounds(run_ids)).all()}
+    out = {}
+    for r in s.execute(_totals(run_ids)).all():
+        tail = last.get(r.run_id)
+        out[r.run_id] = RunStats(
+            rounds=r.rounds, best_accuracy=r.best, last_round=r.last_round or 0, epsilon=r.epsilon,
+            bytes_in=r.bytes_in or 0, bytes_out=r.bytes_out or 0, answered=r.answered or 0,
+            dropped=r.dropped or 0, rejected=r.rejected or 0, duration_sum=r.duration_sum or 0.0,
+            last_accuracy=None if tail is None else tail.accuracy,
+            last_duration=None if tail is None else tail.duration_s)
+    return out
+
+
+def _totals(run_ids: Sequence[str] | None) -> Select:
+    query = select(Round.run_id, func.count().label("rounds"), func.max(ACCURACY).label("best"),
+                   func.max(Round.round).label("last_round"), func.max(Round.epsilon).label("epsilon"),
+                   func.sum(Round.bytes_in).label("bytes_in"), func.sum(Round.bytes_out).label("bytes_out"),
+                   func.sum(Round.answered).label("answered"), func.sum(Round.dropped).label("dropped"),
+                   func.sum(Round.rejected).label("rejected"),
+                   func.sum(Round.duration_s).label("duration_sum")).group_by(Round.run_id)
+    return query if run_ids is None else query.where(Round.run_id.in_(run_ids))
+
+
+def _last_rounds(run_ids: Sequence[str] | None) -> Select:
+    last = select(Round.run_id.label("run_id"), func.max(Round.round).label("last")).group_by(Round.run_id)
+    if run_ids is not None:
+        last = last.where(Round.run_id.in_(run_ids))
+    sub = last.subquery()
+    return select(Round.run_id, ACCURACY.label("accuracy"), Round.duration_s).join(
+        sub, and_(Round.run_id == sub.c.run_id, Round.round == sub.c.last))
+
+
+def _count_if(condition: ColumnElement[bool]) -> ColumnElement[int]:
+    return func.sum(case((condition, 1), else_=0))
+
+
+def _client_totals(run_id: str | None) -> Select:
+    query = select(ClientResult.client, func.count().label("rounds"),
+                   _count_if(ClientResult.outcome == "ok").label("ok"),
+                   _count_if(ClientResult.outcome.in_(("dropped", "late"))).label("dropped"),
+                   _count_if(ClientResult.outcome.in_(("rejected", "error"))).label("rejected"),
+                   func.count(ClientResult.run_id.distinct()).label("runs"),
+                   func.sum(ClientResult.num_examples).label("examples"),
+                   func.max(ClientResult.finished_at).label("last_seen")).group_by(ClientResult.client)
+    return query.where(ClientResult.run_id == run_id) if run_id else query
+
+
+def _client_recent(run_id: str | None) -> Select:
+    rank = func.row_number().over(partition_by=ClientResult.client, order_by=ClientResult.id.desc())
+    inner = select(ClientResult.client, ClientResult.run_id, ClientResult.round, ClientResult.outcome,
+                   ClientResult.stage, ClientResult.reason, ClientResult.id, rank.label("rank"))
+    if run_id:
+        inner = inner.where(ClientResult.run_id == run_id)
+    sub = inner.subquery()
+    return select(sub).where(sub.c.rank <= RECENT).order_by(sub.c.client, sub.c.id.desc())
+
+
+def _existing_checkpoint(recorded: Path, run_folder: Path) -> Path | None:
+    """The recorded path, or the same file name in the store's checkpoint folder.
+
+    A relative path was recorded against the aggregator's working directory,
+    which may not be the dashboard's.
+    """
+    for candidate in (recorded, run_folder / recorded.name):
+        if candidate.suffix == ".safetensors" and candidate.is_file():
+            return candidate
+    return None

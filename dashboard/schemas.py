@@ -1,0 +1,110 @@
+"""Response models of the JSON API: they document ``/openapi.json``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+__all__ = ["RunOut", "RunDetailOut", "RoundOut", "ClientResultOut", "ClientSummaryOut",
+           "RecentOut", "EventOut", "RunLiveOut"]
+
+
+class RunOut(BaseModel):
+    id: str
+    name: str = Field(description="The scenario's name.")
+    status: str = Field(description="running | finished | failed | stopped_budget | interrupted")
+    strategy: str
+    engine: str
+    seed: int
+    rounds_total: int
+    rounds_done: int
+    num_params: int
+    best_accuracy: float | None = Field(description="Best server (else federated) accuracy of any round.")
+    last_accuracy: float | None
+    epsilon: float | None = Field(description="Privacy budget spent so far; null without DP.")
+    bytes_in: int
+    bytes_out: int
+    started_at: float = Field(description="Unix time.")
+    updated_at: float
+    finished_at: float | None
+    duration_s: float
+    error: str | None
+
+
+class RunDetailOut(RunOut):
+    scenario: dict[str, Any] = Field(description="The scenario as submitted.")
+    info: dict[str, Any]
+
+
+class RoundOut(BaseModel):
+    round: int
+    started_at: float
+    duration_s: float
+    sampled: int
+    answered: int
+    dropped: int
+    rejected: int = Field(description="Rejected updates and client errors.")
+    train_loss: float | None
+    fed_loss: float | None
+    fed_accuracy: float | None
+    server_loss: float | None
+    server_accuracy: float | None
+    accuracy: float | None = Field(description="server_accuracy, else fed_accuracy.")
+    bytes_in: int
+    bytes_out: int
+    epsilon: float | None = Field(description="Cumulative epsilon after this round; null without DP.")
+    secagg: dict[str, Any] | None = Field(description="Secure aggregation stage record; null without it.")
+    metrics: dict[str, Any]
+
+
+class ClientResultOut(BaseModel):
+    run_id: str
+    round: int
+    client: str
+    outcome: str = Field(description="ok | dropped | rejected | error | late")
+    stage: str | None
+    reason: str | None
+    description: str = Field(description="The outcome in words, e.g. 'dropped at train'.")
+    num_examples: int
+    train_loss: float | None
+    eval_loss: float | None
+    eval_accuracy: float | None
+    duration_s: float | None
+    bytes_in: int
+    metrics: dict[str, Any]
+    finished_at: float
+
+
+class RecentOut(BaseModel):
+    run_id: str
+    round: int
+    outcome: str
+    description: str
+
+
+class ClientSummaryOut(BaseModel):
+    client: str
+    rounds: int = Field(description="Rounds the client was sampled in.")
+    ok: int
+    dropped: int = Field(description="Dropped or late.")
+    rejected: int = Field(description="Rejected or failed with an error.")
+    runs: int
+    examples: int
+    last_seen: float
+    last_run: str | None
+    last_round: int | None
+    recent: list[RecentOut] = Field(description="Newest participations first (at most 30).")
+
+
+class EventOut(BaseModel):
+    ts: float
+    level: str
+    message: str
+
+
+class RunLiveOut(BaseModel):
+    """The payload of a ``run`` event on the live streams."""
+
+    run: RunOut
+    display: dict[str, str]

@@ -1,0 +1,190 @@
+// Run page: charts from the rounds committed so far, then new rounds pushed live.
+"use strict";
+
+(function () {
+  const Q = window.Quorum;
+  const data = JSON.parse(document.getElementById("run-data").textContent);
+  const run = data.run;
+  const rounds = data.rounds;
+  const table = document.getElementById("rounds-table");
+  const keys = Array.from(table.tHead.rows[0].cells, (th) => th.dataset.key);
+  const plotly = window.Plotly;
+
+  const COLORS = {
+    server: "#4f46e5", fed: "#0ea5e9", train: "#f59e0b", sampled: "#6b7280",
+    ok: "#22c55e", dropped: "#f59e0b", rejected: "#ef4444", in: "#6366f1", out: "#14b8a6",
+    duration: "#64748b", epsilon: "#a855f7",
+  };
+  const STAGE_COLORS = ["#4f46e5", "#0ea5e9", "#14b8a6", "#f59e0b", "#ef4444", "#a855f7", "#64748b"];
+  const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
+
+  draw();
+  if (run.status === "running" && window.EventSource) connect();
+
+  // -- live ----------------------------------------------------------------
+  function connect() {
+    const after = rounds.length ? rounds[rounds.length - 1].round : 0;
+    const url = "/api/runs/" + encodeURIComponent(run.id) + "/events?after=" + after;
+    const source = new EventSource(url);
+    source.addEventListener("open", () => Q.live("live"));
+    source.addEventListener("error", () => Q.live("stale"));
+    source.addEventListener("round", (event) => {
+      const message = JSON.parse(event.data);
+      addRound(message.round, message.display);
+    });
+    source.addEventListener("run", (event) => {
+      const message = JSON.parse(event.data);
+      updateRun(message.run, message.display);
+      if (Q.TERMINAL.has(message.run.status)) {
+        source.close();
+        Q.live("off");
+      }
+    });
+    source.addEventListener("gone", () => { source.close(); Q.live("off"); });
+  }
+
+  function addRound(round, display) {
+    if (rounds.length && round.round <= rounds[rounds.length - 1].round) return;
+    rounds.push(round);
+    table.tBodies[0].prepend(roundRow(round, display));
+    document.getElementById("rounds-empty").hidden = true;
+    document.getElementById("rounds-count").textContent = rounds.length + " committed";
+    document.getElementById("download-checkpoint").hidden = false;
+    scheduleDraw();
+  }
+
+  // The table shows a new round at once; charts redraw on the next frame, once per burst.
+  let drawPending = false;
+  function scheduleDraw() {
+    if (drawPending) return;
+    drawPending = true;
+    requestAnimationFrame(() => { drawPending = false; draw(); });
+  }
+
+  function roundRow(round, display) {
+    const row = Q.el("tr", { "data-round": round.round, className: "new-row" });
+    for (const key of keys) {
+      const cell = Q.el("td", { className: key === "round" || key === "started_at" ? "nowrap" : "num" });
+      if (key === "round") {
+        const href = "/runs/" + encodeURIComponent(run.id) + "/rounds/" + round.round;
+        cell.appendChild(Q.el("a", { href: href }, "Round " + round.round));
+      } else {
+        cell.textContent = display[key];
+      }
+      if (key === "dropped" && round.dropped) cell.classList.add("warn");
+      if (key === "rejected" && round.rejected) cell.classList.add("bad");
+      if (key === "server_accuracy") cell.classList.add("strong");
+      row.appendChild(cell);
+    }
+    return row;
+  }
+
+  function updateRun(next, display) {
+    Q.setFields(document, display);
+    Q.statusBadge(document.querySelector('.page-head [data-field="status"]'), next.status);
+    Q.setProgress(document.querySelector(".run-progress .progress"), next.rounds_done, next.rounds_total);
+    if (next.error && !document.querySelector(".alert.error")) {
+      const alert = Q.el("div", { className: "alert error" });
+      alert.appendChild(Q.el("strong", {}, next.status.replace(/_/g, " ") + ": "));
+      alert.appendChild(Q.el("span", {}, next.error));
+      document.querySelector(".run-progress").after(alert);
+    }
+  }
+
+  // -- charts --------------------------------------------------------------
+  function draw() {
+    if (!plotly) {
+      document.getElementById("charts-missing").hidden = false;
+      return;
+    }
+    const x = rounds.map((r) => r.round);
+    const col = (key) => rounds.map((r) => r[key]);
+    plot("chart-accuracy", [
+      line("server", x, col("server_accuracy"), COLORS.server),
+      line("federated", x, col("fed_accuracy"), COLORS.fed),
+    ], { yaxis: { tickformat: ".0%", rangemode: "tozero" } });
+    plot("chart-loss", [
+      line("train", x, col("train_loss"), COLORS.train),
+      line("federated", x, col("fed_loss"), COLORS.fed),
+      line("server", x, col("server_loss"), COLORS.server),
+    ], { yaxis: { rangemode: "tozero" } });
+    plot("chart-clients", [
+      bar("answered", x, col("answered"), COLORS.ok),
+      bar("dropped", x, col("dropped"), COLORS.dropped),
+      bar("rejected", x, col("rejected"), COLORS.rejected),
+      line("sampled", x, col("sampled"), COLORS.sampled, { line: { dash: "dot", width: 2 } }),
+    ], { barmode: "stack", legend: { traceorder: "normal" }, yaxis: { rangemode: "tozero", tickformat: "d" } });
+    plot("chart-duration", [bar("round duration", x, col("duration_s"), COLORS.duration)],
+      { showlegend: false, yaxis: { ticksuffix: " s", rangemode: "tozero" } });
+    plot("chart-traffic", [
+      bar("in (from clients)", x, col("bytes_in"), COLORS.in),
+      bar("out (to clients)", x, col("bytes_out"), COLORS.out),
+    ], { barmode: "group", yaxis: { tickformat: ".2s", ticksuffix: "B", rangemode: "tozero" } });
+    drawOptional(x);
+  }
+
+  function drawOptional(x) {
+    const eps = rounds.map((r) => r.epsilon);
+    if (eps.some((v) => v !== null)) {
+      document.getElementById("panel-epsilon").hidden = false;
+      plot("chart-epsilon", [line("ε", x, eps, COLORS.epsilon, { fill: "tozeroy" })],
+        { showlegend: false, yaxis: { rangemode: "tozero" } });
+    }
+    const stages = secaggSeries();
+    if (stages.length) {
+      document.getElementById("panel-secagg").hidden = false;
+      plot("chart-secagg", stages.map(([name, values], i) =>
+        line(name, x, values, STAGE_COLORS[i % STAGE_COLORS.length])), { yaxis: { rangemode: "tozero" } });
+    }
+  }
+
+  /** [stage name, completed per round] for whatever stages the rounds recorded. */
+  function secaggSeries() {
+    const names = [];
+    const stagesOf = (r) => (r.secagg && Array.isArray(r.secagg.stages) ? r.secagg.stages : [])
+      .filter((s) => s && typeof s === "object" && s.stage !== undefined && s.stage !== null);
+    for (const r of rounds) {
+      for (const s of stagesOf(r)) if (!names.includes(String(s.stage))) names.push(String(s.stage));
+    }
+    return names.map((name) => [escapeLabel(name), rounds.map((r) => {
+      const stage = stagesOf(r).find((s) => String(s.stage) === name);
+      return stage && typeof stage.completed === "number" ? stage.completed : null;
+    })]);
+  }
+
+  /** Plotly reads a few HTML-like tags in labels; show recorded names literally. */
+  function escapeLabel(text) {
+    return text.replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+  }
+
+  function line(name, x, y, color, extra) {
+    const trace = {
+      type: "scatter", mode: "lines+markers", name: name, x: x, y: y, connectgaps: true,
+      line: { color: color, width: 2 }, marker: { color: color, size: 6 },
+    };
+    const { line: lineStyle, ...rest } = extra || {};
+    Object.assign(trace, rest);
+    Object.assign(trace.line, lineStyle || {});
+    return trace;
+  }
+
+  function bar(name, x, y, color) {
+    return { type: "bar", name: name, x: x, y: y, marker: { color: color } };
+  }
+
+  function plot(id, traces, layout) {
+    const last = rounds.length ? rounds[rounds.length - 1].round : 0;
+    const base = {
+      margin: { l: 56, r: 16, t: 8, b: 44 }, height: document.getElementById(id).clientHeight || 280,
+      font: { family: "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size: 12, color: "#374151" },
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", hovermode: "x unified",
+      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" }, uirevision: id,
+      xaxis: { title: { text: "round" }, gridcolor: "#eef0f3", zeroline: false, tickformat: "d",
+               dtick: last > 12 ? undefined : 1, range: [0.5, Math.max(last, 1) + 0.5] },
+    };
+    const merged = Object.assign({}, base, layout);
+    merged.legend = Object.assign({}, base.legend, layout.legend || {});
+    merged.yaxis = Object.assign({ gridcolor: "#eef0f3", zeroline: false }, layout.yaxis || {});
+    plotly.react(id, traces, merged, CONFIG);
+  }
+})();

@@ -1,0 +1,52 @@
+// Runs page: rows update (and new runs appear) as the store changes.
+"use strict";
+
+(function () {
+  const Q = window.Quorum;
+  const table = document.getElementById("runs-table");
+  if (!table || !window.EventSource) return;
+  const filter = table.dataset.statusFilter;
+  const source = new EventSource("/api/events?since=" + encodeURIComponent(table.dataset.since));
+  source.addEventListener("open", () => Q.live("live"));
+  source.addEventListener("error", () => Q.live("stale"));
+  source.addEventListener("run", (event) => {
+    const message = JSON.parse(event.data);
+    update(message.run, message.display);
+  });
+
+  function update(run, display) {
+    let row = table.querySelector('tr[data-run-id="' + CSS.escape(run.id) + '"]');
+    if (filter && run.status !== filter) {
+      if (row) row.remove();
+      return;
+    }
+    if (!row) {
+      row = buildRow(run, display);
+      table.tBodies[0].prepend(row);
+      table.closest(".table-wrap").hidden = false;
+      document.getElementById("runs-empty").hidden = true;
+    }
+    Q.setFields(row, display);
+    Q.statusBadge(row.querySelector('[data-field="status"]'), run.status);
+    Q.setProgress(row.querySelector(".progress"), run.rounds_done, run.rounds_total);
+  }
+
+  function buildRow(run, display) {
+    const row = Q.el("tr", { "data-run-id": run.id, className: "new-row" });
+    const name = Q.el("td");
+    name.appendChild(Q.el("a", { className: "run-name", href: "/runs/" + encodeURIComponent(run.id) }, run.name));
+    name.appendChild(Q.el("div", { className: "mono muted small" }, run.id));
+    const status = Q.el("td");
+    status.appendChild(Q.el("span", { className: "badge", "data-field": "status" }));
+    const rounds = Q.el("td");
+    const cell = rounds.appendChild(Q.el("div", { className: "rounds-cell" }));
+    cell.appendChild(Q.el("span", { "data-field": "rounds" }, display.rounds));
+    cell.appendChild(Q.progress(run.rounds_done, run.rounds_total));
+    row.append(name, status, Q.el("td", {}, run.strategy), rounds,
+      Q.el("td", { className: "num strong", "data-field": "best_accuracy" }, display.best_accuracy),
+      Q.el("td", { className: "num", "data-field": "last_accuracy" }, display.last_accuracy),
+      Q.el("td", { className: "nowrap" }, display.started_at),
+      Q.el("td", { className: "num nowrap", "data-field": "duration" }, display.duration));
+    return row;
+  }
+})();

@@ -1,0 +1,229 @@
+"""Rows of the store as plain data (for the API and live events) and as display text.
+
+Each ``*_data`` function returns JSON-ready raw values; each ``*_display``
+returns the strings a page shows for them. Pages and live updates both use
+the display strings, so a row added by the live stream reads exactly like
+one the server rendered.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aggregator.store import ClientResult, Round, Run
+from dashboard.queries import ClientSummary, RunStats
+
+__all__ = ["run_data", "run_display", "round_data", "round_display", "client_result_data",
+           "client_result_display", "client_summary_data", "outcome_text", "scenario_text",
+           "secagg_table", "fmt_time", "fmt_duration", "fmt_bytes", "fmt_pct", "fmt_num",
+           "ROUND_CSV_FIELDS"]
+
+DASH = "\u2014"
+ROUND_CSV_FIELDS = ("round", "started_at", "duration_s", "sampled", "answered", "dropped", "rejected",
+                    "train_loss", "fed_loss", "fed_accuracy", "server_loss", "server_accuracy",
+                    "bytes_in", "bytes_out", "epsilon")
+# Client metrics that already have a column of their own.
+_SHOWN_METRICS = {"num-examples", "train-loss", "duration-s", "eval-loss", "eval-accuracy"}
+
+
+# -- formatting -----------------------------------------------------------
+def fmt_time(ts: float | None) -> str:
+    return DASH if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return DASH
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return DASH
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return DASH  # unreachable: the loop returns at GB
+
+
+def fmt_pct(x: float | None) -> str:
+    return DASH if x is None or not math.isfinite(x) else f"{x:.1%}"
+
+
+def fmt_num(x: float | None, digits: int = 4) -> str:
+    if x is None:
+        return DASH
+    return f"{x:.{digits}f}" if math.isfinite(x) else str(x)
+
+
+def _clean(x: float | None) -> float | None:
+    """NaN and infinities are not JSON; send them as null."""
+    return x if x is None or math.isfinite(x) else None
+
+
+# -- runs -----------------------------------------------------------------
+def run_data(run: Run, stats: RunStats, now: float | None = None) -> dict[str, Any]:
+    end = run.finished_at or ((now or time.time()) if run.status == "running" else run.updated_at)
+    return {
+        "id": run.id, "name": run.name, "status": run.status, "strategy": run.strategy,
+        "engine": run.engine, "seed": run.seed, "rounds_total": run.rounds_total,
+        "rounds_done": run.rounds_done, "num_params": run.num_params,
+        "best_accuracy": _clean(stats.best_accuracy), "last_accuracy": _clean(stats.last_accuracy),
+        "epsilon": _clean(stats.epsilon), "bytes_in": stats.bytes_in, "bytes_out": stats.bytes_out,
+        "started_at": run.started_at, "updated_at": run.updated_at, "finished_at": run.finished_at,
+        "duration_s": max(0.0, end - run.started_at), "error": run.error,
+    }
+
+
+def run_display(d: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        "status": d["status"].replace("_", " "), "rounds": f"{d['rounds_done']} / {d['rounds_total']}",
+        "best_accuracy": fmt_pct(d["best_accuracy"]), "last_accuracy": fmt_pct(d["last_accuracy"]),
+        "epsilon": fmt_num(d["epsilon"], 3), "started_at": fmt_time(d["started_at"]),
+        "finished_at": fmt_time(d["finished_at"]), "duration": fmt_duration(d["duration_s"]),
+        "traffic": fmt_bytes(d["bytes_in"] + d["bytes_out"]), "params": f"{d['num_params']:,}",
+    }
+
+
+# -- rounds ---------------------------------------------------------------
+def round_data(r: Round) -> dict[str, Any]:
+    accuracy = r.server_accuracy if r.server_accuracy is not None else r.fed_accuracy
+    return {
+        "round": r.round, "started_at": r.started_at, "duration_s": r.duration_s,
+        "sampled": r.sampled, "answered": r.answered, "dropped": r.dropped, "rejected": r.rejected,
+        "train_loss": _clean(r.train_loss), "fed_loss": _clean(r.fed_loss),
+        "fed_accuracy": _clean(r.fed_accuracy), "server_loss": _clean(r.server_loss),
+        "server_accuracy": _clean(r.server_accuracy), "accuracy": _clean(accuracy),
+        "bytes_in": r.bytes_in, "bytes_out": r.bytes_out, "epsilon": _clean(r.epsilon),
+        "secagg": r.secagg, "metrics": r.metrics or {},
+    }
+
+
+def round_display(d: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        "round": str(d["round"]), "started_at": fmt_time(d["started_at"]),
+        "duration": fmt_duration(d["duration_s"]),
+        "clients": f"{d['answered']} / {d['sampled']}", "sampled": str(d["sampled"]),
+        "answered": str(d["answered"]), "dropped": str(d["dropped"]), "rejected": str(d["rejected"]),
+        "accuracy": fmt_pct(d["accuracy"]), "server_accuracy": fmt_pct(d["server_accuracy"]),
+        "fed_accuracy": fmt_pct(d["fed_accuracy"]), "train_loss": fmt_num(d["train_loss"]),
+        "fed_loss": fmt_num(d["fed_loss"]), "server_loss": fmt_num(d["server_loss"]),
+        "bytes_in": fmt_bytes(d["bytes_in"]), "bytes_out": fmt_bytes(d["bytes_out"]),
+        "epsilon": fmt_num(d["epsilon"], 3),
+    }
+
+
+# -- clients --------------------------------------------------------------
+def outcome_text(outcome: str, stage: str | None, reason: str | None) -> str:
+    """One line for a client's part in a round: "ok", "dropped at train", ..."""
+    if outcome == "ok":
+        return "ok"
+    text = outcome if not stage else f"{outcome} at {stage}"
+    return f"{text}: {reason}" if reason else text
+
+
+def client_result_data(c: ClientResult) -> dict[str, Any]:
+    return {
+        "run_id": c.run_id, "round": c.round, "client": c.client, "outcome": c.outcome,
+        "stage": c.stage, "reason": c.reason, "description": outcome_text(c.outcome, c.stage, c.reason),
+        "num_examples": c.num_examples, "train_loss": _clean(c.train_loss),
+        "eval_loss": _clean(c.eval_loss), "eval_accuracy": _clean(c.eval_accuracy),
+        "duration_s": c.duration_s, "bytes_in": c.bytes_in, "metrics": c.metrics or {},
+        "finished_at": c.finished_at,
+    }
+
+
+def client_result_display(d: Mapping[str, Any]) -> dict[str, str]:
+    extra = {k: v for k, v in d["metrics"].items() if k not in _SHOWN_METRICS}
+    return {
+        "examples": f"{d['num_examples']:,}" if d["num_examples"] else DASH,
+        "train_loss": fmt_num(d["train_loss"]), "eval_loss": fmt_num(d["eval_loss"]),
+        "eval_accuracy": fmt_pct(d["eval_accuracy"]), "duration": fmt_duration(d["duration_s"]),
+        "bytes_in": fmt_bytes(d["bytes_in"]) if d["bytes_in"] else DASH,
+        "metrics": ", ".join(f"{k}={_short(v)}" for k, v in sorted(extra.items())) or DASH,
+        "finished_at": fmt_time(d["finished_at"]),
+    }
+
+
+def client_summary_data(c: ClientSummary) -> dict[str, Any]:
+    last = c.recent[0] if c.recent else None
+    return {
+        "client": c.client, "rounds": c.rounds, "ok": c.ok, "dropped": c.dropped, "rejected": c.rejected,
+        "runs": c.runs, "examples": c.examples, "last_seen": c.last_seen,
+        "last_run": last.run_id if last else None, "last_round": last.round if last else None,
+        "recent": [{"run_id": p.run_id, "round": p.round, "outcome": p.outcome,
+                    "description": outcome_text(p.outcome, p.stage, p.reason)} for p in c.recent],
+    }
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+# -- scenario and secure aggregation --------------------------------------
+def scenario_text(scenario: Mapping[str, Any]) -> str:
+    """The scenario as TOML-like text: top-level keys, then one ``[table]`` per section."""
+    lines = [_toml_line(k, v) for k, v in scenario.items() if not isinstance(v, Mapping)]
+    lines.extend(_toml_tables(scenario, prefix=""))
+    return "\n".join(lines).strip() + "\n"
+
+
+def _toml_tables(table: Mapping[str, Any], prefix: str) -> list[str]:
+    lines: list[str] = []
+    for key, value in table.items():
+        if not isinstance(value, Mapping):
+            continue
+        name = f"{prefix}{key}"
+        scalars = {k: v for k, v in value.items() if not isinstance(v, Mapping)}
+        lines.extend(["", f"[{name}]", *(_toml_line(k, v) for k, v in scalars.items())])
+        lines.extend(_toml_tables(value, prefix=f"{name}."))
+    return lines
+
+
+def _toml_line(key: str, value: Any) -> str:
+    if value is None:
+        return f"# {key} is not set"
+    if isinstance(value, bool):
+        return f"{key} = {'true' if value else 'false'}"
+    return f"{key} = {json.dumps(value)}"
+
+
+def secagg_table(secagg: Any) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows for whatever the secure-aggregation workflow recorded.
+
+    A ``{"stages": [{...}, ...]}`` dict becomes one row per stage with the union
+    of the stages' keys as columns; any other dict becomes key / value rows.
+    """
+    if not isinstance(secagg, Mapping):
+        return ["value"], [[_cell(secagg)]]
+    stages = secagg.get("stages")
+    if isinstance(stages, Sequence) and stages and all(isinstance(s, Mapping) for s in stages):
+        columns: list[str] = []
+        for stage in stages:
+            columns.extend(k for k in stage if k not in columns)
+        return columns, [[_cell(stage.get(c)) for c in columns] for stage in stages]
+    return ["key", "value"], [[str(k), _cell(v)] for k, v in secagg.items()]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return DASH
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (Mapping, list, tuple)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)

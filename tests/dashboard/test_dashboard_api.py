@@ -1,0 +1,193 @@
+"""The JSON API, downloads, live stream and metrics over a store filled by a real federation."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import threading
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from aggregator.store import ClientRecord, Round, RoundRecord, RunStore
+from dashboard.app import create_app
+from dashboard_support import FilledStore, state
+
+
+def _accuracy(row: Round) -> float | None:
+    return row.server_accuracy if row.server_accuracy is not None else row.fed_accuracy
+
+
+def test_runs_lists_every_run_with_best_accuracy(client: TestClient, filled_store: FilledStore) -> None:
+    # Prepare
+    rounds = RunStore(filled_store.url).rounds(filled_store.sim_run)
+    # Execute
+    runs = {r["id"]: r for r in client.get("/api/runs").json()}
+    # Assert
+    assert set(runs) == {filled_store.sim_run, filled_store.dp_run, filled_store.xss_run}
+    sim = runs[filled_store.sim_run]
+    assert (sim["name"], sim["status"], sim["rounds_done"], sim["rounds_total"]) == ("quickstart", "finished", 2, 2)
+    assert sim["best_accuracy"] == max(_accuracy(r) for r in rounds)
+    assert sim["last_accuracy"] == _accuracy(rounds[-1])
+    assert runs[filled_store.dp_run]["best_accuracy"] == 0.7  # fed accuracies 0.6, 0.7 by hand
+    assert runs[filled_store.dp_run]["epsilon"] == 0.75
+
+
+def test_runs_filter_by_status(client: TestClient, filled_store: FilledStore) -> None:
+    assert [r["id"] for r in client.get("/api/runs?status=stopped_budget").json()] == [filled_store.dp_run]
+    assert client.get("/api/runs?status=running").json() == []
+
+
+def test_run_detail_has_the_scenario_as_submitted(client: TestClient, filled_store: FilledStore) -> None:
+    stored = RunStore(filled_store.url).get_run(filled_store.sim_run)
+    body = client.get(f"/api/runs/{filled_store.sim_run}").json()
+    assert body["scenario"] == stored.scenario
+    assert body["scenario"]["faults"]["dropouts"] == {"train": 0.2}
+    assert client.get("/api/runs/no-such-run").status_code == 404
+
+
+def test_rounds_match_the_store(client: TestClient, filled_store: FilledStore) -> None:
+    stored = RunStore(filled_store.url).rounds(filled_store.sim_run)
+    rounds = client.get(f"/api/runs/{filled_store.sim_run}/rounds").json()
+    assert [r["round"] for r in rounds] == [1, 2]
+    for got, row in zip(rounds, stored, strict=True):
+        assert (got["sampled"], got["answered"], got["dropped"]) == (row.sampled, row.answered, row.dropped)
+        assert got["server_accuracy"] == row.server_accuracy and got["fed_loss"] == row.fed_loss
+        assert got["answered"] + got["dropped"] + got["rejected"] == got["sampled"] == 10  # 20 clients x 0.5
+    assert client.get(f"/api/runs/{filled_store.sim_run}/rounds?after=1").json()[0]["round"] == 2
+
+
+def test_round_clients_show_each_outcome(client: TestClient, filled_store: FilledStore) -> None:
+    clients = client.get(f"/api/runs/{filled_store.sim_run}/rounds/1/clients").json()
+    round_ = client.get(f"/api/runs/{filled_store.sim_run}/rounds/1").json()
+    assert len(clients) == round_["sampled"]
+    ok = [c for c in clients if c["outcome"] == "ok"]
+    dropped = [c for c in clients if c["outcome"] == "dropped"]
+    assert len(ok) == round_["answered"] and len(dropped) == round_["dropped"]
+    assert all(c["num_examples"] > 0 and c["train_loss"] is not None for c in ok)
+    assert all(c["description"].startswith("dropped at train") for c in dropped)
+    assert client.get(f"/api/runs/{filled_store.sim_run}/rounds/9/clients").status_code == 404
+
+
+def test_clients_sum_to_the_client_results(client: TestClient, filled_store: FilledStore) -> None:
+    results = RunStore(filled_store.url).client_results(filled_store.sim_run)
+    clients = client.get(f"/api/clients?run={filled_store.sim_run}").json()
+    assert sum(c["rounds"] for c in clients) == len(results) == 20  # 10 sampled in each of 2 rounds
+    assert sum(c["ok"] for c in clients) == sum(1 for r in results if r.outcome == "ok")
+    first = clients[0]
+    history = client.get(f"/api/clients/{first['client']}?run={filled_store.sim_run}").json()
+    assert len(history) == first["rounds"]
+    assert max(h["finished_at"] for h in history) == first["last_seen"]
+    assert client.get("/api/clients/nobody").status_code == 404
+
+
+def test_clients_are_sorted_numerically(client: TestClient, filled_store: FilledStore) -> None:
+    labels = [c["client"] for c in client.get(f"/api/clients?run={filled_store.sim_run}").json()]
+    assert labels == sorted(labels, key=int)
+
+
+def test_metrics_csv_has_one_line_per_round(client: TestClient, filled_store: FilledStore) -> None:
+    response = client.get(f"/api/runs/{filled_store.sim_run}/metrics.csv")
+    rows = list(csv.DictReader(io.StringIO(response.text)))
+    assert response.headers["content-type"].startswith("text/csv")
+    assert f'filename="{filled_store.sim_run}-rounds.csv"' in response.headers["content-disposition"]
+    assert [int(r["round"]) for r in rows] == [1, 2]
+    stored = RunStore(filled_store.url).rounds(filled_store.sim_run)
+    assert float(rows[1]["server_accuracy"]) == stored[1].server_accuracy
+
+
+def test_checkpoint_download_is_the_last_rounds_file(client: TestClient, filled_store: FilledStore) -> None:
+    last = RunStore(filled_store.url).rounds(filled_store.sim_run)[-1]
+    response = client.get(f"/api/runs/{filled_store.sim_run}/checkpoint")
+    assert response.status_code == 200
+    assert response.content == Path(last.checkpoint).read_bytes()
+    assert "round-00002.safetensors" in response.headers["content-disposition"]
+    assert client.get(f"/api/runs/{filled_store.sim_run}/checkpoint?round=7").status_code == 404
+
+
+def _sse(text: str) -> list[tuple[str, dict]]:
+    events = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if not line.startswith(":"))
+        if "event" in fields:
+            events.append((fields["event"], json.loads(fields["data"])))
+    return events
+
+
+def test_event_stream_of_a_finished_run_sends_the_rest_and_ends(client: TestClient,
+                                                                 filled_store: FilledStore) -> None:
+    response = client.get(f"/api/runs/{filled_store.sim_run}/events?after=1")
+    events = _sse(response.text)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert [name for name, _ in events] == ["round", "run"]
+    assert events[0][1]["round"]["round"] == 2 and events[0][1]["display"]["clients"].endswith("/ 10")
+    assert events[1][1]["run"]["status"] == "finished"
+
+
+def test_event_stream_pushes_a_round_committed_while_open(tmp_path: Path) -> None:
+    # Prepare: a running run in a store of its own; a writer commits round 1, then finishes the run
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    store = RunStore(url)
+    run_id = store.create_run(name="live", scenario={"name": "live"}, seed=0, strategy="fedavg", rounds=1)
+
+    def write() -> None:
+        time.sleep(0.3)
+        record = RoundRecord(round=1, started_at=time.time(), duration_s=0.1, sampled=1,
+                             clients=[ClientRecord(client="1", outcome="ok", num_examples=5)], fed_accuracy=0.25)
+        store.commit_round(run_id, record, state(1))
+        time.sleep(0.6)
+        store.set_status(run_id, "finished")
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    # Execute
+    started = time.monotonic()
+    with TestClient(create_app(url)) as client, client.stream("GET", f"/api/runs/{run_id}/events") as response:
+        text = "".join(response.iter_text())
+    writer.join()
+    # Assert
+    events = _sse(text)
+    rounds = [data["round"]["fed_accuracy"] for name, data in events if name == "round"]
+    statuses = [data["run"]["status"] for name, data in events if name == "run"]
+    assert rounds == [0.25]
+    assert statuses[0] == "running" and statuses[-1] == "finished"
+    assert "id: 1" in text
+    assert time.monotonic() - started < 5
+
+
+def test_prometheus_metrics_per_run(client: TestClient, filled_store: FilledStore) -> None:
+    response = client.get("/metrics")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(response.text) for s in family.samples}
+    rounds = RunStore(filled_store.url).rounds(filled_store.sim_run)
+    run = (("run", filled_store.sim_run),)
+    assert samples[("quorum_run_rounds_completed_total", run)] == 2
+    assert samples[("quorum_run_clients_answered_total", run)] == sum(r.answered for r in rounds)
+    assert samples[("quorum_run_clients_dropped_total", run)] == sum(r.dropped for r in rounds)
+    assert samples[("quorum_run_round_duration_seconds_count", run)] == 2
+    assert abs(samples[("quorum_run_round_duration_seconds_sum", run)] - sum(r.duration_s for r in rounds)) < 1e-9
+    assert samples[("quorum_run_epsilon", (("run", filled_store.dp_run),))] == 0.75
+    assert ("quorum_run_epsilon", run) not in samples  # no DP, no epsilon series
+    finished = len(client.get("/api/runs?status=finished").json())
+    assert samples[("quorum_runs", (("status", "finished"),))] == finished >= 1
+
+
+def test_openapi_documents_the_api(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/api/runs", "/api/runs/{run_id}", "/api/runs/{run_id}/rounds",
+                 "/api/runs/{run_id}/rounds/{number}/clients", "/api/clients", "/api/runs/{run_id}/events",
+                 "/metrics"):
+        assert path in paths
+    assert "/runs/{run_id}" not in paths  # pages are not API
+    assert "/api/runs/{run_id}/events" in client.get("/docs").text
+
+
+def test_plotly_is_served_from_the_installed_package(client: TestClient) -> None:
+    from dashboard.app import plotly_dir
+
+    response = client.get("/static/vendor/plotly/plotly.min.js")
+    assert response.status_code == 200
+    assert response.content == (plotly_dir() / "plotly.min.js").read_bytes()

@@ -1,0 +1,161 @@
+"""A real browser on a live federation: new rounds appear on an open page without a reload.
+
+Starts ``quorum dashboard`` and ``quorum simulate`` (6 rounds) as subprocesses on
+one store, opens the run page in Debian's headless Chromium through Playwright,
+and waits for a round committed after the page loaded. Screenshots go to
+``test-output/`` for a person to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from aggregator.store import RunStore
+from dashboard_support import ROOT, XSS_NAME, add_xss_run, free_port, stop
+
+CHROMIUM = shutil.which("chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+SHOTS = ROOT / "test-output"
+ROUNDS_JS = "() => document.querySelectorAll('#rounds-table tbody tr').length"
+# Points drawn in the first (server accuracy) trace of the accuracy chart.
+POINTS_JS = """() => {
+  const trace = document.querySelector('#chart-accuracy .scatterlayer .trace');
+  return trace ? trace.querySelectorAll('.points path').length : -1;
+}"""
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not on PATH "
+                                "(apt-get install -y chromium); the real-browser test needs it")
+
+
+@dataclass(frozen=True)
+class Stack:
+    base: str
+    db_url: str
+
+
+def _wait(what: str, timeout: float, probe: Callable[[], object]) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _get(url: str) -> httpx.Response | None:
+    try:
+        return httpx.get(url, timeout=5)
+    except httpx.HTTPError:
+        return None
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    db_url = f"sqlite:///{tmp_path / 'quorum.db'}"
+    add_xss_run(RunStore(db_url))
+    port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if k != "QUORUM_DASHBOARD_TOKEN"}, "PYTHONPATH": str(ROOT)}
+    with ExitStack() as cleanup:
+        dash_log = cleanup.enter_context(open(tmp_path / "dashboard.log", "w"))
+        sim_log = cleanup.enter_context(open(tmp_path / "simulate.log", "w"))
+        dashboard = subprocess.Popen([sys.executable, "-m", "dashboard", "--db", db_url,
+                                      "--host", "127.0.0.1", "--port", str(port)],
+                                     cwd=ROOT, env=env, stdout=dash_log, stderr=subprocess.STDOUT)
+        cleanup.callback(stop, dashboard)
+        simulation = subprocess.Popen([sys.executable, "-m", "quorum", "simulate", "scenarios/quickstart.toml",
+                                       "--rounds", "6", "--db", db_url, "--json"],
+                                      cwd=ROOT, env=env, stdout=sim_log, stderr=subprocess.STDOUT)
+        cleanup.callback(stop, simulation)
+        base = f"http://127.0.0.1:{port}"
+        _wait("the dashboard to answer", 45, lambda: (r := _get(f"{base}/api/runs")) is not None and r.is_success)
+        yield Stack(base=base, db_url=db_url)
+
+
+def _running_run(base: str) -> str:
+    def probe() -> str | None:
+        response = _get(f"{base}/api/runs?status=running")
+        runs = response.json() if response is not None and response.is_success else []
+        return next((r["id"] for r in runs if r["name"] == "quickstart"), None)
+
+    return str(_wait("the simulation to start its run", 60, probe))
+
+
+def test_run_page_updates_live_and_draws_charts(stack: Stack) -> None:
+    SHOTS.mkdir(exist_ok=True)
+    run_id = _running_run(stack.base)
+    problems: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+            _check_live_runs_page(page, stack, run_id)
+            _check_live_run_page(page, stack, run_id)
+            _check_other_pages(page, stack, run_id)
+        finally:
+            browser.close()
+    assert problems == []
+
+
+def _check_live_run_page(page: Page, stack: Stack, run_id: str) -> None:
+    page.goto(f"{stack.base}/runs/{run_id}")
+    page.evaluate("""() => {
+      window.__loadedOnce = true;
+      window.__arrivals = {};
+      new MutationObserver(() => {
+        for (const row of document.querySelectorAll('#rounds-table tbody tr'))
+          window.__arrivals[row.dataset.round] ??= Date.now() / 1000;
+      }).observe(document.querySelector('#rounds-table tbody'), {childList: true});
+    }""")
+    before = page.evaluate(ROUNDS_JS)
+    # Execute: a round committed after the page loaded arrives without a reload
+    page.wait_for_function(f"(n) => ({ROUNDS_JS})() > n", arg=before, timeout=60_000)
+    # Assert
+    assert page.evaluate("() => window.__loadedOnce === true"), "the page reloaded"
+    rows = page.evaluate(ROUNDS_JS)
+    page.wait_for_function(f"(n) => ({POINTS_JS})() === n", arg=rows, timeout=10_000)
+    newest = page.evaluate("() => document.querySelector('#rounds-table tbody tr').dataset.round")
+    committed = next(r for r in httpx.get(f"{stack.base}/api/runs/{run_id}/rounds").json() if str(r["round"]) == newest)
+    arrived = page.evaluate("(n) => window.__arrivals[n]", newest)
+    latency = arrived - (committed["started_at"] + committed["duration_s"])
+    print(f"round {newest} reached the open page {latency:.2f} s after its commit")
+    assert latency < 3.0, f"round {newest} reached the page {latency:.2f} s after its commit"
+    assert page.locator("#live-indicator").is_visible()
+    assert page.locator("#chart-loss .scatterlayer .trace").count() == 3
+    assert page.locator("#chart-clients .barlayer .trace").count() == 3
+    assert page.locator('.cards [data-field="rounds"]').inner_text().startswith(f"{rows} / 6")
+    page.screenshot(path=str(SHOTS / "dashboard-run.png"), full_page=True)
+
+
+def _check_live_runs_page(page: Page, stack: Stack, run_id: str) -> None:
+    page.goto(f"{stack.base}/")
+    rounds = page.locator(f'tr[data-run-id="{run_id}"] [data-field="rounds"]')
+    before = rounds.text_content()
+    page.wait_for_function("([sel, text]) => document.querySelector(sel).textContent !== text",
+                           arg=[f'tr[data-run-id="{run_id}"] [data-field="rounds"]', before], timeout=60_000)
+    assert page.locator("a.run-name", has_text=XSS_NAME).text_content() == XSS_NAME  # shown as text
+    assert page.locator("#live-indicator").is_visible()
+    page.screenshot(path=str(SHOTS / "dashboard-runs.png"), full_page=True)
+
+
+def _check_other_pages(page: Page, stack: Stack, run_id: str) -> None:
+    page.goto(f"{stack.base}/runs/{run_id}/rounds/1")
+    assert page.locator("#clients-table tbody tr").count() == 10  # 20 clients, half sampled
+    page.screenshot(path=str(SHOTS / "dashboard-round.png"), full_page=True)
+    page.goto(f"{stack.base}/clients?run={run_id}")
+    page.screenshot(path=str(SHOTS / "dashboard-clients.png"), full_page=True)
