@@ -98,22 +98,23 @@ class _Folder:
             self.outcome.clients.append(ClientRecord(client=_label(node), outcome="error", stage="train",
                                                      reason=str(reply.error.reason), duration_s=elapsed))
             return
-        size = content_bytes(reply.content)
-        self.outcome.bytes_in += size
+        nbytes = content_bytes(reply.content)
+        self.outcome.bytes_in += nbytes
         try:
-            parsed = parse_train_reply(reply.content, self.request.state.params.size, self.request.max_update_bytes)
+            size = self.outcome.aggregate.size  # model size, plus what the strategy appends (DP's count bit)
+            parsed = parse_train_reply(reply.content, size, self.request.max_update_bytes)
             self.outcome.aggregate = accumulate(self.strategy, self.outcome.aggregate, parsed.delta,
                                                 parsed.num_examples, parsed.metrics)
         except UpdateRejected as exc:
             self.outcome.clients.append(ClientRecord(client=_label(node), outcome="rejected", stage="train",
-                                                     reason=str(exc), duration_s=elapsed, bytes_in=size))
+                                                     reason=str(exc), duration_s=elapsed, bytes_in=nbytes))
             return
         loss = _finite(parsed.metrics.get("train-loss"))
         if loss is not None:
             self.losses.append((loss, parsed.num_examples))
         self.outcome.clients.append(ClientRecord(
             client=_label(node), outcome="ok", num_examples=parsed.num_examples, train_loss=loss,
-            duration_s=_finite(parsed.metrics.get("duration-s")) or elapsed, bytes_in=size,
+            duration_s=_finite(parsed.metrics.get("duration-s")) or elapsed, bytes_in=nbytes,
             metrics={k: v for k, v in parsed.metrics.items() if isinstance(v, (int, float))}))
 
 

@@ -2,24 +2,21 @@
 
 The very same round loop (:func:`aggregator.serverapp.run_federation`) and
 ClientApp (:data:`clients.clientapp.app`) run on Flower's Virtual Client
-Engine, with one Ray actor per CPU executing client messages.
+Engine, one Ray actor per CPU executing client messages. Three seams:
 
-Three seams make Flower's ``run_simulation`` fit:
+- ``run_simulation`` hands every app an *empty* run config: the ServerApp is
+  bound to the scenario and store here, and :class:`ScenarioClient` lends each
+  ClientApp call the scenario as ``scenario-json``, as in-process.
+- Its virtual nodes get random ids, while clients are sampled and seeded by
+  node id: :class:`PartitionGrid` and :class:`ScenarioClient` make both sides
+  see node ``partition-id + 1``, the in-process ids, so a seed gives the same
+  clients, seeds and secure-aggregation identities on either runtime.
+- Faults from the scenario are injected by :class:`PartitionGrid` with the
+  same :class:`~aggregator.faults.FaultPlan`, at the transport.
 
-- It hands the ServerApp and every ClientApp an *empty* run config. The
-  ServerApp here is a closure over the scenario and the store, and the
-  ClientApp is wrapped (:class:`ScenarioClient`) so every node's ``Context``
-  carries the scenario as ``scenario-json``, exactly as in-process.
-- Its virtual nodes get random 64-bit ids. The round loop samples clients and
-  seeds their training by node id, so :class:`PartitionGrid` asks every node
-  its ``partition-id`` once and presents node ``partition-id + 1``: the ids the
-  in-process runtime uses, so a seed samples and trains the same clients.
-- Faults from the scenario are injected by :class:`PartitionGrid`, at the
-  transport, by the same :class:`~aggregator.faults.FaultPlan`.
-
-Ray is started as a private local cluster (``address="local"``, dashboard off,
-its own temporary directory) sized to ``num_cpus``, and is shut down at the
-end; any of its processes still alive after a grace period are killed by PID.
+Ray runs as a private local cluster (``address="local"``, no dashboard, its
+own temporary directory) of ``num_cpus`` CPUs, and is shut down at the end;
+its processes still alive after a grace period are killed by PID.
 """
 
 from __future__ import annotations
@@ -32,8 +29,9 @@ import shutil
 import signal
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +47,9 @@ __all__ = ["run_on_ray", "RayOptions", "ScenarioClient", "PartitionGrid", "ray_p
            "MARKER_ENV"]
 
 NODE_INFO = "query.quorum_node_info"
+"""Message type a :class:`ScenarioClient` answers itself with its partition id."""
 MARKER_ENV = "QUORUM_RAY_CLUSTER"
 """Environment variable naming the Ray cluster a process belongs to (see :func:`ray_processes`)."""
-"""Message type a :class:`ScenarioClient` answers itself with its node config."""
 
 _QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "FLWR_TELEMETRY_ENABLED": "0",
               "RAY_DEDUP_LOGS": "0", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
@@ -72,15 +70,18 @@ class RayOptions:
         Ray object store size; ``None`` lets Ray choose (30 % of RAM, lazily).
     discovery_timeout_s : float
         How long the first contact with every node (actor start-up) may take.
+    verbose : bool
+        Forward the actors' output and Ray's warnings (a failing client is stored either way).
     """
 
     num_cpus: int | None = None
     cpus_per_client: float = 1.0
     object_store_mb: int | None = None
     discovery_timeout_s: float = 300.0
+    verbose: bool = False
 
     def cpus(self) -> int:
-        return self.num_cpus if self.num_cpus is not None else max(1, min(2, os.cpu_count() or 1))
+        return self.num_cpus or max(1, min(2, os.cpu_count() or 1))
 
 
 def run_on_ray(scenario: Scenario, db_url: str, resume_id: str | None = None,
@@ -96,55 +97,67 @@ def run_on_ray(scenario: Scenario, db_url: str, resume_id: str | None = None,
 
     from clients.clientapp import app as client_app
 
-    outcome: dict[str, str] = {}
-    server_app = _server_app(scenario, db_url, resume_id, on_start, on_round, outcome,
-                             options.discovery_timeout_s)
+    run = _RayRun(scenario, RunStore(db_url), resume_id, on_start, on_round,  # a bad URL fails here
+                  options.discovery_timeout_s, _Cluster(tempfile.mkdtemp(prefix="quorum-ray-")))
     client = ScenarioClient(client_app, {"scenario-json": json.dumps(scenario.to_dict())})
-    temp_dir = tempfile.mkdtemp(prefix="quorum-ray-")
     try:
-        with _quiet_environment(temp_dir), _quiet_flower_log():
-            run_simulation(server_app=server_app, client_app=client,  # type: ignore[arg-type]
+        with _quiet_run(run.cluster.temp_dir, options.verbose):
+            run_simulation(server_app=run.server_app(), client_app=client,  # type: ignore[arg-type]
                            num_supernodes=scenario.federation.clients,
-                           backend_config=_backend_config(options, temp_dir))
+                           backend_config=_backend_config(options, run.cluster.temp_dir))
     finally:
-        _shutdown_ray(temp_dir)
-    if "run_id" not in outcome:  # the ServerApp died before opening the run
-        raise RuntimeError(f"Ray simulation ended without a run: {outcome.get('error', 'unknown error')}")
-    return outcome["run_id"]
+        _shutdown_ray(run.cluster)
+    if run.run_id is None:  # the ServerApp died before opening the run
+        raise RuntimeError(f"Ray simulation ended without a run: {run.error or 'unknown error'}")
+    return run.run_id
 
 
-def _server_app(scenario: Scenario, db_url: str, resume_id: str | None,
-                on_start: Callable[[str], None] | None, on_round: Callable[[RoundRecord], None] | None,
-                outcome: dict[str, str], discovery_timeout_s: float) -> ServerApp:
-    """A ServerApp bound to this scenario and store (``run_simulation`` passes no run config)."""
-    from aggregator.serverapp import run_federation
+@dataclass
+class _RayRun:
+    """One ``run_on_ray`` call: what its ServerApp is bound to (Flower passes no run config)."""
 
-    app = ServerApp()
+    scenario: Scenario
+    store: RunStore
+    resume_id: str | None
+    on_start: Callable[[str], None] | None
+    on_round: Callable[[RoundRecord], None] | None
+    discovery_timeout_s: float
+    cluster: _Cluster
+    run_id: str | None = None
+    error: str | None = None
 
-    def started(run_id: str) -> None:
-        outcome["run_id"] = run_id
-        if on_start is not None:
-            on_start(run_id)
+    def server_app(self) -> ServerApp:
+        app = ServerApp()
+        app.main()(self._main)
+        return app
 
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:  # noqa: ARG001 - the run config is empty here
+    def _main(self, grid: Grid, context: Context) -> None:  # noqa: ARG002 - the run config is empty
+        from aggregator.serverapp import run_federation
+
+        sc = self.scenario
         try:
-            remapped = PartitionGrid.discover(grid, FaultPlan.from_spec(scenario.faults, scenario.seed),
-                                              expected=scenario.federation.clients,
-                                              timeout_s=discovery_timeout_s)
-            run_federation(remapped, scenario, RunStore(db_url), engine="ray", resume_id=resume_id,
-                           on_round=on_round, on_start=started)
+            remapped = PartitionGrid.discover(grid, FaultPlan.from_spec(sc.faults, sc.seed),
+                                              expected=sc.federation.clients, timeout_s=self.discovery_timeout_s)
+            self.cluster.snapshot()
+            run_federation(remapped, sc, self.store, engine="ray", resume_id=self.resume_id,
+                           on_round=self.on_round, on_start=self._started)
         except BaseException as exc:
-            outcome["error"] = f"{type(exc).__name__}: {exc}"
+            self.error = f"{type(exc).__name__}: {exc}"
             raise
+        finally:
+            self.cluster.snapshot()  # the actors are still up: Flower stops them after main returns
 
-    return app
+    def _started(self, run_id: str) -> None:
+        self.run_id = run_id
+        if self.on_start is not None:
+            self.on_start(run_id)
 
 
 def _backend_config(options: RayOptions, temp_dir: str) -> dict[str, Any]:
     init_args: dict[str, Any] = {"address": "local", "num_cpus": options.cpus(), "num_gpus": 0,
                                  "include_dashboard": False, "_temp_dir": temp_dir,
-                                 "logging_level": "ERROR", "log_to_driver": True}
+                                 "logging_level": "WARNING" if options.verbose else "ERROR",
+                                 "log_to_driver": options.verbose}
     if options.object_store_mb is not None:
         init_args["object_store_memory"] = options.object_store_mb * 2**20
     return {"init_args": init_args,
@@ -152,11 +165,15 @@ def _backend_config(options: RayOptions, temp_dir: str) -> dict[str, Any]:
 
 
 class ScenarioClient:
-    """Quorum's ClientApp, with the run config ``run_simulation`` leaves out.
+    """Quorum's ClientApp as the in-process runtime runs it, on a Flower virtual node.
 
-    Called by a Ray actor as ``client(message=..., context=...)`` like a
-    ``ClientApp``. It also answers :data:`NODE_INFO` itself, so the aggregator
-    can learn which partition each virtual node holds.
+    For the length of one call the app sees the run config that
+    ``run_simulation`` leaves out, and the node id ``partition-id + 1`` (on
+    its ``Context`` and as the message's destination), the id the aggregator
+    knows it by through :class:`PartitionGrid`: training seeds and secure
+    aggregation's node identities then agree with the aggregator and with the
+    in-process runtime. The reply leaves with Flower's own id again. It also
+    answers :data:`NODE_INFO` itself, so the aggregator can learn the mapping.
     """
 
     def __init__(self, app: ClientApp, run_config: dict[str, str]) -> None:
@@ -164,30 +181,27 @@ class ScenarioClient:
         self._run_config = dict(run_config)
 
     def __call__(self, message: Message, context: Context) -> Message:
+        partition = int(context.node_config["partition-id"])
         if message.metadata.message_type == NODE_INFO:
-            info = ConfigRecord({k: v for k, v in context.node_config.items()
-                                 if isinstance(v, (int, float, str, bool))})
-            return Message(RecordDict({"node": info}), reply_to=message)
-        # Flower refuses a context whose run config changed, so lend it for the call only.
-        original = context.run_config
-        context.run_config = {**original, **self._run_config}
+            return Message(RecordDict({"node": ConfigRecord({"partition-id": partition})}), reply_to=message)
+        # Flower rejects a context whose run config changed: lend, call, restore.
+        real, run_config = context.node_id, context.run_config
+        context.node_id, context.run_config = partition + 1, {**run_config, **self._run_config}
+        message.metadata.dst_node_id = partition + 1
         try:
-            return self._app(message, context)
+            reply = self._app(message, context)
         finally:
-            context.run_config = original
+            context.node_id, context.run_config = real, run_config
+            message.metadata.dst_node_id = real
+        reply.metadata.__dict__["_src_node_id"] = real  # Flower checks it against the instruction
+        return reply
 
 
 class PartitionGrid(Grid):
-    """A Grid over Flower's that names node ``partition-id + 1`` and injects faults.
+    """Flower's grid (``inner``, random node ids) seen with node ids ``partition-id + 1``.
 
-    Parameters
-    ----------
-    inner : Grid
-        Flower's grid (random node ids).
-    node_map : dict[int, int]
-        Logical id (``partition-id + 1``) -> Flower node id.
-    faults : FaultPlan
-        The scenario's faults, decided on logical ids as in-process.
+    ``node_map`` maps those logical ids to Flower's. ``faults`` are decided on
+    logical ids, so the same nodes vanish, straggle or lie as in-process.
     """
 
     def __init__(self, inner: Grid, node_map: dict[int, int], faults: FaultPlan) -> None:
@@ -203,10 +217,10 @@ class PartitionGrid(Grid):
     def discover(cls, inner: Grid, faults: FaultPlan, *, expected: int, timeout_s: float) -> "PartitionGrid":
         """Ask every node its partition; fails if a node does not answer in ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        nodes: list[int] = []
+        nodes = list(inner.get_node_ids())
         while len(nodes) < expected and time.monotonic() < deadline:
+            time.sleep(0.05)
             nodes = list(inner.get_node_ids())
-            time.sleep(0.05 if len(nodes) < expected else 0)
         messages = [Message(RecordDict(), n, NODE_INFO, group_id="0") for n in nodes]
         replies = inner.send_and_receive(messages, timeout=max(1.0, deadline - time.monotonic()))
         node_map = {}
@@ -243,13 +257,13 @@ class PartitionGrid(Grid):
             if logical not in self._to_real:
                 raise ValueError(f"unknown node id {logical}")
             if id(message) in dropped:
-                ids.append(f"dropped-{len(self._dropped)}-{logical}-{time.monotonic_ns()}")
+                ids.append(f"dropped-{uuid.uuid4().hex}")
                 self._dropped.add(ids[-1])
                 continue
             # Flower's in-memory state keeps this very object: leave the real id on it, and
-            # keep a logical stand-in (sharing the content) for the fault decisions.
-            stand_in = Message(message.content, logical, message.metadata.message_type,
-                               group_id=message.metadata.group_id)
+            # keep a logical stand-in (its configs, not its arrays) for the fault decisions.
+            stand_in = Message(RecordDict(dict(message.content.config_records)), logical,
+                               message.metadata.message_type, group_id=message.metadata.group_id)
             message.metadata.dst_node_id = self._to_real[logical]
             (message_id,) = self._inner.push_messages([message])
             self._sent[message_id] = stand_in
@@ -293,19 +307,24 @@ class PartitionGrid(Grid):
 
 # -- process hygiene ------------------------------------------------------------
 @contextlib.contextmanager
-def _quiet_environment(marker: str) -> Iterator[None]:
-    """Telemetry off, and a marker every Ray process inherits; restore the environment after.
+def _quiet_run(marker: str, verbose: bool) -> Iterator[None]:
+    """Telemetry off, a marker every Ray process inherits, Flower's log at ERROR; then restore.
 
     ``RayBackend.init_ray`` overwrites ``PYTHONPATH`` with this interpreter's
-    ``sys.path`` so that actors import the app; that must not leak out either.
+    ``sys.path`` (so that actors import the app): that must not leak out either.
+    ``run_simulation`` logs a deprecation notice at WARNING.
     """
     saved = {k: os.environ.get(k) for k in (*_QUIET_ENV, "PYTHONPATH", MARKER_ENV)}
     for key, value in _QUIET_ENV.items():
         os.environ.setdefault(key, value)
     os.environ[MARKER_ENV] = marker
+    logger = logging.getLogger("flwr")
+    level = logger.level
+    logger.setLevel(logging.INFO if verbose else logging.ERROR)
     try:
         yield
     finally:
+        logger.setLevel(level)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -313,54 +332,68 @@ def _quiet_environment(marker: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
-@contextlib.contextmanager
-def _quiet_flower_log() -> Iterator[None]:
-    """Flower logs its deprecation notice for ``run_simulation`` at WARNING; keep errors."""
-    logger = logging.getLogger("flwr")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def ray_processes(marker: str | Path) -> list[int]:
     """PIDs of live processes of the Ray cluster that ``run_on_ray`` tagged with ``marker``.
 
     Ray's GCS, raylet, agents and workers all inherit :data:`MARKER_ENV` from
-    the driver (their command lines do not always say which cluster they
-    belong to: workers rename themselves ``ray::ClientAppActor``). Linux only.
+    the driver (command lines do not tell: workers rename themselves
+    ``ray::ClientAppActor``). Linux only (``/proc``).
     """
     needle = f"{MARKER_ENV}={marker}".encode() + b"\0"
     pids = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in environ and state != "Z":
-            pids.append(int(entry.name))
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "environ").read_bytes() and _start_time(int(entry.name)):
+                    pids.append(int(entry.name))
     return pids
 
 
-def _shutdown_ray(temp_dir: str, grace_s: float = 15.0) -> None:
-    """Shut Ray down, SIGKILL whatever of its cluster outlives ``grace_s``, remove its files.
+def _start_time(pid: int) -> str | None:
+    """Start time of a live, non-zombie process (field 22 of ``/proc/<pid>/stat``), else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
 
-    Workers notice their raylet is gone and exit by themselves, a few seconds
-    later; until then they still hold memory and CPU, so wait for them.
+
+@dataclass
+class _Cluster:
+    """One call's Ray processes: by marker, and by PID (with start time) once seen.
+
+    An exiting process has an empty ``/proc/<pid>/environ``, so the marker
+    alone can miss an actor on its way out.
+    """
+
+    temp_dir: str
+    known: dict[int, str] = field(default_factory=dict)
+
+    def snapshot(self) -> None:
+        for pid in ray_processes(self.temp_dir):
+            self.known[pid] = _start_time(pid) or ""
+
+    def alive(self) -> list[int]:
+        seen = {pid for pid, start in self.known.items() if start and _start_time(pid) == start}
+        return sorted(seen | set(ray_processes(self.temp_dir)))
+
+
+def _shutdown_ray(cluster: _Cluster, grace_s: float = 1.0, term_s: float = 10.0) -> None:
+    """Shut Ray down, end what is left of its cluster by PID, remove its files.
+
+    After ``ray.shutdown()`` actors notice their raylet is gone only seconds
+    later (more under load), still holding memory and CPU: after ``grace_s``
+    they get SIGTERM, and SIGKILL if still alive ``term_s`` later.
     """
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
-    deadline = time.monotonic() + grace_s
-    while ray_processes(temp_dir) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in ray_processes(temp_dir):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, term_s), (None, 5.0)):
+        deadline = time.monotonic() + wait_s
+        while cluster.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in cluster.alive() if sig is not None else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    shutil.rmtree(cluster.temp_dir, ignore_errors=True)

@@ -22,6 +22,7 @@ from aggregator.fit import FitOutcome, FitRequest, FitWorkflow
 from aggregator.messages import TrainConfig, client_seed
 from aggregator.store import ClientRecord, RoundRecord, RunStore
 from aggregator.strategies.base import ServerState, Strategy
+from aggregator.strategies.fedavg import FedAvg
 from scenarios.schema import Scenario
 
 __all__ = ["RoundLoop", "sample_clients", "LoopResult"]
@@ -29,10 +30,7 @@ __all__ = ["RoundLoop", "sample_clients", "LoopResult"]
 
 def sample_clients(node_ids: Sequence[int], k: int, seed: int, round_: int) -> list[int]:
     """Choose ``k`` of ``node_ids`` for ``round_``; a pure function of (seed, round)."""
-    ordered = sorted(node_ids)
-    k = min(k, len(ordered))
-    picks = np.random.default_rng([seed, round_, 0x5A]).choice(len(ordered), size=k, replace=False)
-    return sorted(ordered[i] for i in picks)
+    return FedAvg().sample(node_ids, k, seed, round_)
 
 
 @dataclass(frozen=True)
@@ -69,35 +67,39 @@ class RoundLoop:
         round_ = state.round + 1
         started, t0 = time.time(), time.monotonic()
         fed = self.scenario.federation
-        nodes = sample_clients(list(grid.get_node_ids()), fed.per_round, self.scenario.seed, round_)
+        strategy = self.strategy.for_round(state)
+        nodes = strategy.sample(list(grid.get_node_ids()), fed.per_round, self.scenario.seed, round_)
         request = FitRequest(round=round_, nodes=nodes, state=state,
-                             config=self._train_config(round_),
+                             config=self._train_config(strategy, round_),
                              deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20))
-        outcome = self.fit(grid, request, self.strategy)
-        state, status = self._apply(state, outcome, round_)
+        outcome = self.fit(grid, request, strategy)
+        state, status = self._apply(strategy, state, outcome, round_)
         record = self._evaluate_and_record(grid, state, outcome, nodes, round_, started, t0, status)
         self.store.commit_round(self.run_id, record, state)
         if self.on_round is not None:
             self.on_round(record)
         return state, record
 
-    def _train_config(self, round_: int) -> TrainConfig:
+    def _train_config(self, strategy: Strategy | None, round_: int) -> TrainConfig:
         t = self.scenario.training
-        extra = self.strategy.client_config(round_)
+        extra = strategy.client_config(round_) if strategy is not None else {}
         return TrainConfig(round=round_, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
                            momentum=t.momentum, seed=self.scenario.seed,
                            proximal_mu=float(extra.pop("proximal-mu", 0.0)), extra=extra)
 
-    def _apply(self, state: ServerState, outcome: FitOutcome, round_: int) -> tuple[ServerState, str]:
-        answered = outcome.aggregate.count if outcome.aggregate is not None else 0
-        if answered < self.scenario.federation.min_clients:
+    def _apply(self, strategy: Strategy, state: ServerState, outcome: FitOutcome,
+               round_: int) -> tuple[ServerState, str]:
+        agg = outcome.aggregate
+        answered = agg.count if agg is not None else 0
+        if answered < self.scenario.federation.min_clients and strategy.skip_when_short:
             self.store.log(self.run_id, f"round {round_}: {answered} usable updates, fewer than "
                            f"min_clients = {self.scenario.federation.min_clients}; model unchanged", "warning")
             return replace(state, round=round_), "skipped"
-        rng = np.random.default_rng([self.scenario.seed, round_, 0xD9])
-        mean_delta = self.strategy.finalize(outcome.aggregate, rng)
-        new = self.strategy.apply(state, mean_delta)
-        return replace(new, round=round_), "ok"
+        if agg is None:
+            agg = strategy.new_aggregate(state.params.size)
+        mean_delta = strategy.finalize(agg, strategy.round_rng(self.scenario.seed, round_))
+        new = strategy.apply(state, mean_delta)
+        return replace(new, round=round_), "ok" if answered else "empty"
 
     def _evaluate_and_record(self, grid: Grid, state: ServerState, outcome: FitOutcome, nodes: list[int],
                              round_: int, started: float, t0: float, status: str) -> RoundRecord:
@@ -110,18 +112,18 @@ class RoundLoop:
                 ok = [n for n in nodes if any(c.client == str(n) and c.outcome == "ok" for c in clients)]
                 targets = sorted(grid.get_node_ids()) if ev.clients == "all" else (ok or nodes)
                 summary = federated_evaluate(grid, targets, state.params,
-                                             self._train_config(round_), self.eval_deadline_s)
+                                             self._train_config(None, round_), self.eval_deadline_s)
                 fed_loss, fed_acc = summary.loss, summary.accuracy
                 train_loss = summary.train_loss if summary.train_loss is not None else train_loss
                 clients = [_with_eval(c, summary.per_client) for c in clients]
             if ev.server and self.server_eval is not None:
                 srv_loss, srv_acc = self.server_eval(state.params)
-        epsilon = getattr(self.strategy, "epsilon", None)
+        epsilon = _epsilon(self.strategy, state)
         return RoundRecord(
             round=round_, started_at=started, duration_s=time.monotonic() - t0, sampled=len(nodes),
             clients=clients, train_loss=train_loss, fed_loss=fed_loss, fed_accuracy=fed_acc,
             server_loss=srv_loss, server_accuracy=srv_acc, bytes_in=outcome.bytes_in,
-            bytes_out=outcome.bytes_out, epsilon=epsilon(state) if epsilon is not None else None,
+            bytes_out=outcome.bytes_out, epsilon=epsilon,
             secagg=outcome.secagg, metrics={"status": status})
 
 
@@ -133,3 +135,12 @@ def _with_eval(record: ClientRecord, per_client: dict[int, tuple[float, float, i
     if result is None:
         return record
     return replace(record, eval_loss=result[0], eval_accuracy=result[1])
+
+
+def _epsilon(strategy: Strategy, state: ServerState) -> float | None:
+    """The privacy spent so far, for strategies that account it (finite values only)."""
+    epsilon = getattr(strategy, "epsilon", None)
+    if epsilon is None:
+        return None
+    value = float(epsilon(state))
+    return value if np.isfinite(value) else None

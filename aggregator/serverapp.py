@@ -48,9 +48,14 @@ def build_fit(scenario: Scenario) -> FitWorkflow:
     """Plain fit, or the secure-aggregation workflow when ``[secagg]`` is enabled."""
     if not scenario.secagg.enabled:
         return PlainFit()
+    from dataclasses import replace
+
     from privacy.secagg.fit import SecAggFit
 
-    return SecAggFit(scenario.secagg)
+    # DP-FedAvg weighs every client 1: no weight cap above 1 is needed, and a
+    # larger one would cost quantisation precision.
+    spec = replace(scenario.secagg, max_weight=1.0) if scenario.dp.enabled else scenario.secagg
+    return SecAggFit(spec)
 
 
 @dataclass(frozen=True)

@@ -129,15 +129,16 @@ def _train(runtime: _Runtime, config: TrainConfig, seed: int) -> Any:
 
 
 def _privatize(delta: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, dict[str, float]]:
-    """Client-side DP (distributed placement): clip, and add this client's noise share."""
-    clip = config.extra.get("dp-clip")
-    if clip is None:
-        return delta, {}
-    from privacy.dp import privatize_update, secure_rng
+    """Client-level DP: clip, add this client's noise share (distributed placement)
+    and append the centred clip bit (adaptive clipping). Nothing about the norm
+    goes into the metrics: it would leak. Under secure aggregation every client
+    weighs 1, as DP-FedAvg's fixed denominator requires."""
+    from privacy.dp import ClientDPConfig, client_payload, secure_rng
 
-    noise_std = float(config.extra.get("dp-noise-std", 0.0))
-    private, norm, below = privatize_update(delta, float(clip), noise_std, secure_rng())
-    return private.astype(np.float32, copy=False), {"dp-norm": float(norm), "dp-norm-below-clip": float(below)}
+    dp = ClientDPConfig.from_config(config.extra)
+    if dp is None:
+        return delta, {}
+    return client_payload(delta, dp, secure_rng()).astype(np.float32, copy=False), {"secagg-weight": 1.0}
 
 
 @app.evaluate()

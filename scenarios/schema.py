@@ -175,7 +175,7 @@ class DPSpec:
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
     delta: float = 1e-5
-    sampling: Literal["poisson", "fixed"] = "fixed"
+    sampling: Literal["poisson", "fixed"] = "poisson"
     adaptive_clipping: bool = False
     target_quantile: float = 0.5
     clip_lr: float = 0.2

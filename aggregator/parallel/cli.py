@@ -61,7 +61,7 @@ def parallel(
     try:
         summary = launch(spec)
     except (ScenarioError, QuorumError) as exc:
-        _console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        _console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     if json_out:
         sys.stdout.write(json.dumps({**summary.to_json(), "engine": "parallel", "mode": mode.value,

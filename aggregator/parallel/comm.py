@@ -24,6 +24,7 @@ of hanging it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,6 +42,13 @@ __all__ = ["WIRE_EXTRA", "DEFAULT_BUCKET_BYTES", "Comm", "wire_for", "pack", "un
 
 WIRE_EXTRA = 2  # weight and count, appended after the sum buffer
 DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
+def _first_sentence(exc: BaseException) -> str:
+    """The gist of a c10d/gloo error, without its source location or advice."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)
+    return text.split(". ")[0].rstrip(".")
 
 
 def wire_for(size: int) -> torch.Tensor:
@@ -95,7 +103,7 @@ class Comm:
         except RuntimeError as exc:  # gloo/c10d raise RuntimeError subclasses for peer loss and timeouts
             raise WorkerLost(
                 f"rank {self.rank}: {op} failed at {self.where}: another worker died, hung or left "
-                f"(collective timeout {self.timeout_s:g} s): {str(exc).strip().splitlines()[0]}") from None
+                f"(collective timeout {self.timeout_s:g} s): {_first_sentence(exc)}") from None
 
     def allreduce_(self, buffer: torch.Tensor) -> None:
         """Sum ``buffer`` over all ranks, in place, bucket by bucket."""

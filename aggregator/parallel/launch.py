@@ -1,15 +1,14 @@
 """Launch a data-parallel job on this machine: torchrun's elastic agent, run in-process.
 
 :func:`launch` is what ``quorum parallel`` calls. It checks the scenario,
-creates the run in the store (so a job that dies before its first round still
-shows as failed), then starts ``nproc`` workers with torchrun's own machinery
+then starts ``nproc`` workers with torchrun's own machinery
 (``torch.distributed.launcher.elastic_launch``: a c10d rendezvous on a free
 local port, as ``torchrun --standalone`` does) and waits. When a worker dies
 the agent stops the others (or restarts the whole group, up to
 ``max_restarts`` times, and the workers resume from the last committed
 round); the failure comes back as one :class:`LaunchFailed` naming each failed
-rank, its pid and its exit code or signal, and the run is marked failed with
-that message. :func:`torchrun_command` gives the equivalent command line.
+rank, its pid and its exit code or signal, and the run (rank 0 tells the
+launcher its id through a file) is marked failed with that message. :func:`torchrun_command` gives the equivalent command line.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from pathlib import Path
 
 from aggregator.parallel.errors import LaunchFailed, ParallelError
 from aggregator.parallel.job import Mode
-from aggregator.parallel.runlog import create_run, run_info
 from aggregator.parallel.shards import assign_clients
 from aggregator.simulation import RunSummary, summarize
 from aggregator.store import RunStore, default_db_url
@@ -75,13 +73,13 @@ def check_spec(spec: LaunchSpec) -> Scenario:
     return scenario
 
 
-def worker_args(spec: LaunchSpec, run_id: str | None) -> list[str]:
+def worker_args(spec: LaunchSpec, run_id: str | None, run_id_file: Path | None = None) -> list[str]:
     """The worker's command-line arguments."""
     args = ["--scenario", str(spec.scenario), "--mode", spec.mode.value, "--local-steps", str(spec.local_steps),
             "--db", spec.db, "--timeout", f"{spec.timeout_s:g}", "--bucket-mb", f"{spec.bucket_mb:g}",
             "--threads", str(spec.threads)]
     for flag, value in (("--rounds", spec.rounds), ("--seed", spec.seed), ("--run-id", run_id),
-                        ("--pid-dir", spec.pid_dir)):
+                        ("--run-id-file", run_id_file), ("--pid-dir", spec.pid_dir)):
         if value is not None:
             args += [flag, str(value)]
     return args
@@ -95,17 +93,30 @@ def torchrun_command(spec: LaunchSpec, run_id: str | None = None) -> str:
 
 
 def describe_failures(failures: dict) -> str:  # noqa: ANN001 - {global rank: ProcessFailure}
-    """One line per failed rank, earliest first: pid, then the signal or exit code and the error."""
+    """One clause per failed rank, likely root causes first: pid, then the signal or exit code and the error.
+
+    A rank killed by a signal other than SIGTERM (the launcher's own stop
+    signal) comes first, then the others by time of failure.
+    """
     parts = []
-    for rank, failure in sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0])):
+    for rank, failure in sorted(failures.items(), key=_cause_order):
         if failure.exitcode < 0:
             parts.append(f"rank {rank} (pid {failure.pid}) was killed by {failure.signal_name()}")
             continue
         text = f"rank {rank} (pid {failure.pid}) exited with code {failure.exitcode}"
-        if failure.error_file_data:
-            text += ": " + str(failure.message).strip().splitlines()[0]
+        message = failure.message.get("message", "") if isinstance(failure.message, dict) else ""
+        if failure.error_file_data and isinstance(failure.message, str):
+            message = failure.message
+        if message.strip():
+            text += ": " + message.strip().splitlines()[0]
         parts.append(text)
     return "; ".join(parts)
+
+
+def _cause_order(item: tuple) -> tuple:  # noqa: ANN001 - (rank, ProcessFailure)
+    rank, failure = item
+    collateral = failure.exitcode >= 0 or failure.signal_name() == "SIGTERM"
+    return collateral, failure.timestamp, rank
 
 
 def _config(spec: LaunchSpec, log_dir: str):  # noqa: ANN202 - torch's LaunchConfig
@@ -125,16 +136,19 @@ def _worker_env(spec: LaunchSpec) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
-def _open_run(spec: LaunchSpec, scenario: Scenario, store: RunStore) -> str:
+def _run_id(spec: LaunchSpec, id_file: Path) -> str | None:
+    """The run the workers wrote into: the resumed one, or the one rank 0 created."""
     if spec.resume is not None:
-        return store.get_run(spec.resume).id
-    from clients.datasets import build_federation
-    from clients.models import build_model, num_params
+        return spec.resume
+    text = id_file.read_text().strip() if id_file.exists() else ""
+    return text or None
 
-    fed = build_federation(scenario.data, scenario.federation.clients, scenario.seed)
-    size = num_params(build_model(scenario.model.name, fed.input_shape, fed.num_classes, seed=scenario.seed))
-    info = run_info(spec.mode, spec.nproc, spec.local_steps, spec.bucket_mb, spec.timeout_s)
-    return create_run(store, scenario, spec.mode, size, info)
+
+def _mark_failed(store: RunStore, run_id: str | None, status: str, message: str) -> None:
+    if run_id is None:
+        return
+    store.set_status(run_id, status, error=message)
+    store.log(run_id, message, "error")
 
 
 def launch(spec: LaunchSpec) -> RunSummary:
@@ -150,22 +164,27 @@ def launch(spec: LaunchSpec) -> RunSummary:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    scenario = check_spec(spec)
+    check_spec(spec)
     store = RunStore(spec.db)
-    run_id = _open_run(spec, scenario, store)
+    if spec.resume is not None:
+        store.get_run(spec.resume)  # fails early, naming the run, when it is not there
     started = time.monotonic()
     _worker_env(spec)
-    with tempfile.TemporaryDirectory(prefix="quorum-parallel-") as log_dir:
+    with tempfile.TemporaryDirectory(prefix="quorum-parallel-") as tmp:
+        id_file = Path(tmp) / "run-id"
+        args = worker_args(spec, spec.resume, id_file if spec.resume is None else None)
         try:
-            elastic_launch(_config(spec, log_dir), sys.executable)("-u", "-m", WORKER_MODULE,
-                                                                  *worker_args(spec, run_id))
+            elastic_launch(_config(spec, tmp), sys.executable)("-u", "-m", WORKER_MODULE, *args)
         except ChildFailedError as exc:
+            run_id = _run_id(spec, id_file)
             message = f"parallel job failed: {describe_failures(exc.failures)}"
-            store.set_status(run_id, "failed", error=message)
-            store.log(run_id, message, "error")
-            raise LaunchFailed(f"{message} (run {run_id})") from None
+            _mark_failed(store, run_id, "failed", message)
+            raise LaunchFailed(message + (f" (run {run_id})" if run_id else "")) from None
         except BaseException as exc:
-            store.set_status(run_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
-                             error=f"launcher: {type(exc).__name__}: {exc}")
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            _mark_failed(store, _run_id(spec, id_file), status, f"launcher: {type(exc).__name__}: {exc}")
             raise
-    return summarize(store, run_id, time.monotonic() - started)
+        run_id = _run_id(spec, id_file)
+    if run_id is None:
+        raise ParallelError("the workers finished without opening a run in the store")
+    return summarize(store, store.get_run(run_id).id, time.monotonic() - started)

@@ -25,11 +25,11 @@ from types import FrameType
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from aggregator.evaluation import ServerEvaluator
 from aggregator.parallel.comm import DEFAULT_BUCKET_BYTES, Comm
-from aggregator.parallel.errors import WorkerStopped
+from aggregator.parallel.errors import ParallelError, WorkerStopped
 from aggregator.parallel.job import Job, JobSpec, Mode, adopt, build_job, initial_state, run_round
 from aggregator.parallel.runlog import RunWriter, create_run, round_record, run_info
 from aggregator.store import RunStore, default_db_url
@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a collective gives up")
     parser.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20)
     parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
+    parser.add_argument("--run-id-file", type=Path, default=None,
+                        help="rank 0 writes the run id here, and resumes the run it names after a restart")
     parser.add_argument("--pid-dir", type=Path, default=None, help="write rankN.pid files here (supervision)")
     return parser.parse_args(argv)
 
@@ -84,10 +86,15 @@ def _setup(args: argparse.Namespace) -> Comm:
 def _open_writer(args: argparse.Namespace, job: Job) -> RunWriter:
     store = RunStore(args.db)
     run_id = args.run_id
+    if run_id is None and args.run_id_file is not None and args.run_id_file.exists():
+        run_id = args.run_id_file.read_text().strip() or None  # a restarted group resumes the same run
     if run_id is None:
         info = run_info(job.spec.mode, job.comm.world, job.spec.local_steps, args.bucket_mb, args.timeout)
         run_id = create_run(store, job.scenario, job.spec.mode, num_params(job.model), info)
-    return RunWriter(store, store.get_run(run_id).id)
+    writer = RunWriter(store, store.get_run(run_id).id)
+    if args.run_id_file is not None:
+        args.run_id_file.write_text(writer.run_id)
+    return writer
 
 
 def _evaluator(job: Job) -> ServerEvaluator | None:
@@ -140,6 +147,7 @@ def run(args: argparse.Namespace, comm: Comm) -> str:
     try:
         _, status = train_rounds(job, writer)
     except BaseException as exc:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish recording the failure; torchrun SIGKILLs late
         if writer is not None:
             writer.finish("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
                           error=f"{type(exc).__name__}: {exc}")
@@ -151,10 +159,15 @@ def run(args: argparse.Namespace, comm: Comm) -> str:
 
 @record
 def main(argv: list[str] | None = None) -> int:
+    """Run one worker; an expected failure is one line on stderr and in torchrun's error file."""
     args = parse_args(argv)
     comm = _setup(args)
     try:
         run(args, comm)
+    except ParallelError as exc:
+        get_error_handler().record_exception(exc)  # what the launcher reports for this rank
+        print(f"[quorum parallel] rank {comm.rank} failed: {exc}", file=sys.stderr, flush=True)
+        return 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -14,7 +14,7 @@ overrides ``accumulate`` / ``finalize`` (see ``privacy.dp``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -56,6 +56,24 @@ class Strategy(ABC):
     """Base class of server strategies (FedAvg by default behaviour)."""
 
     name: str = "strategy"
+    #: Whether a round with fewer than ``min_clients`` usable updates leaves the
+    #: model and state untouched. DP strategies must account every round.
+    skip_when_short: bool = True
+
+    def for_round(self, state: ServerState) -> "Strategy":
+        """This strategy with per-round settings taken from ``state`` bound."""
+        return self
+
+    def sample(self, node_ids: Sequence[int], k: int, seed: int, server_round: int) -> list[int]:
+        """Choose this round's clients: ``k`` of ``node_ids``, a pure function of (seed, round)."""
+        ordered = sorted(node_ids)
+        k = min(k, len(ordered))
+        picks = np.random.default_rng([seed, server_round, 0x5A]).choice(len(ordered), size=k, replace=False)
+        return sorted(ordered[i] for i in picks)
+
+    def round_rng(self, seed: int, server_round: int) -> np.random.Generator:
+        """The generator ``finalize`` draws from (seeded: reproducible runs)."""
+        return np.random.default_rng([seed, server_round, 0xD9])
 
     def init_state(self, params: np.ndarray) -> ServerState:
         """Return the state before round 1 for initial global ``params``."""

@@ -1,0 +1,160 @@
+"""The Gaussian mechanism's two halves: clip to an L2 ball, add calibrated noise.
+
+Client-level DP-FedAvg (McMahan et al., "Learning Differentially Private
+Recurrent Language Models", ICLR 2018, Algorithm 1) bounds each client's
+influence by clipping its model update to L2 norm ``C`` and then adds
+Gaussian noise of standard deviation ``z * C`` to the sum of updates. This
+module holds those pure pieces, plus the client side of the distributed
+placement, where each of ``m`` clients adds its share ``z * C / sqrt(m)``
+before secure aggregation sums the shares to the full ``z * C``.
+
+What a client must do is carried by :class:`ClientDPConfig`, which travels in
+the round's ``ConfigRecord`` as plain ``dp-*`` keys.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from privacy.dp.errors import DPConfigError
+
+__all__ = [
+    "ClientDPConfig", "l2_norm", "clip_factor", "clip_update", "gaussian_noise",
+    "privatize_update", "client_payload",
+]
+
+Placement = Literal["central", "distributed"]
+
+# Scaling by exactly C / norm can land a float32 vector a few ulps above C;
+# shrinking by one part in a million keeps the sensitivity bound strict.
+_CLIP_MARGIN = 1e-6
+
+
+@dataclass(frozen=True)
+class ClientDPConfig:
+    """What one client needs for client-level DP in one round.
+
+    Attributes
+    ----------
+    clip : float
+        L2 bound ``C`` for the client's update this round.
+    noise_std : float
+        Standard deviation of the Gaussian noise the client adds to every
+        coordinate of its clipped update (distributed placement), else 0.
+    adaptive : bool
+        Whether the client appends its clipped-or-not bit (Andrew et al. 2021)
+        as one extra coordinate of its update.
+    count_noise_std : float
+        The client's share of the noise on that bit (distributed), else 0.
+    """
+
+    clip: float
+    noise_std: float = 0.0
+    adaptive: bool = False
+    count_noise_std: float = 0.0
+
+    def to_config(self) -> dict[str, float | bool]:
+        """The ``dp-*`` keys sent to the client in its ``ConfigRecord``."""
+        return {"dp-clip": self.clip, "dp-noise-std": self.noise_std,
+                "dp-adaptive": self.adaptive, "dp-count-noise-std": self.count_noise_std}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "ClientDPConfig | None":
+        """Read the ``dp-*`` keys back; ``None`` when the round carries no DP."""
+        if "dp-clip" not in config:
+            return None
+        out = cls(clip=float(config["dp-clip"]), noise_std=float(config.get("dp-noise-std", 0.0)),
+                  adaptive=bool(config.get("dp-adaptive", False)),
+                  count_noise_std=float(config.get("dp-count-noise-std", 0.0)))
+        if not (out.clip > 0 and out.noise_std >= 0 and out.count_noise_std >= 0):
+            raise DPConfigError("client_config", config, "needs dp-clip > 0 and non-negative noise")
+        return out
+
+
+def l2_norm(vector: np.ndarray) -> float:
+    """L2 norm of a float32 buffer, accumulated in float64 without a copy."""
+    return math.sqrt(float(np.einsum("i,i->", vector, vector, dtype=np.float64)))
+
+
+def clip_factor(norm: float, clip: float) -> float:
+    """The scale ``min(1, C / norm)`` that brings a vector of ``norm`` inside the ``clip`` ball."""
+    if norm <= clip:
+        return 1.0
+    return clip / norm * (1.0 - _CLIP_MARGIN)
+
+
+def clip_update(update: np.ndarray, clip: float) -> tuple[np.ndarray, float]:
+    """Return ``update`` scaled into the L2 ball of radius ``clip`` (a new array) and its norm before.
+
+    The result's norm never exceeds ``clip``, also after float32 rounding.
+    """
+    norm = l2_norm(update)
+    scaled = np.multiply(update, np.float32(clip_factor(norm, clip)), dtype=np.float32)
+    return scaled, norm
+
+
+def gaussian_noise(size: int, std: float, rng: np.random.Generator) -> np.ndarray:
+    """``size`` i.i.d. draws of N(0, std^2) as float32 (zeros when ``std`` is 0)."""
+    noise = np.zeros(size, dtype=np.float32)
+    if std > 0:
+        rng.standard_normal(out=noise, dtype=np.float32)
+        noise *= np.float32(std)
+    return noise
+
+
+def privatize_update(
+    delta: np.ndarray, clip: float, noise_std: float, rng: np.random.Generator
+) -> tuple[np.ndarray, float, bool]:
+    """Clip a client's update and add its share of the Gaussian noise.
+
+    Parameters
+    ----------
+    delta : np.ndarray
+        The client's model update, a 1-D float32 buffer (left untouched).
+    clip : float
+        L2 bound ``C``.
+    noise_std : float
+        Per-coordinate noise std this client adds: ``z * C / sqrt(m)`` in the
+        distributed placement, 0 in the central one.
+    rng : np.random.Generator
+        Noise source; pass :func:`privacy.dp.secure_rng` outside tests.
+
+    Returns
+    -------
+    (np.ndarray, float, bool)
+        The privatised update, its L2 norm before clipping and whether that
+        norm was at most ``C`` (the bit adaptive clipping counts).
+
+    References
+    ----------
+    McMahan et al., ICLR 2018, Algorithm 1 (``ClipFn``); Kairouz et al., "The
+    Distributed Discrete Gaussian Mechanism for Federated Learning with
+    Secure Aggregation", ICML 2021, for noise shares summed by secure aggregation.
+    """
+    clipped, norm = clip_update(np.asarray(delta, dtype=np.float32), clip)
+    if noise_std > 0:
+        clipped += gaussian_noise(clipped.size, noise_std, rng)
+    return clipped, norm, norm <= clip
+
+
+def client_payload(delta: np.ndarray, config: ClientDPConfig | None, rng: np.random.Generator) -> np.ndarray:
+    """What a client sends in a DP round: the privatised update, plus its count bit when adaptive.
+
+    With adaptive clipping the last coordinate is ``b - 1/2 + noise`` where
+    ``b = 1[norm <= C]``: centring the bit halves its sensitivity (Andrew et
+    al., "Differentially Private Learning with Adaptive Clipping", NeurIPS
+    2021, section 3) and riding inside the vector lets secure aggregation sum
+    it with the update, so the server never sees one client's bit.
+    """
+    if config is None:
+        return delta
+    update, _, below = privatize_update(delta, config.clip, config.noise_std, rng)
+    if not config.adaptive:
+        return update
+    bit = (0.5 if below else -0.5) + config.count_noise_std * float(rng.standard_normal())
+    return np.append(update, np.float32(bit)).astype(np.float32, copy=False)

@@ -1,0 +1,332 @@
+"""DP-FedAvg: a strategy wrapper that clips, noises and accounts every round.
+
+McMahan, Ramage, Talwar and Zhang, "Learning Differentially Private Recurrent
+Language Models", ICLR 2018 (Algorithm 1, the fixed-denominator estimator
+``f_f``), with adaptive clipping from Andrew et al., NeurIPS 2021. The wrapper
+composes with any inner strategy: the inner strategy's server optimiser sees
+only the privatised mean, so everything it does is post-processing.
+
+A round, as the round loop drives it::
+
+    dp = strategy.for_round(state)          # binds this round's clip norm
+    config = dp.client_config(r)            # dp-* keys for the clients
+    agg = dp.new_aggregate(size)            # model size (+1 with adaptive clipping)
+    agg = dp.accumulate(agg, update, n)     # per reply (central: clips here)
+    mean = dp.finalize(agg, secure_rng())   # noise, fixed denominator
+    state = dp.apply(state, mean)           # inner apply, clip update, accountant
+
+Placements
+----------
+``central``
+    The trusted aggregator clips every update (again: clipping is
+    idempotent, so a client that already clipped loses nothing) and adds
+    ``N(0, (z C)^2)`` to the sum.
+``distributed``
+    Each client clips and adds ``N(0, (z C)^2 / m)`` itself; secure
+    aggregation sums the shares to the full noise, so an honest-but-curious
+    server only ever sees a sum at least as noisy as in the central case.
+    The server must not clip again: it sees no single update under secure
+    aggregation, and re-clipping a noised vector would destroy its signal.
+    When fewer than ``m`` clients contribute, the server tops the noise up
+    so the released model keeps the full ``z C``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from aggregator import core
+from aggregator.strategies.base import ServerState, Strategy
+from privacy.dp import adaptive as adapt
+from privacy.dp.accountant import RoundEvent, Sampling, epsilon_of, noise_for_epsilon
+from privacy.dp.errors import DPConfigError, DPStateError
+from privacy.dp.mechanisms import ClientDPConfig, Placement, clip_factor, gaussian_noise, l2_norm
+from privacy.dp.rng import secure_rng
+from privacy.dp.sampling import sample_clients
+from privacy.dp.state import STATE_KEY, DPState
+from scenarios.schema import DPSpec
+
+__all__ = ["DPFedAvg", "make_dp_strategy"]
+
+
+@dataclass(frozen=True)
+class DPFedAvg(Strategy):
+    """Client-level differentially private FedAvg around an inner strategy.
+
+    Parameters
+    ----------
+    inner : Strategy
+        Applies the privatised mean (its server optimiser); its own
+        ``accumulate``/``finalize`` are replaced (updates get weight 1).
+    clip_norm : float
+        L2 bound ``C`` on each client's update (the initial one when adaptive).
+    noise_multiplier : float
+        ``z``: noise std on the sum over ``C``; with adaptive clipping the
+        effective multiplier of update and count together.
+    expected_clients : int
+        ``m``, clients per round: the fixed denominator of the mean.
+    population : int
+        ``N``, clients that can be sampled; ``q = m / N``.
+    delta : float
+        The delta at which epsilon is reported.
+    sampling : {"poisson", "fixed"}
+        How the round loop samples clients (see :mod:`privacy.dp.accountant`).
+    placement : {"central", "distributed"}
+        Who adds the noise (see the module docstring).
+    adaptive : AdaptiveClipConfig | None
+        Adaptive clipping settings, or ``None`` for a fixed clip norm.
+    target_epsilon : float | None
+        Budget; :meth:`would_exceed_budget` says when to stop.
+    """
+
+    inner: Strategy
+    clip_norm: float
+    noise_multiplier: float
+    expected_clients: int
+    population: int
+    delta: float
+    sampling: Sampling = "poisson"
+    placement: Placement = "central"
+    adaptive: adapt.AdaptiveClipConfig | None = None
+    target_epsilon: float | None = None
+    bound: bool = False
+    name: str = "dp-fedavg"
+    skip_when_short = False  # every round is accounted, even one with too few answers
+
+    def __post_init__(self) -> None:
+        if not self.clip_norm > 0 or not math.isfinite(self.clip_norm):
+            raise DPConfigError("clip_norm", self.clip_norm, "must be a positive number")
+        if self.placement not in ("central", "distributed"):
+            raise DPConfigError("placement", self.placement, "must be 'central' or 'distributed'")
+        if self.target_epsilon is not None and not self.target_epsilon > 0:
+            raise DPConfigError("target_epsilon", self.target_epsilon, "must be > 0")
+        if not 0 < self.delta < 1:
+            raise DPConfigError("delta", self.delta, "must be in (0, 1)")
+        self._planned_event()  # validates sampling, m, N and z
+        if self.adaptive is not None:  # validates sigma_b against z
+            adapt.update_noise_multiplier(self.noise_multiplier, self.count_noise_std)
+
+    # ------------------------------------------------------------ derived figures
+
+    @property
+    def rate(self) -> float:
+        """Sampling rate ``q = m / N``."""
+        return self.expected_clients / self.population
+
+    @property
+    def count_noise_std(self) -> float:
+        """``sigma_b``, the noise std on the centred count (0 without adaptive clipping)."""
+        return self.adaptive.sigma_b(self.expected_clients) if self.adaptive else 0.0
+
+    @property
+    def update_noise_multiplier(self) -> float:
+        """Noise multiplier of the update sum: ``z``, raised under adaptive clipping."""
+        if self.adaptive is None:
+            return self.noise_multiplier
+        return adapt.update_noise_multiplier(self.noise_multiplier, self.count_noise_std)
+
+    @property
+    def tail(self) -> int:
+        """Extra coordinates after the model in updates and aggregates (the count bit)."""
+        return 1 if self.adaptive else 0
+
+    # ------------------------------------------------------------ per-round binding
+
+    def for_round(self, state: ServerState) -> "DPFedAvg":
+        """This strategy with the clip norm of ``state`` bound, for one round."""
+        clip = self.dp_state(state).clip if self.adaptive is not None else self.clip_norm
+        return replace(self, clip_norm=clip, bound=True)
+
+    def dp_state(self, state: ServerState) -> DPState:
+        """The DP state carried in ``state`` (fresh before the first round).
+
+        Raises
+        ------
+        DPStateError
+            A state past round 0 without DP state: the spend is unknown.
+        """
+        data = state.extra.get(STATE_KEY)
+        if data is None:
+            if state.round > 0:
+                raise DPStateError(f"state at round {state.round} carries no DP state; "
+                                   "the privacy already spent is unknown")
+            return DPState(clip=self.clip_norm)
+        return DPState.from_json(data)
+
+    def _require_bound(self) -> None:
+        if self.adaptive is not None and not self.bound:
+            raise DPStateError("adaptive clipping moves the clip norm every round: call "
+                               "strategy.for_round(state) and use the result for the round")
+
+    # ------------------------------------------------------------ Strategy interface
+
+    def init_state(self, params: np.ndarray) -> ServerState:
+        state = self.inner.init_state(params)
+        return replace(state, extra={**state.extra, STATE_KEY: DPState(clip=self.clip_norm).to_json()})
+
+    def client_config(self, server_round: int) -> dict[str, Any]:
+        """The inner strategy's settings plus the ``dp-*`` keys of :class:`ClientDPConfig`."""
+        return {**self.inner.client_config(server_round), **self.client_dp_config().to_config()}
+
+    def client_dp_config(self) -> ClientDPConfig:
+        """What each client must do this round (see :func:`privacy.dp.client_payload`)."""
+        self._require_bound()
+        if self.placement == "central":
+            return ClientDPConfig(clip=self.clip_norm, adaptive=self.adaptive is not None)
+        share = math.sqrt(self.expected_clients)
+        return ClientDPConfig(clip=self.clip_norm, noise_std=self.update_noise_multiplier * self.clip_norm / share,
+                              adaptive=self.adaptive is not None, count_noise_std=self.count_noise_std / share)
+
+    def sample(self, node_ids: Sequence[int], k: int, seed: int, server_round: int) -> list[int]:
+        """Clients for one round, drawn from a secure generator: a sample anyone
+        can predict from the scenario's seed would cancel the amplification."""
+        return sample_clients(node_ids, k, self.population, self.sampling, secure_rng())
+
+    def round_rng(self, seed: int, server_round: int) -> np.random.Generator:
+        """Noise must not come from a seed someone knows: a secure generator."""
+        return secure_rng()
+
+    def new_aggregate(self, size: int) -> core.MeanState:
+        """An empty sum over ``size`` model values, plus the count coordinate when adaptive."""
+        return core.empty(size + self.tail)
+
+    def accumulate(self, agg: core.MeanState, update: np.ndarray, num_examples: int) -> core.MeanState:
+        """Fold one client's payload with weight 1 (example counts would leak and break the bound).
+
+        Central: the model part is clipped to ``C`` and the count bit clamped
+        to [-1/2, 1/2], whatever the client sent. Distributed: the noised
+        payload is summed as is.
+        """
+        self._require_bound()
+        update = core.check_update(update, agg.size)
+        if self.placement == "distributed":
+            return core.add(agg, update, 1.0, checked=True)
+        return _fold_clipped(agg, update, self.clip_norm, self.tail)
+
+    def finalize(self, agg: core.MeanState, rng: np.random.Generator) -> np.ndarray:
+        """Add the Gaussian noise and divide by the fixed denominator ``m``.
+
+        Returns the mean update, followed (adaptive clipping) by the
+        privatised fraction ``b_bar`` of clients under the clip norm, which
+        :meth:`apply` consumes. ``rng`` must be :func:`privacy.dp.secure_rng`
+        outside tests: noise from a seed someone knows can be subtracted.
+        """
+        self._require_bound()
+        share = 1.0 if self.placement == "central" else max(0.0, 1.0 - agg.count / self.expected_clients)
+        size = agg.size - self.tail
+        out = agg.total.astype(np.float32, copy=True)
+        out[:size] += gaussian_noise(size, self.update_noise_multiplier * self.clip_norm * math.sqrt(share), rng)
+        out /= np.float32(self.expected_clients)
+        if self.adaptive is not None:
+            count = float(agg.total[size]) + self.count_noise_std * math.sqrt(share) * float(rng.standard_normal())
+            out[size] = adapt.below_fraction(count, self.expected_clients)
+        return out
+
+    def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
+        """Apply the privatised mean with the inner strategy, then account the round."""
+        self._require_bound()
+        dp = self.dp_state(state)
+        if self.adaptive is not None and dp.clip != self.clip_norm:
+            raise DPStateError(f"bound clip norm {self.clip_norm} is not the state's {dp.clip}: "
+                               "bind with for_round(state) on the state being advanced")
+        size = state.params.size
+        if mean_delta.shape != (size + self.tail,):
+            raise DPStateError(f"mean update has shape {mean_delta.shape}, expected ({size + self.tail},): "
+                               "pass finalize's result to apply unchanged")
+        new = self.inner.apply(state, mean_delta[:size])
+        below, clip = None, self.clip_norm
+        if self.adaptive is not None:
+            below = float(mean_delta[size])
+            clip = adapt.next_clip(dp.clip, below, self.adaptive)
+        event = self._planned_event()
+        eps = epsilon_of(dp.history + (event,), self.delta)
+        record = dp.recorded(event, clip=clip, epsilon=eps, below_fraction=below)
+        return replace(new, extra={**new.extra, STATE_KEY: record.to_json()})
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "inner": self.inner.describe(), "clip_norm": self.clip_norm,
+                "noise_multiplier": self.noise_multiplier,
+                "update_noise_multiplier": self.update_noise_multiplier,
+                "expected_clients": self.expected_clients, "population": self.population,
+                "delta": self.delta, "sampling": self.sampling, "placement": self.placement,
+                "adaptive": None if self.adaptive is None else {
+                    "target_quantile": self.adaptive.target_quantile,
+                    "learning_rate": self.adaptive.learning_rate, "count_noise_std": self.count_noise_std},
+                "target_epsilon": self.target_epsilon}
+
+    # ------------------------------------------------------------ privacy spent
+
+    def epsilon(self, state: ServerState) -> float:
+        """Epsilon spent up to ``state`` at :attr:`delta`, against anyone who sees the models.
+
+        Sampling amplification counts, which assumes the sample stays secret
+        (see :func:`privacy.dp.sample_clients`).
+        """
+        return epsilon_of(self.dp_state(state).history, self.delta)
+
+    def server_view_epsilon(self, state: ServerState) -> float:
+        """Epsilon against the aggregator itself, which knows whom it sampled.
+
+        No amplification by sampling (every round counts with ``q = 1``);
+        meaningful for the distributed placement, where the server is the
+        party the noise hides the clients from.
+        """
+        seen = [replace(e, sample=e.population) for e in self.dp_state(state).history]
+        return epsilon_of(seen, self.delta)
+
+    def would_exceed_budget(self, state: ServerState) -> bool:
+        """Whether running one more round would take epsilon above ``target_epsilon``."""
+        if self.target_epsilon is None:
+            return False
+        planned = self.dp_state(state).history + (self._planned_event(),)
+        return epsilon_of(planned, self.delta) > self.target_epsilon
+
+    def _planned_event(self) -> RoundEvent:
+        return RoundEvent(self.sampling, self.expected_clients, self.population, self.noise_multiplier)
+
+
+def _fold_clipped(agg: core.MeanState, update: np.ndarray, clip: float, tail: int) -> core.MeanState:
+    """``agg + clip(update)`` without allocating: the scale rides as the weight of the model part."""
+    size = agg.size - tail
+    head, total = update[:size], agg.total
+    scale = np.float32(clip_factor(l2_norm(head), clip))
+    scratch = agg.scratch if agg.scratch is not None else np.empty_like(total)
+    np.multiply(head, scale, out=scratch[:size])
+    np.add(total[:size], scratch[:size], out=total[:size])
+    if tail:
+        total[size] += np.float32(min(0.5, max(-0.5, float(update[size]))))
+    return core.MeanState(total, agg.weight + 1.0, agg.count + 1, scratch)
+
+
+def make_dp_strategy(
+    inner: Strategy, spec: DPSpec, *, clients_per_round: int, population: int, rounds: int
+) -> DPFedAvg:
+    """Build :class:`DPFedAvg` from a scenario's ``[dp]`` table.
+
+    When ``spec.noise_multiplier`` is unset, ``z`` is derived before the run
+    as the smallest value that keeps ``rounds`` rounds within
+    ``spec.target_epsilon`` (:func:`privacy.dp.noise_for_epsilon`).
+
+    Raises
+    ------
+    DPConfigError
+        DP disabled, or settings that cannot work together; names the key.
+    """
+    if not spec.enabled:
+        raise DPConfigError("enabled", spec.enabled, "make_dp_strategy needs dp.enabled = true")
+    z = spec.noise_multiplier
+    if z is None:
+        if spec.target_epsilon is None:
+            raise DPConfigError("noise_multiplier", None, "give noise_multiplier, or target_epsilon to derive it")
+        z = noise_for_epsilon(spec.target_epsilon, clients_per_round / population, rounds, spec.delta, spec.sampling)
+    adaptive = None
+    if spec.adaptive_clipping:
+        adaptive = adapt.AdaptiveClipConfig(spec.target_quantile, spec.clip_lr, spec.count_noise_multiplier)
+    return DPFedAvg(inner, clip_norm=spec.clip_norm, noise_multiplier=z, expected_clients=clients_per_round,
+                    population=population, delta=spec.delta, sampling=spec.sampling, placement=spec.placement,
+                    adaptive=adaptive, target_epsilon=spec.target_epsilon)

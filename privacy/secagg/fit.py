@@ -1,0 +1,95 @@
+"""The round loop's fit step under secure aggregation.
+
+Same shape as :class:`aggregator.fit.PlainFit`: (sampled clients, global
+model) in, a running aggregate and one record per client out. The aggregate
+is built from the unmasked weighted sum ``sum_i w_i x_i`` and ``sum_i w_i``,
+so the strategy finalises it exactly as it would a plain one; the server never
+sees an individual update. Below the threshold the round's fit is empty, the
+cause (stage and counts) is recorded, and the run goes on with the next round.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.serverapp import Grid
+
+from aggregator import core
+from aggregator.fit import FitOutcome, FitRequest
+from aggregator.messages import content_bytes, train_instruction
+from aggregator.store import ClientRecord
+from aggregator.strategies.base import Strategy
+from privacy.secagg.config import SecAggConfig
+from privacy.secagg.errors import SecAggAborted
+from privacy.secagg.flower_workflow import run_secagg
+from privacy.secagg.result import SecureSumResult
+from scenarios.schema import SecAggSpec
+
+__all__ = ["SecAggFit", "config_from_spec"]
+
+
+def config_from_spec(spec: SecAggSpec) -> SecAggConfig:
+    """The protocol config for a scenario's ``[secagg]`` section."""
+    threshold: int | float = int(spec.threshold) if spec.threshold >= 1 else float(spec.threshold)
+    return SecAggConfig(threshold=threshold, graph=spec.graph, degree=spec.degree or None,
+                        clip_range=spec.clip_range, bits=spec.bits, max_weight=spec.max_weight,
+                        stage_timeout_s=spec.stage_timeout_s)
+
+
+class SecAggFit:
+    """Fit workflow that aggregates through the secure-aggregation protocol."""
+
+    def __init__(self, spec: SecAggSpec) -> None:
+        self.config = config_from_spec(spec)
+
+    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome:
+        content = train_instruction(request.state.params, request.config)
+        rng = np.random.default_rng([request.config.seed, request.round, 0x5EC])
+        try:
+            result = run_secagg(grid, list(request.nodes), content, self.config, round=request.round, rng=rng)
+        except SecAggAborted as exc:
+            return _aborted(request, exc)
+        return _outcome(request, result, content_bytes(content))
+
+
+def _stage_table(result: SecureSumResult) -> list[dict[str, Any]]:
+    return [{"stage": s.stage.value, "completed": len(s.completed), "bytes_up": s.bytes_up,
+             "bytes_down": s.bytes_down, "seconds": round(s.seconds, 4)} for s in result.stages]
+
+
+def _outcome(request: FitRequest, result: SecureSumResult, model_bytes: int) -> FitOutcome:
+    survivors = set(result.survivors)
+    agg = None
+    if survivors:
+        total = result.total.astype(np.float32)
+        agg = core.MeanState(total=total, weight=float(result.total_weight), count=len(survivors))
+    clients = [_client_record(node, result, survivors) for node in request.nodes]
+    losses = [(m.get("train-loss"), m.get("num-examples", 0)) for m in result.client_metrics.values()]
+    losses = [(float(l), int(n)) for l, n in losses if isinstance(l, (int, float)) and n]
+    train_loss = float(np.average([l for l, _ in losses], weights=[n for _, n in losses])) if losses else None
+    return FitOutcome(
+        aggregate=agg, clients=clients, train_loss=train_loss,
+        bytes_in=sum(s.bytes_up for s in result.stages),
+        bytes_out=sum(s.bytes_down for s in result.stages) + model_bytes * len(request.nodes),
+        secagg={"stages": _stage_table(result), "survivors": len(survivors),
+                "error_bound": float(result.error_bound)})
+
+
+def _client_record(node: int, result: SecureSumResult, survivors: set[int]) -> ClientRecord:
+    if node in survivors:
+        metrics = dict(result.client_metrics.get(node, {}))
+        loss = metrics.get("train-loss")
+        return ClientRecord(client=str(node), outcome="ok", num_examples=int(metrics.get("num-examples", 0)),
+                            train_loss=float(loss) if isinstance(loss, (int, float)) else None,
+                            duration_s=metrics.get("duration-s"),
+                            metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+    stage = next((s.stage.value for s in result.stages if node not in s.completed), "unknown")
+    return ClientRecord(client=str(node), outcome="dropped", stage=stage,
+                        reason=f"no valid reply at secure-aggregation stage {stage}")
+
+
+def _aborted(request: FitRequest, exc: SecAggAborted) -> FitOutcome:
+    clients = [ClientRecord(client=str(n), outcome="dropped", stage=exc.stage.value, reason=str(exc))
+               for n in request.nodes]
+    return FitOutcome(aggregate=None, clients=clients, secagg={"aborted": str(exc), "stage": exc.stage.value})

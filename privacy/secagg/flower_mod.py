@@ -1,0 +1,113 @@
+"""Client side over Flower: a ClientApp mod (middleware) that speaks the protocol.
+
+Register it on the train handler: ``@app.train(mods=[secagg_mod])``. Messages
+without a ``"secagg"`` ConfigRecord pass straight through. The setup stages
+are answered by the mod itself; at MASKED_INPUT it runs the ordinary training
+(``call_next``), then quantises, weights and masks the update (Bonawitz et
+al., CCS 2017; Bell et al., CCS 2020) and replies with the masked vector in
+place of ``"update"``, keeping ``"metrics"``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.constant import ErrorCode
+
+from privacy.secagg.client import client_step
+from privacy.secagg.errors import SecAggError
+from privacy.secagg.flower_records import RECORD, STATE_RECORD, read_request, reply_content
+from privacy.secagg.stage import Stage
+from privacy.secagg.state import ClientState, state_from_bytes, state_to_bytes
+
+__all__ = ["secagg_mod"]
+
+UPDATE_RECORD = "update"
+UPDATE_KEY = "delta"
+METRICS_RECORD = "metrics"
+WEIGHT_KEY = "num-examples"
+OVERRIDE_WEIGHT_KEY = "secagg-weight"
+
+
+class _TrainingFailed(Exception):
+    """The wrapped ClientApp answered the training message with an error."""
+
+    def __init__(self, reply: Message) -> None:
+        super().__init__("training failed")
+        self.reply = reply
+
+
+def _load_state(context: Context, round_id: int) -> ClientState | None:
+    record = context.state.config_records.get(STATE_RECORD)
+    if record is None or record.get("round") != round_id:
+        return None
+    blob = record.get("blob")
+    return state_from_bytes(blob) if isinstance(blob, bytes) else None
+
+
+def _save_state(context: Context, round_id: int, state: ClientState) -> None:
+    context.state.config_records[STATE_RECORD] = ConfigRecord(
+        {"round": round_id, "blob": state_to_bytes(state)}
+    )
+
+
+def _update_of(content: RecordDict) -> tuple[np.ndarray, float]:
+    try:
+        delta = content.array_records[UPDATE_RECORD][UPDATE_KEY].numpy()
+        metrics = content.metric_records[METRICS_RECORD]
+        # A client may override its weight (DP-FedAvg: every client weighs 1).
+        weight = float(metrics.get(OVERRIDE_WEIGHT_KEY, metrics[WEIGHT_KEY]))  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SecAggError("the training reply lacks update/delta or metrics/num-examples") from exc
+    return np.asarray(delta).reshape(-1), weight
+
+
+def _error(message: Message, exc: BaseException) -> Message:
+    return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"secagg: {type(exc).__name__}: {exc}"),
+                   reply_to=message)
+
+
+def secagg_mod(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Answer secure-aggregation stages; everything else goes to ``call_next``.
+
+    Parameters
+    ----------
+    message : Message
+        The incoming message.
+    context : Context
+        The node's context; the round's protocol state lives in
+        ``context.state`` under ``"secagg.state"``.
+    call_next : ClientAppCallable
+        The rest of the ClientApp (training).
+
+    Returns
+    -------
+    Message
+        The stage reply, or an error reply (the server counts it a dropout).
+    """
+    if not message.has_content() or RECORD not in message.content.config_records:
+        return call_next(message, context)
+    kept: dict[str, RecordDict] = {}
+
+    def train() -> tuple[np.ndarray, float]:
+        out = call_next(message, context)
+        if out.has_error():
+            raise _TrainingFailed(out)
+        if METRICS_RECORD in out.content.metric_records:
+            kept["metrics"] = RecordDict({METRICS_RECORD: out.content.metric_records[METRICS_RECORD]})
+        return _update_of(out.content)
+
+    try:
+        stage, round_id, request = read_request(message.content)
+        state = None if stage is Stage.ADVERTISE_KEYS else _load_state(context, round_id)
+        state, reply = client_step(state, message.metadata.dst_node_id, request,
+                                   entropy=os.urandom, rng=np.random.default_rng(), train=train)
+    except _TrainingFailed as failed:
+        return Message(failed.reply.error, reply_to=message)
+    except (SecAggError, ValueError) as exc:
+        return _error(message, exc)
+    _save_state(context, round_id, state)
+    return Message(reply_content(stage, round_id, reply, kept.get("metrics")), reply_to=message)
