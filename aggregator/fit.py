@@ -10,7 +10,7 @@ same shape (``privacy.secagg``), so the round loop has no ``if secagg:``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -120,11 +120,8 @@ class _Folder:
 
 def accumulate(strategy: Strategy, agg: core.MeanState, delta: np.ndarray, num_examples: int,
                metrics: Mapping[str, Any]) -> core.MeanState:
-    """Fold one update, passing the client's metrics to strategies that want them."""
-    with_metrics: Callable[..., core.MeanState] | None = getattr(strategy, "accumulate_with_metrics", None)
-    if with_metrics is not None:
-        return with_metrics(agg, delta, num_examples, metrics)
-    return strategy.accumulate(agg, delta, num_examples)
+    """Fold one decoded (hence already validated) update."""
+    return strategy.accumulate(agg, delta, num_examples, checked=True)
 
 
 def _finite(value: Any) -> float | None:

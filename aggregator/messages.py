@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from aggregator.core import all_finite
 from aggregator.errors import UpdateRejected
 
 __all__ = [
@@ -77,8 +78,15 @@ class EvalReply:
 
 
 def encode_flat(vector: np.ndarray) -> Array:
-    """One flat float32 buffer as a Flower ``Array`` (``.npy`` bytes)."""
-    return Array(np.ascontiguousarray(vector, dtype=np.float32).reshape(-1))
+    """One flat float32 buffer as a Flower ``Array`` (``.npy`` bytes, as ``np.save`` writes them)."""
+    from io import BytesIO
+
+    flat = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1)
+    header = BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(flat))
+    # one copy into bytes of the exact size (np.save into a BytesIO grows a buffer, then copies it)
+    data = b"".join((header.getvalue(), memoryview(flat).cast("B")))
+    return Array(dtype="float32", shape=(int(flat.shape[0]),), stype="numpy.ndarray", data=data)
 
 
 def decode_flat(array: Array, size: int | None = None, max_bytes: int | None = None) -> np.ndarray:
@@ -99,7 +107,7 @@ def decode_flat(array: Array, size: int | None = None, max_bytes: int | None = N
     vector = _npy_view(bytes(data) if not isinstance(data, bytes) else data)
     if vector.shape[0] != array.shape[0]:
         raise UpdateRejected("update bytes do not match the declared shape")
-    if not np.isfinite(vector).all():
+    if not all_finite(vector):
         raise UpdateRejected("update holds NaN or Inf values")
     return vector
 

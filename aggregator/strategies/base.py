@@ -87,9 +87,14 @@ class Strategy(ABC):
         """Return an empty running aggregate for a model of ``size`` parameters."""
         return core.empty(size)
 
-    def accumulate(self, agg: core.MeanState, update: np.ndarray, num_examples: int) -> core.MeanState:
-        """Fold one client's update (a delta), weighted by its example count."""
-        return core.add(agg, update, float(num_examples))
+    def accumulate(self, agg: core.MeanState, update: np.ndarray, num_examples: int, *,
+                   checked: bool = False) -> core.MeanState:
+        """Fold one client's update (a delta), weighted by its example count.
+
+        ``checked=True``: the update was already scanned for NaN/Inf (decoded by
+        :func:`aggregator.messages.decode_flat`), so it is not scanned again.
+        """
+        return core.add(agg, update, float(num_examples), checked=checked)
 
     def finalize(self, agg: core.MeanState, rng: np.random.Generator) -> np.ndarray:
         """Turn the running aggregate into the mean update (a delta)."""

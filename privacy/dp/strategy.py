@@ -195,7 +195,8 @@ class DPFedAvg(Strategy):
         """An empty sum over ``size`` model values, plus the count coordinate when adaptive."""
         return core.empty(size + self.tail)
 
-    def accumulate(self, agg: core.MeanState, update: np.ndarray, num_examples: int) -> core.MeanState:
+    def accumulate(self, agg: core.MeanState, update: np.ndarray, num_examples: int, *,
+                   checked: bool = False) -> core.MeanState:
         """Fold one client's payload with weight 1 (example counts would leak and break the bound).
 
         Central: the model part is clipped to ``C`` and the count bit clamped
@@ -203,7 +204,7 @@ class DPFedAvg(Strategy):
         payload is summed as is.
         """
         self._require_bound()
-        update = core.check_update(update, agg.size)
+        update = core.check_update(update, agg.size, finite=not checked)
         if self.placement == "distributed":
             return core.add(agg, update, 1.0, checked=True)
         return _fold_clipped(agg, update, self.clip_norm, self.tail)
@@ -295,9 +296,8 @@ def _fold_clipped(agg: core.MeanState, update: np.ndarray, clip: float, tail: in
     size = agg.size - tail
     head, total = update[:size], agg.total
     scale = np.float32(clip_factor(l2_norm(head), clip))
-    scratch = agg.scratch if agg.scratch is not None else np.empty_like(total)
-    np.multiply(head, scale, out=scratch[:size])
-    np.add(total[:size], scratch[:size], out=total[:size])
+    scratch = agg.scratch if agg.scratch is not None else core.block_scratch(size)
+    core.scaled_add(total[:size], head, scale, scratch)
     if tail:
         total[size] += np.float32(min(0.5, max(-0.5, float(update[size]))))
     return core.MeanState(total, agg.weight + 1.0, agg.count + 1, scratch)
