@@ -1,22 +1,14 @@
 """Quorum on Flower's simulation runtime (Ray): ``quorum simulate --engine ray``.
 
-The very same round loop (:func:`aggregator.serverapp.run_federation`) and
-ClientApp (:data:`clients.clientapp.app`) run on Flower's Virtual Client
-Engine, one Ray actor per CPU executing client messages. Three seams:
-
-- ``run_simulation`` hands every app an *empty* run config: the ServerApp is
-  bound to the scenario and store here, and :class:`ScenarioClient` lends each
-  ClientApp call the scenario as ``scenario-json``, as in-process.
-- Its virtual nodes get random ids, while clients are sampled and seeded by
-  node id: :class:`PartitionGrid` and :class:`ScenarioClient` make both sides
-  see node ``partition-id + 1``, the in-process ids, so a seed gives the same
-  clients, seeds and secure-aggregation identities on either runtime.
-- Faults from the scenario are injected by :class:`PartitionGrid` with the
-  same :class:`~aggregator.faults.FaultPlan`, at the transport.
-
-Ray runs as a private local cluster (``address="local"``, no dashboard, its
-own temporary directory) of ``num_cpus`` CPUs, and is shut down at the end;
-its processes still alive after a grace period are killed by PID.
+The same round loop (:func:`aggregator.serverapp.run_federation`) and ClientApp
+(:data:`clients.clientapp.app`) run on Flower's Virtual Client Engine, one Ray
+actor per CPU. ``run_simulation`` gives both apps an empty run config and its
+nodes random ids, so the ServerApp is bound to the scenario here, and
+:class:`ScenarioClient` and :class:`PartitionGrid` make both sides see the run
+config and node ``partition-id + 1``, as in-process: a seed gives the same
+clients, training seeds, secure-aggregation identities and injected faults.
+Ray runs as a private local cluster and is always shut down; what outlives
+``ray.shutdown()`` is killed by PID. See docs/runtimes.md.
 """
 
 from __future__ import annotations
@@ -28,6 +20,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -39,39 +32,30 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from aggregator.collect import Outstanding, collect
 from aggregator.faults import FaultPlan
 from aggregator.store import RoundRecord, RunStore
 from scenarios.schema import Scenario
 
-__all__ = ["run_on_ray", "RayOptions", "ScenarioClient", "PartitionGrid", "ray_processes", "NODE_INFO",
-           "MARKER_ENV"]
+__all__ = ["run_on_ray", "RayOptions", "ScenarioClient", "PartitionGrid", "ray_processes", "NODE_INFO"]
 
-NODE_INFO = "query.quorum_node_info"
-"""Message type a :class:`ScenarioClient` answers itself with its partition id."""
-MARKER_ENV = "QUORUM_RAY_CLUSTER"
-"""Environment variable naming the Ray cluster a process belongs to (see :func:`ray_processes`)."""
+NODE_INFO = "query.quorum_node_info"  # answered by ScenarioClient itself: the node's partition id
+MARKER_ENV = "QUORUM_RAY_CLUSTER"  # names the Ray cluster a process belongs to (see ray_processes)
 
+# Telemetry off, no uv-run runtime env; the last one spares a FutureWarning from ray.init (num_gpus=0).
 _QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "FLWR_TELEMETRY_ENABLED": "0",
-              "RAY_DEDUP_LOGS": "0", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
-              "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
+              "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
 
 
 @dataclass(frozen=True)
 class RayOptions:
     """How big a Ray cluster to start.
 
-    Parameters
-    ----------
-    num_cpus : int | None
-        CPUs Ray may use; ``None`` means ``min(2, os.cpu_count())``.
-    cpus_per_client : float
-        CPUs reserved per ClientApp actor; actors = ``num_cpus / cpus_per_client``.
-    object_store_mb : int | None
-        Ray object store size; ``None`` lets Ray choose (30 % of RAM, lazily).
-    discovery_timeout_s : float
-        How long the first contact with every node (actor start-up) may take.
-    verbose : bool
-        Forward the actors' output and Ray's warnings (a failing client is stored either way).
+    ``num_cpus``: CPUs Ray may use (default ``min(2, cpu_count)``);
+    ``cpus_per_client``: CPUs per ClientApp actor (actors = ``num_cpus / cpus_per_client``);
+    ``object_store_mb``: Ray's object store (default: Ray's choice);
+    ``discovery_timeout_s``: how long actor start-up and first contact may take;
+    ``verbose``: forward actor output and Ray's warnings (failing clients are stored anyway).
     """
 
     num_cpus: int | None = None
@@ -90,8 +74,9 @@ def run_on_ray(scenario: Scenario, db_url: str, resume_id: str | None = None,
                options: RayOptions = RayOptions()) -> str:
     """Run (or resume) ``scenario`` on Flower's Ray simulation; returns the run id.
 
-    Every round is committed to the store at ``db_url`` by the round loop, as
-    in-process. Ray is always shut down before this returns or raises.
+    Rounds are committed to the store at ``db_url`` as in-process. The first
+    Ctrl-C ends the run after the client calls in flight (stored as
+    ``interrupted``) and raises ``KeyboardInterrupt`` here; a second is Python's.
     """
     from flwr.simulation import run_simulation
 
@@ -101,12 +86,18 @@ def run_on_ray(scenario: Scenario, db_url: str, resume_id: str | None = None,
                   options.discovery_timeout_s, _Cluster(tempfile.mkdtemp(prefix="quorum-ray-")))
     client = ScenarioClient(client_app, {"scenario-json": json.dumps(scenario.to_dict())})
     try:
-        with _quiet_run(run.cluster.temp_dir, options.verbose):
+        with _quiet_run(run.cluster.temp_dir, options.verbose), _first_interrupt_stops(run):
             run_simulation(server_app=run.server_app(), client_app=client,  # type: ignore[arg-type]
                            num_supernodes=scenario.federation.clients,
                            backend_config=_backend_config(options, run.cluster.temp_dir))
+    except KeyboardInterrupt:
+        run.stopped = "interrupted"
+        raise
     finally:
+        run.stopped = run.stopped or "stopped"  # a ServerApp thread still running must end now
         _shutdown_ray(run.cluster)
+    if run.stopped == "interrupted":
+        raise KeyboardInterrupt(f"Ray simulation interrupted (run {run.run_id})")
     if run.run_id is None:  # the ServerApp died before opening the run
         raise RuntimeError(f"Ray simulation ended without a run: {run.error or 'unknown error'}")
     return run.run_id
@@ -125,6 +116,7 @@ class _RayRun:
     cluster: _Cluster
     run_id: str | None = None
     error: str | None = None
+    stopped: str | None = None  # set once Ray is gone: "interrupted" (Ctrl-C) or "stopped"
 
     def server_app(self) -> ServerApp:
         app = ServerApp()
@@ -134,18 +126,26 @@ class _RayRun:
     def _main(self, grid: Grid, context: Context) -> None:  # noqa: ARG002 - the run config is empty
         from aggregator.serverapp import run_federation
 
-        sc = self.scenario
+        sc, faults = self.scenario, FaultPlan.from_spec(self.scenario.faults, self.scenario.seed)
         try:
-            remapped = PartitionGrid.discover(grid, FaultPlan.from_spec(sc.faults, sc.seed),
-                                              expected=sc.federation.clients, timeout_s=self.discovery_timeout_s)
+            remapped = PartitionGrid.discover(grid, faults, self._alive, expected=sc.federation.clients,
+                                              timeout_s=self.discovery_timeout_s)
             self.cluster.snapshot()
             run_federation(remapped, sc, self.store, engine="ray", resume_id=self.resume_id,
                            on_round=self.on_round, on_start=self._started)
         except BaseException as exc:
             self.error = f"{type(exc).__name__}: {exc}"
-            raise
+            if not (isinstance(exc, KeyboardInterrupt) and self.stopped == "interrupted"):
+                raise  # else recorded as interrupted; run_on_ray raises it in the main thread
         finally:
             self.cluster.snapshot()  # the actors are still up: Flower stops them after main returns
+
+    def _alive(self) -> None:
+        """Raise in the ServerApp thread once Ray is gone, instead of waiting out deadlines."""
+        if self.stopped == "interrupted":
+            raise KeyboardInterrupt("the Ray simulation was interrupted")
+        if self.stopped:
+            raise RuntimeError("the Ray simulation runtime stopped")
 
     def _started(self, run_id: str) -> None:
         self.run_id = run_id
@@ -154,31 +154,26 @@ class _RayRun:
 
 
 def _backend_config(options: RayOptions, temp_dir: str) -> dict[str, Any]:
-    init_args: dict[str, Any] = {"address": "local", "num_cpus": options.cpus(), "num_gpus": 0,
-                                 "include_dashboard": False, "_temp_dir": temp_dir,
-                                 "logging_level": "WARNING" if options.verbose else "ERROR",
-                                 "log_to_driver": options.verbose}
+    init_args: dict[str, Any] = {
+        "address": "local", "num_cpus": options.cpus(), "num_gpus": 0, "include_dashboard": False,
+        "_temp_dir": temp_dir, "log_to_driver": options.verbose,
+        "logging_level": "WARNING" if options.verbose else "ERROR"}
     if options.object_store_mb is not None:
         init_args["object_store_memory"] = options.object_store_mb * 2**20
-    return {"init_args": init_args,
-            "client_resources": {"num_cpus": options.cpus_per_client, "num_gpus": 0.0}}
+    return {"init_args": init_args, "client_resources": {"num_cpus": options.cpus_per_client, "num_gpus": 0}}
 
 
 class ScenarioClient:
-    """Quorum's ClientApp as the in-process runtime runs it, on a Flower virtual node.
+    """Quorum's ClientApp on a Flower virtual node, seeing what it sees in-process.
 
-    For the length of one call the app sees the run config that
-    ``run_simulation`` leaves out, and the node id ``partition-id + 1`` (on
-    its ``Context`` and as the message's destination), the id the aggregator
-    knows it by through :class:`PartitionGrid`: training seeds and secure
-    aggregation's node identities then agree with the aggregator and with the
-    in-process runtime. The reply leaves with Flower's own id again. It also
-    answers :data:`NODE_INFO` itself, so the aggregator can learn the mapping.
+    For one call the app gets the run config ``run_simulation`` leaves out and
+    node id ``partition-id + 1`` (on its ``Context`` and as the destination),
+    the id :class:`PartitionGrid` shows the aggregator: training seeds and
+    secure-aggregation identities agree. It answers :data:`NODE_INFO` itself.
     """
 
     def __init__(self, app: ClientApp, run_config: dict[str, str]) -> None:
-        self._app = app
-        self._run_config = dict(run_config)
+        self._app, self._run_config = app, dict(run_config)
 
     def __call__(self, message: Message, context: Context) -> Message:
         partition = int(context.node_config["partition-id"])
@@ -202,10 +197,12 @@ class PartitionGrid(Grid):
 
     ``node_map`` maps those logical ids to Flower's. ``faults`` are decided on
     logical ids, so the same nodes vanish, straggle or lie as in-process.
+    ``alive`` raises once the runtime underneath is gone.
     """
 
-    def __init__(self, inner: Grid, node_map: dict[int, int], faults: FaultPlan) -> None:
-        self._inner = inner
+    def __init__(self, inner: Grid, node_map: dict[int, int], faults: FaultPlan,
+                 alive: Callable[[], None] = lambda: None) -> None:
+        self._inner, self._alive = inner, alive
         self._to_real = dict(node_map)
         self._to_logical = {real: logical for logical, real in node_map.items()}
         self._faults = faults
@@ -214,24 +211,27 @@ class PartitionGrid(Grid):
         self._held: dict[str, tuple[float, Message]] = {}  # straggler replies: ready time, reply
 
     @classmethod
-    def discover(cls, inner: Grid, faults: FaultPlan, *, expected: int, timeout_s: float) -> "PartitionGrid":
+    def discover(cls, inner: Grid, faults: FaultPlan, alive: Callable[[], None] = lambda: None, *,
+                 expected: int, timeout_s: float) -> "PartitionGrid":
         """Ask every node its partition; fails if a node does not answer in ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        nodes = list(inner.get_node_ids())
-        while len(nodes) < expected and time.monotonic() < deadline:
+        while len(nodes := list(inner.get_node_ids())) < expected and time.monotonic() < deadline:
+            alive()
             time.sleep(0.05)
-            nodes = list(inner.get_node_ids())
-        messages = [Message(RecordDict(), n, NODE_INFO, group_id="0") for n in nodes]
-        replies = inner.send_and_receive(messages, timeout=max(1.0, deadline - time.monotonic()))
+        waiting = set(inner.push_messages([Message(RecordDict(), n, NODE_INFO, group_id="0") for n in nodes]))
         node_map = {}
-        for reply in replies:
-            if reply.has_error():
-                raise RuntimeError(f"node {reply.metadata.src_node_id} failed to start: {reply.error.reason}")
-            partition = int(reply.content.config_records["node"]["partition-id"])
-            node_map[partition + 1] = reply.metadata.src_node_id
+        while waiting and time.monotonic() < deadline:
+            alive()
+            for reply in inner.pull_messages(list(waiting)):
+                waiting.discard(reply.metadata.reply_to_message_id)
+                node = reply.metadata.src_node_id
+                if reply.has_error():
+                    raise RuntimeError(f"node {node} failed to start: {reply.error.reason}")
+                node_map[int(reply.content.config_records["node"]["partition-id"]) + 1] = node
+            time.sleep(0.05)
         if len(node_map) != expected:
-            raise TimeoutError(f"{len(node_map)} of {expected} simulated nodes answered within {timeout_s:g} s")
-        return cls(inner, node_map, faults)
+            raise TimeoutError(f"{len(node_map)} of {expected} simulated nodes answered in {timeout_s:g} s")
+        return cls(inner, node_map, faults, alive)
 
     # -- Grid API ---------------------------------------------------------
     def set_run(self, run: Any) -> None:
@@ -249,6 +249,7 @@ class PartitionGrid(Grid):
         return sorted(self._to_real)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        self._alive()
         batch = list(messages)
         dropped = self._faults.pick_dropped(batch)  # decided on logical ids, as in-process
         ids = []
@@ -271,6 +272,7 @@ class PartitionGrid(Grid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        self._alive()
         wanted = [m for m in message_ids if m not in self._dropped]
         for reply in self._inner.pull_messages([m for m in wanted if m not in self._held]):
             self._arrived(reply)
@@ -280,14 +282,9 @@ class PartitionGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
-        ids = set(self.push_messages(messages))
-        deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
-        while ids - self._dropped and (deadline is None or time.monotonic() < deadline):
-            for reply in self.pull_messages(list(ids)):
-                ids.discard(reply.metadata.reply_to_message_id)
-                replies.append(reply)
-            time.sleep(0.01)
+        owed = Outstanding({m: 0 for m in self.push_messages(messages)})
+        collect(self, owed, float("inf") if timeout is None else timeout, lambda _, r: replies.append(r))
         return replies
 
     def settled(self, message_ids: Iterable[str]) -> bool:
@@ -307,17 +304,31 @@ class PartitionGrid(Grid):
 
 # -- process hygiene ------------------------------------------------------------
 @contextlib.contextmanager
-def _quiet_run(marker: str, verbose: bool) -> Iterator[None]:
-    """Telemetry off, a marker every Ray process inherits, Flower's log at ERROR; then restore.
+def _first_interrupt_stops(run: _RayRun) -> Iterator[None]:
+    """Turn the first SIGINT into a stop the round loop sees at its next poll: a
+    ``KeyboardInterrupt`` here leaves a Flower thread in ``ray.get`` forever."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is not signal.default_int_handler:
+        yield
+        return
 
-    ``RayBackend.init_ray`` overwrites ``PYTHONPATH`` with this interpreter's
-    ``sys.path`` (so that actors import the app): that must not leak out either.
-    ``run_simulation`` logs a deprecation notice at WARNING.
-    """
+    def stop(_signum: int, _frame: object) -> None:
+        run.stopped = "interrupted"
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _quiet_run(marker: str, verbose: bool) -> Iterator[None]:
+    """Telemetry off, a marker every Ray process inherits, Flower's log at ERROR (its
+    deprecation notice); restore all after, ``PYTHONPATH`` too (``init_ray`` overwrites it)."""
     saved = {k: os.environ.get(k) for k in (*_QUIET_ENV, "PYTHONPATH", MARKER_ENV)}
-    for key, value in _QUIET_ENV.items():
-        os.environ.setdefault(key, value)
-    os.environ[MARKER_ENV] = marker
+    os.environ.update({**{k: v for k, v in _QUIET_ENV.items() if k not in os.environ}, MARKER_ENV: marker})
     logger = logging.getLogger("flwr")
     level = logger.level
     logger.setLevel(logging.INFO if verbose else logging.ERROR)
@@ -333,12 +344,8 @@ def _quiet_run(marker: str, verbose: bool) -> Iterator[None]:
 
 
 def ray_processes(marker: str | Path) -> list[int]:
-    """PIDs of live processes of the Ray cluster that ``run_on_ray`` tagged with ``marker``.
-
-    Ray's GCS, raylet, agents and workers all inherit :data:`MARKER_ENV` from
-    the driver (command lines do not tell: workers rename themselves
-    ``ray::ClientAppActor``). Linux only (``/proc``).
-    """
+    """Live processes of the Ray cluster tagged ``marker`` (all inherit :data:`MARKER_ENV`;
+    workers rename themselves ``ray::ClientAppActor``). Linux only."""
     needle = f"{MARKER_ENV}={marker}".encode() + b"\0"
     pids = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
@@ -360,11 +367,8 @@ def _start_time(pid: int) -> str | None:
 
 @dataclass
 class _Cluster:
-    """One call's Ray processes: by marker, and by PID (with start time) once seen.
-
-    An exiting process has an empty ``/proc/<pid>/environ``, so the marker
-    alone can miss an actor on its way out.
-    """
+    """One call's Ray processes: by marker, and by PID (with start time) once seen,
+    since an exiting process has an empty ``/proc/<pid>/environ``."""
 
     temp_dir: str
     known: dict[int, str] = field(default_factory=dict)
@@ -379,12 +383,8 @@ class _Cluster:
 
 
 def _shutdown_ray(cluster: _Cluster, grace_s: float = 1.0, term_s: float = 10.0) -> None:
-    """Shut Ray down, end what is left of its cluster by PID, remove its files.
-
-    After ``ray.shutdown()`` actors notice their raylet is gone only seconds
-    later (more under load), still holding memory and CPU: after ``grace_s``
-    they get SIGTERM, and SIGKILL if still alive ``term_s`` later.
-    """
+    """Shut Ray down; actors that outlive it by ``grace_s`` (they notice their raylet is
+    gone seconds later) get SIGTERM, then SIGKILL after ``term_s``; remove its files."""
     import ray
 
     if ray.is_initialized():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -122,6 +123,14 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     return run_id, result
 
 
+def wait_for_nodes(grid: Grid, expected: int, timeout_s: float, poll_s: float = 0.5) -> int:
+    """Wait until ``expected`` nodes are connected (or ``timeout_s``); returns how many are."""
+    deadline = time.monotonic() + timeout_s
+    while (count := len(list(grid.get_node_ids()))) < expected and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return count
+
+
 app = ServerApp()
 
 
@@ -137,4 +146,5 @@ def main(grid: Grid, context: Context) -> None:
         scenario = scenario.with_overrides(**overrides)
     db = str(config.get("db") or os.environ.get("QUORUM_DB") or default_db_url())
     resume = str(config.get("resume", "")) or None
+    wait_for_nodes(grid, scenario.federation.clients, float(config.get("wait-nodes-s", 60)))
     run_federation(grid, scenario, RunStore(db), engine=str(config.get("engine", "flower")), resume_id=resume)

@@ -48,7 +48,7 @@ def simulate(scenario: Scenario, *, db_url: str, engine: str = "inprocess",
     if engine == "ray":
         from aggregator.ray_engine import run_on_ray
 
-        run_id = run_on_ray(scenario, db_url, resume_id=resume_id, on_start=on_start)
+        run_id = run_on_ray(scenario, db_url, resume_id=resume_id, on_start=on_start, on_round=on_round)
     elif engine == "inprocess":
         run_id = _run_inprocess(scenario, store, resume_id, on_round, on_start)
     else:

@@ -1,0 +1,166 @@
+"""Deployment runtime: a real SuperLink, two SuperNodes and ``flwr run`` on loopback.
+
+The repository root is the Flower App (``[tool.flwr.app]`` in pyproject.toml);
+``flwr run`` bundles it into a FAB, the SuperLink's SuperExec starts the
+ServerApp (``aggregator.serverapp:app``) and each SuperNode's SuperExec starts
+a ``flwr-clientapp`` process per message. Two rounds of a tiny scenario take
+about a minute on an idle 2-core machine, most of it Flower's polling
+(SuperNode: 3 s when idle) and one fresh ClientApp process per message.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from aggregator.store import RunStore
+from tests.conftest import REPO
+from tests.runtimes.processes import VENV_BIN, Processes, Started, free_ports
+
+RUN_CONFIG_KEYS = ("scenario", "db")  # what this test passes with --run-config
+
+SCENARIO = """
+name = "deployment-test"
+seed = 5
+rounds = 2
+[data]
+dataset = "digits"
+partition = "iid"
+[model]
+name = "logreg"
+[federation]
+clients = 2
+fraction = 1.0
+min_clients = 2
+deadline_s = 90.0
+[training]
+local_epochs = 1
+batch_size = 32
+lr = 0.1
+[evaluation]
+federated = true
+server = true
+every = 2                        # federated evaluation in the last round only: one message less
+"""
+
+FLOWER_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",  # SuperExec looks for new tasks every 0.2 s, not 1 s
+}
+START_TIMEOUT_S = 60.0
+RUN_TIMEOUT_S = 240.0
+
+
+def test_two_rounds_on_a_superlink_with_two_supernodes(processes: Processes, tmp_path: Path) -> None:
+    # Prepare
+    _require_run_config_keys()
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(SCENARIO)
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    link_port, *node_ports = free_ports(3)
+    env = {**FLOWER_ENV, "FLWR_HOME": str(_flower_home(tmp_path, link_port))}
+    t0 = time.monotonic()
+    link = processes.start("superlink", [
+        str(VENV_BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(link_port),
+        "--disable-runtime-dependency-installation"], env)
+    _wait_healthy(link, link_port, processes)
+    nodes = [processes.start(f"supernode-{i}", [
+        str(VENV_BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{link_port}",
+        "--port", str(port), "--node-config", f"partition-id={i} num-partitions=2"], env)
+        for i, port in enumerate(node_ports)]
+    for node in nodes:
+        _wait_for_log(node, "SuperNode ID:", processes)
+    t_up = time.monotonic()
+
+    # Execute
+    run = processes.start("flwr-run", [
+        str(VENV_BIN / "flwr"), "run", str(REPO), "local-test", "--stream",
+        "--run-config", f'scenario="{scenario}" db="{db}"'], env)
+    try:
+        rc = run.popen.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"flwr run did not finish in {RUN_TIMEOUT_S:g} s\n{processes.logs()}")
+    t_done = time.monotonic()
+
+    # Assert
+    assert rc == 0, f"flwr run failed (rc {rc})\n{processes.logs()}"
+    store = RunStore(db)
+    runs = store.list_runs()
+    assert len(runs) == 1, f"expected one run in the store, found {len(runs)}\n{processes.logs()}"
+    stored = _wait_finished(store, runs[0].id)
+    assert (stored.status, stored.rounds_done) == ("finished", 2), \
+        f"{stored.status}: {stored.error}\n{processes.logs()}"
+    rounds = store.rounds(stored.id)
+    assert [r.round for r in rounds] == [1, 2]
+    for r in rounds:
+        results = store.client_results(stored.id, r.round)
+        assert [c.outcome for c in results] == ["ok", "ok"], [(c.client, c.outcome, c.reason) for c in results]
+    assert rounds[-1].server_accuracy is not None
+    # Federated evaluation has the round loop's fixed 30 s deadline: on a loaded machine a
+    # fresh ClientApp process may miss it, which is data (a late client), not a failure.
+    print(f"deployment: up in {t_up - t0:.1f} s, 2 clients x 2 rounds in {t_done - t_up:.1f} s "
+          f"(flwr run: FAB build to exit); accuracy {rounds[-1].server_accuracy:.3f} server, "
+          f"{rounds[-1].fed_accuracy} federated")
+
+
+def _require_run_config_keys() -> None:
+    """``flwr run --run-config`` accepts only keys the app's pyproject declares."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    declared = config.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
+    missing = [k for k in RUN_CONFIG_KEYS if k not in declared]
+    if missing:
+        pytest.fail(f"pyproject.toml [tool.flwr.app.config] must declare {missing} (e.g. db = \"\"): "
+                    "Flower rejects --run-config keys the app does not declare")
+
+
+def _flower_home(tmp_path: Path, port: int) -> Path:
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "local-test"\n\n'
+        f'[superlink.local-test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    return home
+
+
+def _wait_healthy(link: Started, port: int, processes: Processes) -> None:
+    """Until the SuperLink answers ``/health`` (an open port is not enough: start-up continues)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if link.popen.poll() is not None:
+            pytest.fail(f"the SuperLink exited with rc {link.popen.returncode}\n{processes.logs()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"the SuperLink was not healthy within {START_TIMEOUT_S:g} s\n{processes.logs()}")
+
+
+def _wait_for_log(started: Started, text: str, processes: Processes) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if started.popen.poll() is not None:
+            pytest.fail(f"{started.name} exited with rc {started.popen.returncode}\n{processes.logs()}")
+        if text in started.log.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"{started.name} did not log {text!r} within {START_TIMEOUT_S:g} s\n{processes.logs()}")
+
+
+def _wait_finished(store: RunStore, run_id: str, timeout_s: float = 30.0):  # noqa: ANN202
+    """The run row once it leaves ``running`` (``flwr run --stream`` may return a moment early)."""
+    deadline = time.monotonic() + timeout_s
+    run = store.get_run(run_id)
+    while run.status == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        run = store.get_run(run_id)
+    return run
