@@ -1,0 +1,119 @@
+"""Model definitions shared by clients and aggregator, and the flat-buffer view of a model.
+
+A model travels and is aggregated as one contiguous 1-D float32 buffer holding
+every tensor of ``model.state_dict()`` in order (:func:`get_flat`,
+:func:`set_flat`). Models are built deterministically from a seed without
+touching the caller's global torch RNG.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["MODEL_NAMES", "build_model", "get_flat", "set_flat", "num_params"]
+
+MODEL_NAMES = ("logreg", "mlp", "cnn")
+
+
+def build_model(
+    name: str, input_shape: Sequence[int], num_classes: int, *, seed: int = 0
+) -> nn.Module:
+    """Build a freshly initialised model.
+
+    Parameters
+    ----------
+    name : {"logreg", "mlp", "cnn"}
+        ``logreg``: multinomial logistic regression (flatten, linear).
+        ``mlp``: McMahan et al.'s "2NN", two hidden layers of 200 ReLU units
+        (784-200-200-10 on MNIST).
+        ``cnn``: a small CNN in the spirit of McMahan et al.'s, narrowed so
+        that it trains fast on a few CPU cores: conv5x5(16)-pool-conv5x5(32)-pool
+        -fc(64)-fc(classes), "same" padding so 8x8 inputs work too. Needs an
+        image input shape ``(C, H, W)`` with ``H, W >= 4``.
+    input_shape : sequence of int
+        Shape of one example, e.g. ``(1, 28, 28)`` or ``(60,)``.
+    num_classes : int
+        Number of output logits.
+    seed : int
+        Seed of the initialisation; the global torch RNG is left as it was.
+
+    References
+    ----------
+    McMahan et al., "Communication-Efficient Learning of Deep Networks from
+    Decentralized Data", AISTATS 2017, section 3.
+    """
+    shape = tuple(int(d) for d in input_shape)
+    if num_classes < 2 or not shape or min(shape) < 1:
+        raise ValueError(f"need num_classes >= 2 and a positive input shape, got {num_classes} and {shape}")
+    builders = {"logreg": _logreg, "mlp": _mlp, "cnn": _cnn}
+    if name not in builders:
+        raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODEL_NAMES)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return builders[name](shape, num_classes)
+
+
+def _logreg(shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), num_classes))
+
+
+def _mlp(shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(math.prod(shape), 200), nn.ReLU(),
+        nn.Linear(200, 200), nn.ReLU(),
+        nn.Linear(200, num_classes),
+    )
+
+
+def _cnn(shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if len(shape) != 3 or min(shape[1:]) < 4:
+        raise ValueError(f"the cnn needs an image input (C, H, W) with H, W >= 4, got {shape}")
+    channels, height, width = shape
+    return nn.Sequential(
+        nn.Conv2d(channels, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * (height // 4) * (width // 4), 64), nn.ReLU(),
+        nn.Linear(64, num_classes),
+    )
+
+
+def num_params(model: nn.Module) -> int:
+    """Number of scalars in ``model.state_dict()``: the length of :func:`get_flat`."""
+    return sum(t.numel() for t in model.state_dict().values())
+
+
+def get_flat(model: nn.Module) -> np.ndarray:
+    """Return every tensor of ``model.state_dict()``, in order, as one new 1-D float32 array."""
+    tensors = [t.detach().reshape(-1).to(torch.float32) for t in model.state_dict().values()]
+    if not tensors:
+        return np.zeros(0, dtype=np.float32)
+    return torch.cat(tensors).numpy()
+
+
+def set_flat(model: nn.Module, flat: np.ndarray) -> None:
+    """Load a buffer made by :func:`get_flat` into ``model``, in place.
+
+    Raises
+    ------
+    ValueError
+        ``flat`` is not 1-D or its size differs from :func:`num_params`; the
+        message gives the expected and the received sizes.
+    """
+    flat = np.asarray(flat)
+    expected = num_params(model)
+    if flat.ndim != 1 or flat.size != expected:
+        raise ValueError(f"flat buffer has shape {flat.shape}; expected {expected} values (1-D)")
+    source = torch.from_numpy(np.array(flat, dtype=np.float32))  # own, writable copy
+    offset = 0
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            n = tensor.numel()
+            tensor.copy_(source[offset:offset + n].view_as(tensor))
+            offset += n
