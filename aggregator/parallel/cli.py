@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from aggregator.errors import QuorumError
 from aggregator.parallel.job import Mode
@@ -61,7 +62,7 @@ def parallel(
     try:
         summary = launch(spec)
     except (ScenarioError, QuorumError) as exc:
-        _console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        _console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     if json_out:
         sys.stdout.write(json.dumps({**summary.to_json(), "engine": "parallel", "mode": mode.value,

@@ -20,13 +20,12 @@ import torch
 from torch import nn
 
 from aggregator.parallel.comm import Comm
-from aggregator.parallel.localsgd import (apply_mean, local_updates, owned_nodes, round_nodes,
-                                          train_config)
+from aggregator.parallel.localsgd import finish_round, local_updates, owned_nodes, round_nodes, train_config
 from aggregator.parallel.shards import assign_clients, epoch_order, shard_sizes, steps_per_epoch, union
 from aggregator.parallel.sync import SyncSGD, run_epoch
 from aggregator.serverapp import build_strategy
 from aggregator.strategies.base import ServerState, Strategy
-from clients.datasets import ArrayDataset, Federation, build_federation
+from clients.datasets import Federation, build_federation
 from clients.models import build_model, get_flat, set_flat
 from clients.training import evaluate
 from scenarios.schema import Scenario
@@ -34,7 +33,8 @@ from scenarios.schema import Scenario
 __all__ = ["Mode", "JobSpec", "Job", "RoundResult", "build_job", "initial_state", "run_round", "COLUMNS"]
 
 # Columns of the per-round table: one row per client (local SGD) or per rank (sync).
-COLUMNS = ("present", "examples", "loss_sum", "duration_s", "eval_n", "eval_loss_sum", "eval_correct")
+COLUMNS = ("present", "examples", "loss_sum", "duration_s", "eval_n", "eval_loss_sum", "eval_correct",
+           "train_eval_n", "train_eval_loss_sum")
 _C = {name: i for i, name in enumerate(COLUMNS)}
 
 
@@ -123,13 +123,19 @@ def adopt(job: Job, state: ServerState) -> None:
 
 
 def run_round(job: Job, state: ServerState, round_: int) -> RoundResult:
-    """Train one round, evaluate it federatedly, and share the per-client table."""
+    """Train one round, evaluate it federatedly, and share the per-client table.
+
+    Federated evaluation follows the round loop: the clients that trained (or
+    all, with ``evaluation.clients = "all"``) score the new model on their
+    test split and on their training split; the round's train loss is then the
+    latter, else the mean of the clients' last-epoch training losses.
+    """
     sent, table = job.comm.bytes_sent, np.zeros((job.rows, len(COLUMNS)))
     if job.spec.mode is Mode.SYNC:
         state, status = _sync_round(job, round_, table), "ok"
         t = job.scenario.training
         steps = t.local_epochs * steps_per_epoch(job.sizes, t.batch_size)
-        evals = {job.comm.rank: [job.fed.clients[c].test for c in job.clients]}
+        evals = {job.comm.rank: job.clients}
     else:
         state, status, evals = _local_round(job, state, round_, table)
         steps = 0
@@ -149,7 +155,7 @@ def _sync_round(job: Job, round_: int, table: np.ndarray) -> ServerState:
     for k in range(t.local_epochs):
         epoch = (round_ - 1) * t.local_epochs + k + 1
         order = epoch_order(len(y), job.scenario.seed, epoch, comm.rank)
-        loss = run_epoch(trainer, x, y, order, steps, t.batch_size, label=f"round {round_} epoch {k + 1}")
+        loss = run_epoch(trainer, x, y, order, steps, label=f"round {round_} epoch {k + 1}")
     row = table[comm.rank]
     row[[_C["present"], _C["examples"], _C["loss_sum"]]] = 1, len(y), loss  # loss of the last epoch
     row[_C["duration_s"]] = time.monotonic() - started
@@ -159,18 +165,22 @@ def _sync_round(job: Job, round_: int, table: np.ndarray) -> ServerState:
 
 
 def _local_round(job: Job, state: ServerState, round_: int,
-                 table: np.ndarray) -> tuple[ServerState, str, dict[int, list[ArrayDataset]]]:
+                 table: np.ndarray) -> tuple[ServerState, str, dict[int, list[int]]]:
     comm, scenario = job.comm, job.scenario
-    nodes = owned_nodes(round_nodes(scenario, round_), comm.rank, comm.world)
-    configs = {n: train_config(scenario, job.strategy, round_, n) for n in nodes}
-    agg, runs = local_updates(job.model, job.fed, job.strategy, state, configs, job.spec.local_steps)
+    strategy = job.strategy.for_round(state)
+    comm.where = f"round {round_} sampling"
+    nodes = comm.broadcast_json(round_nodes(strategy, scenario, round_) if comm.rank == 0 else None)
+    mine = owned_nodes(nodes, comm.rank, comm.world)
+    config = train_config(scenario, strategy, round_)
+    agg, runs = local_updates(job.model, job.fed, strategy, state, mine, config, job.spec.local_steps)
     for run in runs:
         table[run.node - 1, [_C["present"], _C["examples"], _C["loss_sum"], _C["duration_s"]]] = (
             1, run.num_examples, run.loss * run.num_examples, run.duration_s)
     comm.where = f"round {round_} model averaging"
-    merged = comm.merge(agg)
-    new, status = apply_mean(job.strategy, state, merged, scenario, round_)
-    return new, status, {n - 1: [job.fed.clients[n - 1].test] for n in nodes}
+    new, status = finish_round(comm, strategy, state, comm.merge(agg), scenario, round_)
+    if scenario.evaluation.clients == "all":
+        mine = owned_nodes(range(1, job.fed.num_clients + 1), comm.rank, comm.world)
+    return new, status, {n - 1: [n - 1] for n in mine}
 
 
 def _evaluates(scenario: Scenario, round_: int) -> bool:
@@ -178,14 +188,16 @@ def _evaluates(scenario: Scenario, round_: int) -> bool:
     return ev.federated and (round_ % ev.every == 0 or round_ == scenario.rounds)
 
 
-def _evaluate_rows(job: Job, state: ServerState, evals: dict[int, list[ArrayDataset]], table: np.ndarray) -> None:
-    """Score the round's model on each row's test splits (this rank's rows only)."""
+def _evaluate_rows(job: Job, state: ServerState, evals: dict[int, list[int]], table: np.ndarray) -> None:
+    """Score the round's model on each row's clients, test and train splits, as the ClientApp does."""
     set_flat(job.model, state.params)
-    for row, parts in evals.items():
-        parts = [p for p in parts if len(p)]
-        if not parts:
-            continue
-        result = evaluate(job.model, union(parts))
-        n = result.num_examples
-        table[row, [_C["eval_n"], _C["eval_loss_sum"], _C["eval_correct"]]] = (
-            n, result.loss * n, result.accuracy * n)
+    for row, clients in evals.items():
+        test = [job.fed.clients[c].test for c in clients if len(job.fed.clients[c].test)]
+        if test:
+            result = evaluate(job.model, union(test))
+            n = result.num_examples
+            table[row, [_C["eval_n"], _C["eval_loss_sum"], _C["eval_correct"]]] = (
+                n, result.loss * n, result.accuracy * n)
+        on_train = evaluate(job.model, union([job.fed.clients[c].train for c in clients]))
+        table[row, [_C["train_eval_n"], _C["train_eval_loss_sum"]]] = (
+            on_train.num_examples, on_train.loss * on_train.num_examples)

@@ -67,6 +67,9 @@ def check_spec(spec: LaunchSpec) -> Scenario:
         raise ParallelError(f"local_steps = {spec.local_steps}: only the localsgd mode takes local steps")
     scenario = load_job_scenario(spec.scenario, spec.rounds, spec.seed)
     assign_clients(scenario.federation.clients, spec.nproc)
+    if scenario.dp.enabled and spec.mode is Mode.SYNC:
+        raise ParallelError(f"{spec.scenario}: dp.enabled = true: client-level DP clips and noises each "
+                            "client's update, which only the localsgd mode makes; use --mode localsgd")
     if scenario.secagg.enabled:
         raise ParallelError(f"{spec.scenario}: secagg.enabled = true: secure aggregation protects clients from "
                             "the aggregator; inside one cluster there is no such boundary, turn it off to run parallel")
@@ -95,8 +98,9 @@ def torchrun_command(spec: LaunchSpec, run_id: str | None = None) -> str:
 def describe_failures(failures: dict) -> str:  # noqa: ANN001 - {global rank: ProcessFailure}
     """One clause per failed rank, likely root causes first: pid, then the signal or exit code and the error.
 
-    A rank killed by a signal other than SIGTERM (the launcher's own stop
-    signal) comes first, then the others by time of failure.
+    A rank killed by a signal other than SIGTERM comes first, then ranks
+    that exited with an error, then ranks killed by SIGTERM (the launcher's
+    own stop signal); within each, by time of failure.
     """
     parts = []
     for rank, failure in sorted(failures.items(), key=_cause_order):
@@ -114,9 +118,13 @@ def describe_failures(failures: dict) -> str:  # noqa: ANN001 - {global rank: Pr
 
 
 def _cause_order(item: tuple) -> tuple:  # noqa: ANN001 - (rank, ProcessFailure)
+    """Killed by a signal first, then errors, then ranks the launcher itself stopped (SIGTERM)."""
     rank, failure = item
-    collateral = failure.exitcode >= 0 or failure.signal_name() == "SIGTERM"
-    return collateral, failure.timestamp, rank
+    if failure.exitcode < 0:
+        kind = 2 if failure.signal_name() == "SIGTERM" else 0
+    else:
+        kind = 1
+    return kind, failure.timestamp, rank
 
 
 def _config(spec: LaunchSpec, log_dir: str):  # noqa: ANN202 - torch's LaunchConfig

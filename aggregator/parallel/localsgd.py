@@ -3,17 +3,20 @@
 One round ``k`` does what :class:`aggregator.rounds.RoundLoop` does in-process,
 step for step:
 
-1. every rank computes the same sample, ``sample_clients(node ids, per_round, seed, k)``
-   (node ``n`` is client ``n - 1``, as in the in-process runtime);
+1. the strategy, bound to the round (``for_round``), samples the clients on
+   rank 0 (``strategy.sample``; node ``n`` is client ``n - 1``, as in the
+   in-process runtime) and rank 0 broadcasts the sample: a DP strategy samples
+   from a secure generator that only one process may draw from;
 2. each rank trains the sampled clients it owns (:func:`~aggregator.parallel.shards.owner`),
    each from the global model, with ``clients.training.train`` (``E`` local
    epochs) or :func:`train_steps` (``H`` local steps) and the seed
-   ``client_seed(seed, k, n)``, and folds each delta, weighted by its example
-   count, into its partial aggregate through the strategy;
+   ``client_seed(seed, k, n)``, privatises the delta as the ClientApp does
+   when the strategy asks for client-side DP, and folds it into its partial
+   aggregate with ``strategy.accumulate``;
 3. one all-reduce merges the partial aggregates (:meth:`Comm.merge`);
-4. every rank finalizes and applies the strategy (server optimiser) itself,
-   with the round's seeded generator, so the global model never needs to be
-   sent: every rank computes the same new state.
+4. rank 0 finalizes with the strategy's round generator (DP noise is drawn
+   once, by one process) and broadcasts the mean update; every rank applies
+   the strategy (server optimiser) to it, so all ranks hold the same state.
 
 With every client sampled and one rank per client this is local SGD with
 periodic model averaging (Stich, "Local SGD Converges Fast and Communicates
@@ -34,10 +37,10 @@ from torch.nn import functional as F
 
 from aggregator import core
 from aggregator.fit import accumulate
-from aggregator.messages import TrainConfig
+from aggregator.messages import TrainConfig, client_seed
+from aggregator.parallel.comm import Comm
 from aggregator.parallel.errors import ParallelError
 from aggregator.parallel.shards import owner
-from aggregator.rounds import client_seed, sample_clients
 from aggregator.strategies.base import ServerState, Strategy
 from clients.datasets import ArrayDataset, Federation
 from clients.models import get_flat, set_flat
@@ -45,7 +48,7 @@ from clients.training import TrainResult, train
 from scenarios.schema import Scenario
 
 __all__ = ["ClientRun", "round_nodes", "owned_nodes", "train_config", "train_steps", "local_updates",
-           "apply_mean"]
+           "finish_round"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,10 @@ class ClientRun:
     duration_s: float
 
 
-def round_nodes(scenario: Scenario, round_: int) -> list[int]:
-    """The node ids sampled in ``round_``, as the federated round loop samples them."""
-    nodes = range(1, scenario.federation.clients + 1)
-    return sample_clients(list(nodes), scenario.federation.per_round, scenario.seed, round_)
+def round_nodes(strategy: Strategy, scenario: Scenario, round_: int) -> list[int]:
+    """The node ids ``strategy`` (bound to the round) samples, as the federated round loop asks it."""
+    nodes = list(range(1, scenario.federation.clients + 1))
+    return [int(n) for n in strategy.sample(nodes, scenario.federation.per_round, scenario.seed, round_)]
 
 
 def owned_nodes(nodes: Sequence[int], rank: int, world: int) -> list[int]:
@@ -69,16 +72,13 @@ def owned_nodes(nodes: Sequence[int], rank: int, world: int) -> list[int]:
     return [n for n in nodes if owner(n - 1, world) == rank]
 
 
-def train_config(scenario: Scenario, strategy: Strategy, round_: int, node: int) -> TrainConfig:
-    """The training settings node ``node`` gets in ``round_`` (as ``RoundLoop`` builds them)."""
+def train_config(scenario: Scenario, strategy: Strategy, round_: int) -> TrainConfig:
+    """The round's training settings, as ``RoundLoop`` builds them (``seed`` is the run's)."""
     t = scenario.training
     extra = strategy.client_config(round_)
-    mu = float(extra.pop("proximal-mu", 0.0))
-    if extra:
-        raise ParallelError(f"strategy {strategy.name!r} sends client settings {sorted(extra)} that the "
-                            "parallel mode does not apply (client-side DP runs only in federations)")
     return TrainConfig(round=round_, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
-                       momentum=t.momentum, seed=client_seed(scenario.seed, round_, node), proximal_mu=mu)
+                       momentum=t.momentum, seed=scenario.seed,
+                       proximal_mu=float(extra.pop("proximal-mu", 0.0)), extra=extra)
 
 
 def train_steps(model: nn.Module, data: ArrayDataset, *, steps: int, batch_size: int, lr: float,
@@ -126,40 +126,61 @@ def _sgd_step(model: nn.Module, optimizer: torch.optim.Optimizer, xb: torch.Tens
     return float(loss.item()) * len(yb)
 
 
-def _train_client(model: nn.Module, data: ArrayDataset, config: TrainConfig, local_steps: int) -> TrainResult:
+def _train_client(model: nn.Module, data: ArrayDataset, config: TrainConfig, seed: int,
+                  local_steps: int) -> TrainResult:
     common = dict(batch_size=config.batch_size, lr=config.lr, momentum=config.momentum,
-                  proximal_mu=config.proximal_mu, seed=config.seed)
+                  proximal_mu=config.proximal_mu, seed=seed)
     if local_steps:
         return train_steps(model, data, steps=local_steps, **common)
     return train(model, data, epochs=config.epochs, **common)
 
 
+def _privatize(delta: np.ndarray, config: TrainConfig) -> np.ndarray:
+    """Client-side DP exactly as the ClientApp applies it (clip, noise share, clip bit)."""
+    if not config.extra:
+        return delta
+    from privacy.dp import ClientDPConfig, client_payload, secure_rng
+
+    dp = ClientDPConfig.from_config(config.extra)
+    return delta if dp is None else client_payload(delta, dp, secure_rng()).astype(np.float32, copy=False)
+
+
 def local_updates(model: nn.Module, fed: Federation, strategy: Strategy, state: ServerState,
-                  configs: dict[int, TrainConfig], local_steps: int = 0) -> tuple[core.MeanState, list[ClientRun]]:
-    """Train each of this rank's nodes from ``state`` and fold their deltas (this rank's partial state)."""
+                  nodes: Sequence[int], config: TrainConfig,
+                  local_steps: int = 0) -> tuple[core.MeanState, list[ClientRun]]:
+    """Train each of ``nodes`` from ``state`` and fold their updates: this rank's partial aggregate."""
     agg = strategy.new_aggregate(state.params.size)
     if type(agg) is not core.MeanState:
         raise ParallelError(f"strategy {strategy.name!r} aggregates into a {type(agg).__name__}, which the "
                             "parallel mode cannot all-reduce; it needs the core's MeanState")
     runs = []
-    for node, config in configs.items():
+    for node in nodes:
         started = time.monotonic()
         set_flat(model, state.params)
-        result = _train_client(model, fed.clients[node - 1].train, config, local_steps)
-        delta = get_flat(model) - state.params
+        seed = client_seed(config.seed, config.round, node)
+        result = _train_client(model, fed.clients[node - 1].train, config, seed, local_steps)
+        update = _privatize(get_flat(model) - state.params, config)
         duration = time.monotonic() - started
         metrics = {"train-loss": float(result.loss), "duration-s": duration}
-        agg = accumulate(strategy, agg, delta, result.num_examples, metrics)
+        agg = accumulate(strategy, agg, update, result.num_examples, metrics)
         runs.append(ClientRun(node, result.num_examples, float(result.loss), duration))
     return agg, runs
 
 
-def apply_mean(strategy: Strategy, state: ServerState, agg: core.MeanState, scenario: Scenario,
-               round_: int) -> tuple[ServerState, str]:
-    """Finalize the merged aggregate and apply the server optimiser (``RoundLoop._apply``'s rule)."""
-    if agg.count < scenario.federation.min_clients:
+def finish_round(comm: Comm, strategy: Strategy, state: ServerState, agg: core.MeanState,
+                 scenario: Scenario, round_: int) -> tuple[ServerState, str]:
+    """Finalize the merged aggregate on rank 0, share the mean, apply the strategy everywhere.
+
+    The skip rule is ``RoundLoop._apply``'s: fewer than ``min_clients``
+    updates leave the model as it was unless the strategy must account every
+    round (DP).
+    """
+    if agg.count < scenario.federation.min_clients and strategy.skip_when_short:
         return replace(state, round=round_), "skipped"
-    rng = np.random.default_rng([scenario.seed, round_, 0xD9])
-    mean_delta = strategy.finalize(agg, rng)
-    new = strategy.apply(state, mean_delta)
-    return replace(new, round=round_), "ok"
+    mean = torch.zeros(agg.size, dtype=torch.float32)
+    if comm.rank == 0:
+        mean.numpy()[:] = strategy.finalize(agg, strategy.round_rng(scenario.seed, round_))
+    comm.where = f"round {round_} mean update"
+    comm.broadcast_(mean)
+    new = strategy.apply(state, mean.numpy())
+    return replace(new, round=round_), "ok" if agg.count else "empty"

@@ -68,16 +68,28 @@ def round_record(job: Job, result: RoundResult, round_: int, started: float, dur
     present = np.flatnonzero(table[:, _C["present"]] > 0)
     clients = [_client(labels[i], table[i]) for i in present]
     examples, evaluated = table[:, _C["examples"]].sum(), table[:, _C["eval_n"]].sum()
+    train_loss = _ratio(table[:, _C["train_eval_loss_sum"]].sum(), table[:, _C["train_eval_n"]].sum())
+    if train_loss is None:  # no federated evaluation this round: the clients' own training losses
+        train_loss = _ratio(table[:, _C["loss_sum"]].sum(), examples)
     total_bytes = result.bytes_sent * job.comm.world
     return RoundRecord(
         round=round_, started_at=started, duration_s=duration_s, sampled=len(present), clients=clients,
-        train_loss=_ratio(table[:, _C["loss_sum"]].sum(), examples),
+        train_loss=train_loss,
         fed_loss=_ratio(table[:, _C["eval_loss_sum"]].sum(), evaluated),
         fed_accuracy=_ratio(table[:, _C["eval_correct"]].sum(), evaluated),
         server_loss=server[0] if server else None, server_accuracy=server[1] if server else None,
-        bytes_in=total_bytes, bytes_out=total_bytes,
+        bytes_in=total_bytes, bytes_out=total_bytes, epsilon=_epsilon(job, result.state),
         metrics={"status": result.status, "mode": job.spec.mode.value, "world": job.comm.world,
                  "sync_steps": result.steps, "collective_bytes_per_rank": result.bytes_sent})
+
+
+def _epsilon(job: Job, state: ServerState) -> float | None:
+    """The privacy spent so far, for strategies that account it (as the round loop records it)."""
+    epsilon = getattr(job.strategy, "epsilon", None)
+    if epsilon is None or job.spec.mode is Mode.SYNC:
+        return None
+    value = float(epsilon(state))
+    return value if np.isfinite(value) else None
 
 
 def _client(label: str, row: np.ndarray) -> ClientRecord:

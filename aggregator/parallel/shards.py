@@ -6,14 +6,18 @@ are as many ranks as clients), and its shard is the union of their training
 sets, in client order. Every rank builds the same federation from the
 scenario's seed, so every rank knows every shard's size without talking.
 
-The synchronous mode's batch schedule: in epoch ``e`` (counted from 1 over
-the whole run) rank ``r`` visits its shard in the order
+The synchronous mode's batch schedule: every epoch has
+``S = max_r ceil(n_r / b)`` steps (``b``: the scenario's batch size), so the
+largest shard is visited in batches of at most ``b``. In epoch ``e`` (counted
+from 1 over the whole run) rank ``r`` visits its shard in the order
 ``torch.randperm(n_r, generator=torch.Generator().manual_seed(client_seed(seed, e, r + 1)))``
-and takes batch ``t`` as positions ``[t*b, (t+1)*b)`` of that order. All
-ranks run ``max_r ceil(n_r / b)`` steps per epoch; a rank whose shard is used
-up contributes an empty batch (the identity of the weighted mean), so one
-synchronous step equals one SGD step on the concatenation of the ranks'
-batches.
+and cuts that order into ``S`` consecutive, nearly equal batches
+(``torch.tensor_split(order, S)``). Every step thus takes about ``n_r / S``
+examples from each rank, the global batch stays about the same size all
+epoch (no step is left with a last handful of examples), and a rank with
+fewer than ``S`` examples contributes empty batches: the identity of the
+weighted mean. One synchronous step equals one SGD step on the concatenation
+of the ranks' batches.
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ import numpy as np
 import torch
 
 from aggregator.parallel.errors import ParallelError
-from aggregator.rounds import client_seed
+from aggregator.messages import client_seed
 from clients.datasets import ArrayDataset, Federation
 
-__all__ = ["assign_clients", "owner", "union", "shard_sizes", "steps_per_epoch", "epoch_order", "batch_slice"]
+__all__ = ["assign_clients", "owner", "union", "shard_sizes", "steps_per_epoch", "epoch_order", "epoch_batches"]
 
 
 def assign_clients(num_clients: int, world: int) -> list[list[int]]:
@@ -67,6 +71,6 @@ def epoch_order(size: int, seed: int, epoch: int, rank: int) -> torch.Tensor:
     return torch.randperm(size, generator=generator)
 
 
-def batch_slice(step: int, batch_size: int) -> slice:
-    """Positions of batch ``step`` in an epoch's order (may run past the shard: an empty batch)."""
-    return slice(step * batch_size, (step + 1) * batch_size)
+def epoch_batches(order: torch.Tensor, steps: int) -> tuple[torch.Tensor, ...]:
+    """The epoch's ``steps`` batches: ``order`` cut into nearly equal consecutive parts (some may be empty)."""
+    return torch.tensor_split(order, steps)

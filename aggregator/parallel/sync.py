@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from aggregator import core
 from aggregator.parallel.comm import Comm, wire_for
-from aggregator.parallel.shards import batch_slice
+from aggregator.parallel.shards import epoch_batches
 
 __all__ = ["SyncSGD", "run_epoch"]
 
@@ -99,16 +99,15 @@ def _bind_grads(params: list[nn.Parameter], wire: torch.Tensor) -> None:
 
 
 def run_epoch(trainer: SyncSGD, x: torch.Tensor, y: torch.Tensor, order: torch.Tensor,
-              steps: int, batch_size: int, label: str = "") -> float:
+              steps: int, label: str = "") -> float:
     """Run ``steps`` synchronous steps over this rank's shard in ``order``; returns the summed loss.
 
+    The batches are :func:`~aggregator.parallel.shards.epoch_batches`;
     ``label`` (e.g. ``"round 3 epoch 1"``) names the position in errors.
     """
-    xs, ys = x[order], y[order]  # one gather per epoch, then batches are views
     trainer.model.train()
     loss = 0.0
-    for step in range(steps):
+    for step, batch in enumerate(epoch_batches(order, steps)):
         trainer.comm.where = f"{label} step {step + 1}/{steps}".strip()
-        part = batch_slice(step, batch_size)
-        loss += trainer.step(xs[part], ys[part])
+        loss += trainer.step(x[batch], y[batch])
     return loss

@@ -78,9 +78,23 @@ def _setup(args: argparse.Namespace) -> Comm:
         (args.pid_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
     signal.signal(signal.SIGTERM, _stop)
     if world > 1 or "MASTER_ADDR" in os.environ:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
-        rank, world = dist.get_rank(), dist.get_world_size()
+        timeout = timedelta(seconds=args.timeout)
+        dist.init_process_group("gloo", store=_attempt_store(rank, world, timeout), rank=rank, world_size=world,
+                                timeout=timeout)
     return Comm(rank=rank, world=world, timeout_s=args.timeout, bucket_bytes=int(args.bucket_mb * 2**20))
+
+
+def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
+    """The rendezvous store, with keys of their own for each restart of the worker group.
+
+    torchrun keeps its store across elastic restarts; without a per-attempt
+    prefix a restarted rank can read the address its dead predecessor
+    published and fail to connect.
+    """
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent and rank == 0, timeout=timeout, multi_tenant=not agent)
+    return dist.PrefixStore(f"quorum-parallel/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def _open_writer(args: argparse.Namespace, job: Job) -> RunWriter:
@@ -154,6 +168,8 @@ def run(args: argparse.Namespace, comm: Comm) -> str:
         raise
     if writer is not None:
         writer.finish(status)
+    comm.where = "shutdown"
+    comm.barrier()  # every rank tears down together, after rank 0 has recorded the end
     return status
 
 
@@ -167,10 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     except ParallelError as exc:
         get_error_handler().record_exception(exc)  # what the launcher reports for this rank
         print(f"[quorum parallel] rank {comm.rank} failed: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        return 1  # no teardown of the process group: a peer is gone, and exiting closes it
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0
 
 

@@ -13,13 +13,20 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.constant import ErrorCode
 
 from privacy.secagg.client import client_step
 from privacy.secagg.errors import SecAggError
-from privacy.secagg.flower_records import RECORD, STATE_RECORD, read_request, reply_content
+from privacy.secagg.flower_records import (
+    RECORD,
+    STATE_RECORD,
+    ndarray_of,
+    read_request,
+    record_of,
+    reply_content,
+)
 from privacy.secagg.stage import Stage
 from privacy.secagg.state import ClientState, state_from_bytes, state_to_bytes
 
@@ -41,7 +48,7 @@ class _TrainingFailed(Exception):
 
 
 def _load_state(context: Context, round_id: int) -> ClientState | None:
-    record = context.state.config_records.get(STATE_RECORD)
+    record = record_of(context.state, STATE_RECORD, ConfigRecord)
     if record is None or record.get("round") != round_id:
         return None
     blob = record.get("blob")
@@ -49,15 +56,18 @@ def _load_state(context: Context, round_id: int) -> ClientState | None:
 
 
 def _save_state(context: Context, round_id: int, state: ClientState) -> None:
-    context.state.config_records[STATE_RECORD] = ConfigRecord(
+    context.state[STATE_RECORD] = ConfigRecord(
         {"round": round_id, "blob": state_to_bytes(state)}
     )
 
 
 def _update_of(content: RecordDict) -> tuple[np.ndarray, float]:
+    update = record_of(content, UPDATE_RECORD, ArrayRecord)
+    metrics = record_of(content, METRICS_RECORD, MetricRecord)
     try:
-        delta = content.array_records[UPDATE_RECORD][UPDATE_KEY].numpy()
-        metrics = content.metric_records[METRICS_RECORD]
+        if update is None or metrics is None:
+            raise KeyError(UPDATE_RECORD if update is None else METRICS_RECORD)
+        delta = ndarray_of(update[UPDATE_KEY])
         # A client may override its weight (DP-FedAvg: every client weighs 1).
         weight = float(metrics.get(OVERRIDE_WEIGHT_KEY, metrics[WEIGHT_KEY]))  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
@@ -88,7 +98,7 @@ def secagg_mod(message: Message, context: Context, call_next: ClientAppCallable)
     Message
         The stage reply, or an error reply (the server counts it a dropout).
     """
-    if not message.has_content() or RECORD not in message.content.config_records:
+    if not message.has_content() or record_of(message.content, RECORD, ConfigRecord) is None:
         return call_next(message, context)
     kept: dict[str, RecordDict] = {}
 
@@ -96,8 +106,9 @@ def secagg_mod(message: Message, context: Context, call_next: ClientAppCallable)
         out = call_next(message, context)
         if out.has_error():
             raise _TrainingFailed(out)
-        if METRICS_RECORD in out.content.metric_records:
-            kept["metrics"] = RecordDict({METRICS_RECORD: out.content.metric_records[METRICS_RECORD]})
+        metrics = record_of(out.content, METRICS_RECORD, MetricRecord)
+        if metrics is not None:
+            kept["metrics"] = RecordDict({METRICS_RECORD: metrics})
         return _update_of(out.content)
 
     try:

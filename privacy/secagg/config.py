@@ -1,0 +1,128 @@
+"""Configuration of secure aggregation: one frozen, validated dataclass.
+
+The defaults follow the two papers the protocol comes from: a majority
+threshold ``t = floor(m/2) + 1`` of each neighbourhood of size ``m``
+(Bonawitz et al., CCS 2017), and for the sparse variant a random Harary graph
+of degree ``k = ceil(3 log2 n)`` (Bell et al., "Secure Single-Server
+Aggregation with (Poly)Logarithmic Overhead", CCS 2020, eprint 2020/704).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from privacy.secagg.errors import SecAggConfigError
+
+__all__ = ["GRAPH_KINDS", "SecAggConfig"]
+
+GRAPH_KINDS = ("complete", "kregular")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SecAggConfig:
+    """Parameters of secure aggregation, fixed for a run.
+
+    Parameters
+    ----------
+    threshold : int | float | None
+        Shamir threshold ``t``: how many shares rebuild a secret. An ``int``
+        is used as is; a ``float`` in (0, 1] is a fraction of the
+        neighbourhood size (``t = max(2, ceil(f * m))``); ``None`` means a
+        strict majority ``floor(m/2) + 1``. ``m`` is ``n`` for the complete
+        graph and ``degree + 1`` for the k-regular one.
+    graph : {"complete", "kregular"}
+        Who shares secrets and masks with whom: everyone (Bonawitz et al.) or
+        a random k-regular Harary graph (Bell et al., SecAgg+).
+    degree : int | None
+        Neighbours per client for ``"kregular"``; ``None`` picks
+        ``ceil(3 log2 n)``. Clamped to ``n - 1`` (the complete graph) and
+        raised by one where ``n * k`` would be odd.
+    clip_range : float
+        Each coordinate is clipped to ``[-clip_range, clip_range]`` before
+        quantisation.
+    bits : {32, 64}
+        Width of the ring ``Z_{2^bits}`` the masked vectors live in.
+    max_weight : float
+        Weight cap: a client's weight ``w`` (e.g. its example count) is sent
+        as ``min(w / max_weight, 1)``; results are scaled back. The default
+        follows Flower's SecAgg+; the error bound grows with it, so set it
+        near the largest weight expected (1.0 for unit weights).
+    stage_timeout_s : float
+        Deadline of each stage in the Flower workflow.
+    """
+
+    threshold: int | float | None = None
+    graph: str = "complete"
+    degree: int | None = None
+    clip_range: float = 1.0
+    bits: int = 32
+    max_weight: float = 1000.0
+    stage_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        self._check_threshold()
+        if self.graph not in GRAPH_KINDS:
+            raise SecAggConfigError("graph", self.graph, f"must be one of {GRAPH_KINDS}")
+        if self.degree is not None and not (_is_int(self.degree) and self.degree >= 2):
+            raise SecAggConfigError("degree", self.degree, "must be None or an int >= 2")
+        self._check_positive("clip_range", self.clip_range)
+        if self.bits not in (32, 64) or not _is_int(self.bits):
+            raise SecAggConfigError("bits", self.bits, "must be 32 or 64")
+        self._check_positive("max_weight", self.max_weight)
+        self._check_positive("stage_timeout_s", self.stage_timeout_s)
+
+    def _check_threshold(self) -> None:
+        value = self.threshold
+        if value is None:
+            return
+        if _is_int(value):
+            if value < 2:
+                raise SecAggConfigError("threshold", value, "an int threshold must be >= 2")
+            return
+        if isinstance(value, float) and 0.0 < value <= 1.0:
+            return
+        raise SecAggConfigError("threshold", value, "must be None, an int >= 2 or a float in (0, 1]")
+
+    @staticmethod
+    def _check_positive(name: str, value: object) -> None:
+        if not (_is_real(value) and math.isfinite(float(value)) and float(value) > 0):  # type: ignore[arg-type]
+            raise SecAggConfigError(name, value, "must be a finite number > 0")
+
+    def degree_for(self, participants: int) -> int:
+        """Resolved number of neighbours per client for ``participants`` clients."""
+        if participants < 2:
+            raise SecAggConfigError("participants", participants, "need at least 2 clients")
+        full = participants - 1
+        if self.graph == "complete":
+            return full
+        wanted = self.degree if self.degree is not None else math.ceil(3 * math.log2(participants))
+        degree = min(wanted, full)
+        if (degree * participants) % 2:
+            degree = degree + 1 if degree < full else degree - 1
+        return degree
+
+    def threshold_for(self, participants: int) -> int:
+        """Resolved Shamir threshold ``t`` for ``participants`` clients."""
+        size = self.degree_for(participants) + 1
+        value = self.threshold
+        if value is None:
+            t = size // 2 + 1
+        elif isinstance(value, float):
+            t = max(2, math.ceil(value * size))
+        else:
+            t = value
+        if t > size:
+            raise SecAggConfigError(
+                "threshold", value,
+                f"t={t} exceeds the neighbourhood size {size} for {participants} participants",
+            )
+        return t

@@ -1,0 +1,154 @@
+"""Server side over Flower: drive one secure-aggregation round through a ``Grid``.
+
+The round loop calls :func:`run_secagg` instead of its plain fit step. Each
+stage is one push of messages and a polling loop until every live client has
+answered or the stage deadline passes; a client that errs, times out or
+sends something the server rejects has dropped out at that stage (Bonawitz
+et al., CCS 2017, recover from dropouts at any point; Flower's own SecAgg+
+workflow aborts on a dropout before the masked-input stage).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+from flwr.app import Message, MetricRecord, RecordDict
+from flwr.app.message_type import MessageType
+from flwr.serverapp import Grid
+
+from privacy.secagg.config import SecAggConfig
+from privacy.secagg.errors import SecAggCryptoError, SecAggProtocolError
+from privacy.secagg.flower_mod import METRICS_RECORD
+from privacy.secagg.flower_records import content_bytes, read_reply, record_of, request_content
+from privacy.secagg.messages import Request
+from privacy.secagg.result import SecureSumResult, StageStats
+from privacy.secagg.server import ServerRound
+from privacy.secagg.stage import Stage
+
+__all__ = ["run_secagg"]
+
+POLL_INTERVAL_S = 0.005
+
+
+class _Stage:
+    """Book-keeping of one stage: server time, bytes, training metrics."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.start = clock()
+        self.server_s = 0.0
+        self.up = 0
+        self.down = 0
+
+    def timed(self, fn: Callable[..., object], *args: object) -> object:
+        start = self.clock()
+        try:
+            return fn(*args)
+        finally:
+            self.server_s += self.clock() - start
+
+
+def _messages(stage: Stage, round_id: int, requests: Mapping[int, Request],
+              train_content: RecordDict, ttl: float) -> dict[int, Message]:
+    extra = train_content if stage is Stage.MASKED_INPUT else None
+    out = {}
+    for node, request in sorted(requests.items()):
+        content = request_content(stage, round_id, request, extra)
+        out[node] = Message(content, dst_node_id=node, message_type=MessageType.TRAIN,
+                            group_id=str(round_id), ttl=ttl)
+    return out
+
+
+def _accept(server: ServerRound, stage: Stage, round_id: int, node: int, reply: Message,
+            book: _Stage, metrics: dict[int, dict]) -> None:
+    if reply.has_error() or reply.metadata.src_node_id != node:
+        return  # an error reply is this client dropping out
+    book.up += content_bytes(reply.content)
+    try:
+        parsed = read_reply(stage, round_id, reply.content)
+        book.timed(server.accept, node, parsed)
+    except (SecAggProtocolError, SecAggCryptoError):
+        return
+    record = record_of(reply.content, METRICS_RECORD, MetricRecord)
+    if stage is Stage.MASKED_INPUT and record is not None:
+        metrics[node] = dict(record)
+
+
+def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
+               train_content: RecordDict, timeout_s: float, metrics: dict[int, dict],
+               clock: Callable[[], float], sleep: Callable[[float], None]) -> StageStats:
+    book = _Stage(clock)
+    requests: Mapping[int, Request] = book.timed(server.requests)  # type: ignore[assignment]
+    messages = _messages(stage, round_id, requests, train_content, timeout_s)
+    book.down = sum(content_bytes(m.content) for m in messages.values())
+    ids = list(grid.push_messages(list(messages.values())))
+    node_of = dict(zip(ids, messages, strict=True))
+    pending, deadline = set(ids), book.start + timeout_s
+    # An in-process grid can tell when no reply can come any more (a dropped
+    # node is gone for good); then the stage closes before its deadline.
+    settled = getattr(grid, "settled", lambda _ids: False)
+    while pending:
+        for reply in grid.pull_messages(list(pending)):
+            message_id = reply.metadata.reply_to_message_id
+            if message_id in pending:
+                pending.discard(message_id)
+                _accept(server, stage, round_id, node_of[message_id], reply, book, metrics)
+        if not pending or clock() >= deadline or settled(list(pending)):
+            break
+        sleep(POLL_INTERVAL_S)
+    book.timed(server.close)
+    return StageStats(stage, server.completed[stage], book.up, book.down,
+                      clock() - book.start, book.server_s)
+
+
+def run_secagg(grid: Grid, node_ids: Sequence[int], train_content: RecordDict, config: SecAggConfig,
+               *, round: int, rng: np.random.Generator,  # noqa: A002 - the round loop's name
+               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+               entropy: Callable[[int], bytes] = os.urandom) -> SecureSumResult:
+    """Run one secure-aggregation round over ``grid`` and return the unmasked sum.
+
+    Parameters
+    ----------
+    grid : Grid
+        Any Flower grid (in-process, simulation or deployment).
+    node_ids : Sequence[int]
+        The sampled nodes; each must run :func:`~privacy.secagg.flower_mod.secagg_mod`
+        on its train handler.
+    train_content : RecordDict
+        The global model and training config; embedded in the MASKED_INPUT
+        messages, whose replies carry the training metrics back.
+    config : SecAggConfig
+        Protocol parameters; ``stage_timeout_s`` is each stage's deadline.
+    round : int
+        The FL round, bound into every key (and the messages' ``group_id``).
+    rng : np.random.Generator
+        Accepted for symmetry with the other aggregators; the server draws no
+        randomness but the graph seed, which comes from ``entropy``.
+    clock, sleep, entropy
+        Injected time and randomness sources (tests).
+
+    Returns
+    -------
+    SecureSumResult
+        ``sum w_i x_i`` over the survivors, per-stage costs and the
+        survivors' training metrics.
+
+    Raises
+    ------
+    SecAggAborted
+        Too few clients survived a stage.
+    """
+    del rng
+    server = ServerRound(node_ids, config, round_id=round, entropy=entropy)
+    metrics: dict[int, dict] = {}
+    stages = []
+    while (stage := server.stage) is not None:
+        stages.append(_run_stage(grid, server, stage, round, train_content,
+                                 config.stage_timeout_s, metrics, clock, sleep))
+    total, weight = server.result()
+    survivors = server.survivors
+    return SecureSumResult(total, weight, survivors, tuple(stages), server.error_bound(),
+                           {u: metrics[u] for u in survivors if u in metrics})

@@ -1,0 +1,80 @@
+"""What a finished round reports: the sum, who is in it, and per-stage costs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from privacy.secagg.stage import Stage
+
+__all__ = ["SecureSumResult", "StageStats"]
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """Cost of one stage as seen by the server.
+
+    Attributes
+    ----------
+    stage : Stage
+        Which stage.
+    completed : tuple[int, ...]
+        Clients whose reply for this stage was accepted.
+    bytes_up, bytes_down : int
+        Protocol bytes received from / sent to clients (encoded messages and
+        masked vectors; the global model embedded by the Flower workflow is
+        not counted).
+    seconds : float
+        Wall time of the stage, client work included when in-process.
+    server_seconds : float
+        Of which spent in server computation.
+    """
+
+    stage: Stage
+    completed: tuple[int, ...]
+    bytes_up: int
+    bytes_down: int
+    seconds: float
+    server_seconds: float
+
+
+@dataclass(frozen=True, eq=False)
+class SecureSumResult:
+    """Outcome of one secure-aggregation round.
+
+    Attributes
+    ----------
+    total : np.ndarray
+        ``sum_i w_i x_i`` (float64) over :attr:`survivors`, each ``x_i``
+        clipped to the clip range and each ``w_i`` capped at ``max_weight``.
+    total_weight : float
+        ``sum_i w_i`` over :attr:`survivors`.
+    survivors : tuple[int, ...]
+        Clients whose inputs are in the sum.
+    stages : tuple[StageStats, ...]
+        One entry per stage, in order.
+    error_bound : float
+        Worst-case quantisation error of any coordinate of :attr:`total`.
+    client_metrics : Mapping[int, dict]
+        Per-survivor training metrics (Flower workflow only).
+    """
+
+    total: np.ndarray
+    total_weight: float
+    survivors: tuple[int, ...]
+    stages: tuple[StageStats, ...]
+    error_bound: float
+    client_metrics: Mapping[int, dict] = field(default_factory=dict)
+
+    @property
+    def mean(self) -> np.ndarray:
+        """The weighted mean ``total / total_weight`` (weighted FedAvg)."""
+        if self.total_weight <= 0:
+            raise ZeroDivisionError("the survivors' total weight is zero")
+        return self.total / self.total_weight
+
+    def seconds(self) -> float:
+        """Wall time of the whole round."""
+        return sum(s.seconds for s in self.stages)
