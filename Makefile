@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PORT   ?= 8000
 
-.PHONY: setup demo test browser bench clean
+.PHONY: setup demo test system bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,11 +20,13 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/quorum demo --port $(PORT)
 
-# Debian's chromium for the real-browser dashboard test (Playwright drives it).
-browser:
-	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+# Debian's chromium for the real-browser dashboard test (Playwright drives it), and
+# nginx-light: the TLS front door of a deployed aggregator (tests/deploy).
+system:
+	@command -v chromium >/dev/null 2>&1 && command -v nginx >/dev/null 2>&1 || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium nginx-light >/dev/null; }
 
-test: setup browser
+test: setup system
 	$(PY) -m pytest -q
 
 bench: setup

@@ -153,19 +153,23 @@ def demo(
 
 
 def _mount_optional() -> None:
-    """Sub-commands owned by other packages."""
-    for module, name, help_ in (
-        ("privacy.dp.cli", "privacy", "Plan differential privacy: epsilon for a plan, noise for a target."),
-        ("dashboard.cli", "dashboard", None),
+    """Sub-commands owned by other packages: (module, attribute, command name, help)."""
+    for module, attribute, name, help_ in (
+        ("privacy.dp.cli", "app", "privacy", "Plan differential privacy: epsilon for a plan, noise for a target."),
+        ("dashboard.cli", "app", "dashboard", None),
+        ("aggregator.deploy.cli", "app", "aggregator",
+         "Run the aggregator of a real federation (SuperLink behind TLS)."),
+        ("clients.agent_cli", "app", "client", "Enroll, revoke and run edge client agents."),
+        ("aggregator.parallel.cli", "parallel", "parallel", None),
     ):
         try:
-            sub = __import__(module, fromlist=["app"])
+            command = getattr(__import__(module, fromlist=[attribute]), attribute)
         except ImportError:
             continue
-        if isinstance(sub.app, typer.Typer):
-            app.add_typer(sub.app, name=name, help=help_)
+        if isinstance(command, typer.Typer):
+            app.add_typer(command, name=name, help=help_)
         else:
-            app.command(name=name)(sub.app)
+            app.command(name=name)(command)
 
 
 _mount_optional()

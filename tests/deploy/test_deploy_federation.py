@@ -1,0 +1,186 @@
+"""End to end over TLS with authenticated clients, on loopback: the aggregator
+host (SuperLink behind nginx), three client agents, and the failures a real
+federation meets. The tests share one federation and run in file order; the
+last one kills a client for good.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import ssl
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from aggregator.deploy.flower import bin_path, flower_env
+from aggregator.deploy.loopback import free_ports
+from tests.deploy.conftest import DEVICES, Fed, needs_nginx
+
+pytestmark = needs_nginx
+
+
+def _post(fed: Fed, path: str, body: bytes, headers: dict[str, str] | None = None) -> int:
+    context = ssl.create_default_context(cafile=str(fed.lb.deploy.state.tls / "ca.pem"))
+    conn = http.client.HTTPSConnection("127.0.0.1", fed.lb.port, context=context, timeout=10)
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/protobuf", **(headers or {})})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def _register_request(key: Path) -> bytes:
+    from flwr.proto.control_pb2 import RegisterNodeRequest  # pylint: disable=no-name-in-module
+
+    public = serialization.load_ssh_private_key(key.read_bytes(), password=None).public_key()
+    pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return RegisterNodeRequest(public_key=pem, name="rogue").SerializeToString()
+
+
+def _node_count(fed: Fed) -> int:
+    from aggregator.deploy.flower import list_nodes
+
+    return len(list_nodes(fed.lb.deploy))
+
+
+def test_device_side_refuses_the_control_api(fed: Fed) -> None:
+    # Prepare: the very request that registers a rogue key when sent to the SuperLink itself
+    body = _register_request(fed.stranger_key)
+    before = _node_count(fed)
+
+    # Execute
+    statuses = {path: _post(fed, path, body) for path in (
+        "/v1/control/register-node", "/v1/control/list-nodes", "/v1/control/start-run",
+        "/v1/runtime/pull-app-messages", "/v1/fleet/../control/register-node",
+        "/v1/fleet/pull-messages/../../control/register-node", "/docs")}
+    unsigned = _post(fed, "/v1/fleet/activate-node", b"")
+
+    # Assert: nginx answers 403 without forwarding; the Fleet API itself demands a signature
+    assert set(statuses.values()) == {403}, statuses
+    assert unsigned in (400, 401, 415, 422), unsigned
+    assert _node_count(fed) == before
+
+
+def test_an_unregistered_key_cannot_join(fed: Fed) -> None:
+    # Prepare: a SuperNode with a key nobody enrolled, no retries
+    ca = fed.lb.deploy.state.tls / "ca.pem"
+    argv = [bin_path("flower-supernode"), "--superlink", fed.lb.address, "--root-certificates", str(ca),
+            "--auth-supernode-private-key", str(fed.stranger_key), "--max-retries", "0",
+            "--isolation", "process", "--port", str(free_ports(1)[0])]
+
+    # Execute
+    stranger = fed.lb.procs.start("stranger", argv, env=flower_env(fed.lb.deploy))
+    try:
+        rc = stranger.popen.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        stranger.kill_group()
+        pytest.fail(f"the unregistered SuperNode was not refused within 60 s\n{stranger.text()}")
+
+    # Assert
+    assert rc != 0
+    assert "SuperNode ID:" not in stranger.text()
+    assert "Failed to activate SuperNode" in stranger.text(), stranger.text()[-2000:]
+
+
+def _reference_run(fed: Fed) -> dict[str, object]:
+    """Three rounds, nothing interrupted: the run the resume test must reproduce."""
+    if not fed.reference:
+        flower_run = fed.submit(fed.scenario("reference"))
+        run = fed.wait_finished(fed.stored_run(flower_run).id, timeout_s=180)
+        fed.reference.update(run=run, params=fed.final_params(run.id))
+    return fed.reference
+
+
+def test_three_rounds_over_tls_with_authenticated_clients(fed: Fed) -> None:
+    # Execute
+    ref = _reference_run(fed)
+
+    # Assert
+    run = ref["run"]
+    assert (run.status, run.rounds_done) == ("finished", 3), f"{run.status}: {run.error}\n{fed.logs()}"
+    rounds = fed.store.rounds(run.id)
+    assert [r.round for r in rounds] == [1, 2, 3]
+    for r in rounds:
+        outcomes = [c.outcome for c in fed.store.client_results(run.id, r.round)]
+        assert outcomes == ["ok"] * 3, (r.round, outcomes)
+    assert rounds[-1].server_accuracy > 0.5
+    names = sorted((run.info or {}).get("devices", {}).values())
+    assert names == list(DEVICES)
+    status = json.loads(fed.lb.cli("aggregator", "status", "-c", str(fed.lb.config), "--json").stdout)
+    assert status["running"] and status["connected"] == 3
+    assert sorted(c["name"] for c in status["clients"] if c["status"] == "online") == list(DEVICES)
+    assert status["run"]["id"] == run.id
+    with urllib.request.urlopen(f"http://127.0.0.1:{fed.lb.dashboard_port}/api/runs", timeout=10) as reply:
+        assert run.id in {r["id"] for r in json.load(reply)}  # the dashboard reads the same store
+    print(f"deployment: 3 clients x 3 rounds, round times {[round(r.duration_s, 1) for r in rounds]} s, "
+          f"accuracy {rounds[-1].server_accuracy:.3f}")
+
+
+def _serverapp_pids(fed: Fed) -> list[int]:
+    """The SuperLink's SuperExec and ServerApp processes (detached into sessions of their own)."""
+    found = []
+    for pid in fed.lb.procs.alive():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"flower-superexec" in cmd or b"flwr-serverapp" in cmd:
+            found.append(pid)
+    return found
+
+
+def test_aggregator_killed_mid_run_resumes_to_the_same_model(fed: Fed) -> None:
+    # Prepare: the uninterrupted run, and the same scenario (same seed) submitted again
+    ref = _reference_run(fed)
+    flower_run = fed.submit(fed.scenario("reference"))
+    run_id = fed.stored_run(flower_run).id
+    assert fed.wait_rounds(run_id, 1, timeout_s=120).rounds_done >= 1
+
+    # Execute: the aggregator host crashes (SIGKILL to its whole process group), then restarts
+    fed.lb.aggregator.kill_group(signal.SIGKILL)
+    orphans = _serverapp_pids(fed)  # detached: they notice their SuperLink's death only later
+    crashed_at = fed.store.get_run(run_id).rounds_done
+    fed.lb.start_aggregator()  # stops those orphans first, then resumes the run
+    run = fed.wait_finished(run_id, timeout_s=240)
+
+    # Assert: every round committed once, and the model is the uninterrupted run's
+    assert (run.status, run.rounds_done) == ("finished", 3), f"{run.status}: {run.error}\n{fed.logs()}"
+    assert [r.round for r in fed.store.rounds(run_id)] == [1, 2, 3]
+    assert 1 <= crashed_at < 3
+    assert not fed.lb.procs.wait_gone(orphans, 5), "the crashed aggregator's ServerApp is still running"
+    events = [e.message for e in fed.store.events(run_id)]
+    assert any(m.startswith(f"resumed after round {crashed_at}") for m in events), events
+    # Replies are folded as they arrive: arrival order moves the float32 sums in the last bits only.
+    np.testing.assert_allclose(fed.final_params(run_id), ref["params"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_client_killed_mid_round_is_recorded_as_dropped(fed: Fed) -> None:
+    # Prepare: a short deadline, and dev2's log position before the run
+    victim = "dev2"
+    log = fed.lb.supernode_log(victim)
+    seen = log.read_text(errors="replace").count("Receiving: train message")
+    flower_run = fed.submit(fed.scenario("dropout", rounds=2, deadline=8.0))
+
+    # Execute: kill dev2's agent (SIGKILL, its whole group) as soon as it receives a train message
+    deadline = time.monotonic() + 120
+    while log.read_text(errors="replace").count("Receiving: train message") <= seen:
+        assert time.monotonic() < deadline, f"{victim} never received the round\n{fed.logs()}"
+        time.sleep(0.02)
+    fed.lb.agents[victim].kill_group(signal.SIGKILL)
+    run = fed.wait_finished(fed.stored_run(flower_run).id, timeout_s=120)
+
+    # Assert: both rounds complete with the other two; dev2 is recorded as dropped, within the deadline
+    assert (run.status, run.rounds_done) == ("finished", 2), f"{run.status}: {run.error}\n{fed.logs()}"
+    devices = {int(k): v for k, v in (run.info or {}).get("devices", {}).items()}
+    for r in fed.store.rounds(run.id):
+        by_name = {devices[int(c.client)]: c.outcome for c in fed.store.client_results(run.id, r.round)}
+        assert by_name == {"dev0": "ok", "dev1": "ok", "dev2": "dropped"}, (r.round, by_name)
+        assert r.dropped == 1 and r.answered == 2
+        assert r.duration_s < 8.0 + 15.0, r.duration_s

@@ -1,0 +1,212 @@
+"""The deployment pieces that need no running federation: certificates, keys, config,
+the nginx allow-list, the agent's command line, the run lease."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from aggregator.deploy.config import ConfigError, load_config
+from aggregator.deploy.pki import ensure_tls, fingerprint, load_public_key, make_node_key, public_key_fingerprint
+from aggregator.deploy.proxy import FLEET_RPCS, ProxySpec, render_nginx_conf
+from aggregator.deploy.serverapp import LeasedRunStore, LeaseLost, wait_for_clients
+from aggregator.deploy.supervisor import resumable_runs
+from aggregator.store import RoundRecord
+from aggregator.strategies.base import ServerState
+from clients.agent import IDLE_SLEEP_S, REPLY_SLEEP_S, AgentSpec, _PollClock, supernode_argv
+
+
+def test_server_certificate_names_every_address_and_chains_to_the_ca(tmp_path: Path) -> None:
+    # Execute
+    files = ensure_tls(tmp_path, ["fl.example.org", "10.0.0.5", "localhost", "127.0.0.1"])
+
+    # Assert
+    chain = x509.load_pem_x509_certificates(files.server_cert.read_bytes())
+    server, ca = chain[0], x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(sans.get_values_for_type(x509.DNSName)) == {"fl.example.org", "localhost"}
+    assert {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)} == {"10.0.0.5", "127.0.0.1"}
+    server.verify_directly_issued_by(ca)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert chain[1] == ca
+    assert files.ca_key.stat().st_mode & 0o777 == 0o600 and files.server_key.stat().st_mode & 0o777 == 0o600
+    assert len(fingerprint(files.ca_cert.read_bytes()).split(":")) == 32
+
+
+def test_the_ca_is_kept_and_the_server_certificate_reissued_for_a_new_address(tmp_path: Path) -> None:
+    first = ensure_tls(tmp_path, ["127.0.0.1"])
+    ca_before, server_before = first.ca_cert.read_bytes(), first.server_cert.read_bytes()
+
+    again = ensure_tls(tmp_path, ["127.0.0.1"])
+    assert again.server_cert.read_bytes() == server_before
+    moved = ensure_tls(tmp_path, ["127.0.0.1", "fl.example.org"])
+
+    assert moved.ca_cert.read_bytes() == ca_before
+    assert moved.server_cert.read_bytes() != server_before
+
+
+def test_device_keys_are_p384_openssh_as_flower_reads_them(tmp_path: Path) -> None:
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    key = make_node_key(tmp_path / "dev.key", "dev")
+
+    private = serialization.load_ssh_private_key(key.private.read_bytes(), password=None)
+    assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
+    assert key.private.stat().st_mode & 0o777 == 0o600
+    assert key.public_openssh.startswith("ecdsa-sha2-nistp384 ")
+    assert public_key_to_bytes(load_public_key(key.public_openssh)).startswith(b"-----BEGIN PUBLIC KEY")
+    assert public_key_fingerprint(key.public_openssh).startswith("SHA256:")
+
+
+def test_other_key_types_are_refused() -> None:
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    text = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    with pytest.raises(ValueError, match="P-384"):
+        load_public_key(text)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[aggregator]\nprot = 1\n", "aggregator.prot: unknown key"),
+    ("[aggregator]\nport = 70000\n", "aggregator.port = 70000"),
+    ("[aggregator]\nport = 9440\ninternal_port = 9440\n", "must differ"),
+    ("[aggregator]\ninsecure = true\nlisten = \"0.0.0.0\"\n", "only allowed on loopback"),
+    ("[dashboard]\nhost = \"0.0.0.0\"\n", "needs a token"),
+    ("[superlink]\n", "unknown section [superlink]"),
+    ("[aggregator]\nport = \"x\"\n", "aggregator.port = 'x'"),
+])
+def test_bad_federation_files_name_the_key_and_value(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "federation.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert message in str(err.value)
+
+
+def test_state_lives_beside_the_federation_file(tmp_path: Path) -> None:
+    path = tmp_path / "federation.toml"
+    path.write_text('[aggregator]\naddress = "fl.example.org"\nport = 9443\nstate_dir = "st"\n')
+
+    cfg = load_config(path)
+
+    assert cfg.state.root == tmp_path / "st"
+    assert cfg.device_address == "fl.example.org:9443"
+    assert cfg.db_url == f"sqlite:///{tmp_path / 'st' / 'runs' / 'quorum.db'}"
+    assert {"fl.example.org", "127.0.0.1", "localhost"} <= set(cfg.cert_hosts)
+
+
+def _spec(tmp_path: Path, tls: bool = True) -> ProxySpec:
+    files = ensure_tls(tmp_path / "tls", ["127.0.0.1", "localhost"]) if tls else None
+    return ProxySpec("127.0.0.1", 9443, 9440, files.server_cert if files else None,
+                     files.server_key if files else None, files.ca_cert if files else None, tmp_path / "proxy")
+
+
+def test_the_front_door_forwards_fleet_rpcs_and_health_only(tmp_path: Path) -> None:
+    conf = render_nginx_conf(_spec(tmp_path))
+
+    locations = [line.strip() for line in conf.splitlines() if line.strip().startswith("location")]
+    assert locations == [f"location ~ ^/v1/fleet/({'|'.join(FLEET_RPCS)})$ {{", "location = /health {",
+                         "location / {"]
+    assert "return 403;" in conf.split("location / {")[1]
+    assert "control" not in conf.replace("Control API", "") and "runtime" not in conf.replace("Runtime API", "")
+    assert "proxy_ssl_verify on;" in conf and "127.0.0.1:9440" in conf
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(),
+                    reason="nginx is not installed")
+@pytest.mark.parametrize("tls", [True, False])
+def test_nginx_accepts_the_rendered_configuration(tmp_path: Path, tls: bool) -> None:
+    from aggregator.deploy.proxy import nginx_command
+
+    cmd = nginx_command(_spec(tmp_path, tls))
+    done = subprocess.run([*cmd, "-t"], capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_agent_runs_an_authenticated_supernode_in_process_isolation(tmp_path: Path) -> None:
+    spec = AgentSpec(server="fl.example.org:9443", data=tmp_path / "d.csv", key=tmp_path / "k", ca=tmp_path / "ca",
+                     name="dev-a", runtime_port=9111)
+
+    argv = supernode_argv(spec)
+
+    assert argv[argv.index("--isolation") + 1] == "process"
+    assert argv[argv.index("--auth-supernode-private-key") + 1] == str((tmp_path / "k").resolve())
+    assert argv[argv.index("--root-certificates") + 1] == str((tmp_path / "ca").resolve())
+    assert f'data-path="{(tmp_path / "d.csv").resolve()}"' in argv[argv.index("--node-config") + 1]
+    assert "--insecure" not in argv and "--max-retries" not in argv  # retries forever
+    with pytest.raises(ValueError, match="--ca"):
+        supernode_argv(AgentSpec(server="h:1", data=tmp_path / "d", key=None, ca=None))
+
+
+def test_only_flowers_idle_and_reply_sleeps_are_shortened(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr("time.sleep", slept.append)
+    clock = _PollClock(0.2)
+
+    clock.sleep(IDLE_SLEEP_S)
+    clock.sleep(REPLY_SLEEP_S)
+    clock.sleep(7.0)
+
+    assert slept == [0.2, 0.02, 7.0]
+    assert clock.monotonic is not None  # everything else is the time module's
+
+
+def _state(round_: int) -> ServerState:
+    return ServerState(params=np.zeros(3, np.float32), round=round_)
+
+
+def test_a_serverapp_that_lost_the_lease_can_neither_commit_nor_change_status(db_url: str) -> None:
+    # Prepare: the old ServerApp opened the run; the restarted one took it over
+    old, new = LeasedRunStore(db_url), LeasedRunStore(db_url)
+    run_id = old.create_run(name="r", scenario={}, seed=1, strategy="fedavg", rounds=3, engine="deployment")
+    old.take(run_id)
+    new.take(run_id)
+    record = RoundRecord(round=1, started_at=0.0, duration_s=1.0, sampled=0, clients=[])
+
+    # Execute / Assert
+    with pytest.raises(LeaseLost):
+        old.commit_round(run_id, record, _state(1))
+    with pytest.raises(LeaseLost):
+        old.set_status(run_id, "failed", "SystemExit: 1")
+    new.commit_round(run_id, record, _state(1))
+    assert [r.round for r in new.rounds(run_id)] == [1]
+    assert new.get_run(run_id).status == "running"
+
+
+def test_runs_a_crash_interrupted_are_resumed_and_others_are_not(db_url: str) -> None:
+    store = LeasedRunStore(db_url)
+    ids = {}
+    for name, status, error in (("killed", "running", None), ("stopped", "interrupted", None),
+                                ("exit", "failed", "SystemExit: 1"), ("bug", "failed", "ValueError: x"),
+                                ("done", "finished", None)):
+        ids[name] = store.create_run(name=name, scenario={}, seed=1, strategy="fedavg", rounds=3,
+                                     engine="deployment")
+        if status != "running":
+            store.set_status(ids[name], status, error)
+    other = store.create_run(name="sim", scenario={}, seed=1, strategy="fedavg", rounds=3, engine="inprocess")
+
+    found = set(resumable_runs(db_url))
+
+    assert found == {ids["killed"], ids["stopped"], ids["exit"]}
+    assert other not in found
+
+
+class _Grid:
+    def __init__(self, counts: list[int]) -> None:
+        self.counts = counts
+
+    def get_node_ids(self) -> list[int]:
+        return list(range(self.counts.pop(0) if len(self.counts) > 1 else self.counts[0]))
+
+
+def test_a_run_waits_for_the_whole_federation_then_settles_for_min_clients() -> None:
+    assert wait_for_clients(_Grid([1, 2, 3]), want=3, least=2, timeout_s=5, poll_s=0.0) == 3
+    assert wait_for_clients(_Grid([2]), want=3, least=2, timeout_s=0.05, poll_s=0.01) == 2
