@@ -299,12 +299,11 @@ def _print_run(run: dict, model_bytes: int) -> None:
     print(f"  {'stage':<24}{'done':>6}{'up/client B':>14}{'client s (avg)':>16}{'server s':>10}{'total s':>10}")
     for name, done, up, client, server, total in run["rows"]:
         print(f"  {name:<24}{done:>6}{up:>14.0f}{client:>16.4f}{server:>10.3f}{total:>10.3f}")
-    errors = {k: run[k] for k in ("sum_error", "mean_error", "error_bound") if k in run}
-    print("  " + ", ".join(f"{k} {v:.3g}" for k, v in errors.items()))
+    print("  " + ", ".join(f"{k} {run[k]:.3g}" for k in ("sum_error", "mean_error", "error_bound") if k in run))
 
 
-def _ratio(anchor: dict | None, ours: dict | None) -> float | None:
-    return round(anchor["round_s"] / ours["round_s"], 2) if anchor and ours else None
+def _ratio(anchor: dict | None, ours: dict | None, key: str = "round_s") -> float | None:
+    return round(anchor[key] / ours[key], 2) if anchor and ours else None
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -320,8 +319,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="10 clients x 10k params")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if args.quick:
-        args.clients, args.params = 10, 10_000
+    args.clients, args.params = (10, 10_000) if args.quick else (args.clients, args.params)
     if args.flower_clients is not None:
         args.flower_secagg_clients = args.flower_secaggplus_clients = args.flower_clients
     args.flower_secagg_clients = min(args.flower_secagg_clients or (10 if args.quick else 40), args.clients)
@@ -365,6 +363,8 @@ def _figures(args: argparse.Namespace, inputs: Inputs, runs: dict) -> dict:
         "ours_kregular_at_flower_secaggplus_clients_s": _rounded(runs.get("ours_plus")),
         "speedup_vs_flower_secagg": _ratio(agg, runs.get("ours_agg")),
         "speedup_vs_flower_secaggplus": _ratio(plus, runs.get("ours_plus")),
+        "speedup_vs_flower_secagg_cpu": _ratio(agg, runs.get("ours_agg"), "cpu_s"),
+        "speedup_vs_flower_secaggplus_cpu": _ratio(plus, runs.get("ours_plus"), "cpu_s"),
         "upload_ratio": round(max(complete["upload_per_client"], kregular["upload_per_client"]) / model_bytes, 4),
         "flower_upload_ratio": round(plus["upload_per_client"] / model_bytes, 4) if plus else None,
         "max_abs_error": max(complete["sum_error"], kregular["sum_error"]),

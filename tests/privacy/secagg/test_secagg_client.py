@@ -176,3 +176,16 @@ def test_server_rejects_a_reply_that_skips_a_neighbour():
     with pytest.raises(SecAggProtocolError, match="not addressed to its neighbours"):
         server.accept(0, dataclasses.replace(reply, shares=reply.shares[:1]))
     assert server.stage is Stage.SHARE_KEYS
+
+
+def test_server_rejects_a_replayed_key_advertisement():
+    entropy = entropy_from(b"r")
+    server = ServerRound(range(3), SecAggConfig(threshold=2), round_id=1, entropy=entropy)
+    setup = server.requests()[0]
+    _, reply = advertise_keys(0, setup, entropy)
+    server.accept(0, reply)
+
+    with pytest.raises(SecAggProtocolError, match="reused public key"):
+        server.accept(1, reply)
+    with pytest.raises(SecAggProtocolError, match="duplicate reply"):
+        server.accept(0, reply)
