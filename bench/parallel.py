@@ -108,7 +108,8 @@ def _throughput(args: argparse.Namespace, comm) -> dict[str, Any]:  # noqa: ANN0
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from aggregator.parallel.job import JobSpec, Mode, build_job
+    from aggregator.parallel.job import JobSpec, build_job
+    from aggregator.parallel.mode import Mode
     from clients.models import build_model, get_flat
 
     job = build_job(JobSpec(_scenario(args, comm.world), Mode.SYNC), comm)
@@ -136,7 +137,8 @@ def _throughput(args: argparse.Namespace, comm) -> dict[str, Any]:  # noqa: ANN0
 
 
 def _traffic(args: argparse.Namespace, comm) -> dict[str, Any]:  # noqa: ANN001
-    from aggregator.parallel.job import JobSpec, Mode, build_job, initial_state, run_round
+    from aggregator.parallel.job import JobSpec, build_job, initial_state, run_round
+    from aggregator.parallel.mode import Mode
 
     out = {}
     for mode in (Mode.SYNC, Mode.LOCALSGD):
@@ -175,11 +177,10 @@ def _launch(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-parallel-") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
-               str(Path(__file__).resolve()), "--worker", "--out", str(out), "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--repeats", str(args.repeats)]
-        if args.quick:
-            cmd.append("--quick")
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // args.nproc)),
-               "LOGLEVEL": "ERROR"}
+               str(Path(__file__).resolve()), "--worker", "--out", str(out), "--batch-size", str(args.batch_size),
+               "--steps", str(args.steps), "--repeats", str(args.repeats), *(["--quick"] if args.quick else [])]
+        threads = max(1, (os.cpu_count() or 1) // args.nproc)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads), "LOGLEVEL": "ERROR"}
         subprocess.run(cmd, check=True, env=env, cwd=REPO)
         return json.loads(out.read_text())
 

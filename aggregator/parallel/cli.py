@@ -1,7 +1,8 @@
 """``quorum parallel``: train a scenario data-parallel on this machine's cores.
 
-The lead mounts :func:`parallel` on the ``quorum`` app; ``python -m
-aggregator.parallel`` runs it on its own.
+:func:`parallel` is mounted on the ``quorum`` app; ``python -m
+aggregator.parallel`` runs it on its own. Importing this module loads no
+torch: the launcher is imported when the command runs.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from aggregator.errors import QuorumError
-from aggregator.parallel.job import Mode
-from aggregator.parallel.launch import LaunchSpec, launch, torchrun_command
+from aggregator.parallel.mode import Mode
 from aggregator.store import default_db_url
 from scenarios.errors import ScenarioError
 
-__all__ = ["parallel"]
+__all__ = ["parallel", "app"]
 
 _console = Console(stderr=True)
 
@@ -53,6 +53,8 @@ def parallel(
 ) -> None:
     """Train a scenario data-parallel over torch.distributed (gloo), combining workers through the
     aggregation core, and store every round like a federated run (engine "parallel")."""
+    from aggregator.parallel.launch import LaunchSpec, launch, torchrun_command  # torch loads here, not at CLI start
+
     spec = LaunchSpec(scenario=scenario, nproc=nproc, mode=mode, local_steps=local_steps, db=db, rounds=rounds,
                       seed=seed, timeout_s=timeout, bucket_mb=bucket_mb, threads=threads,
                       max_restarts=max_restarts, resume=resume, pid_dir=pid_dir)
@@ -73,3 +75,6 @@ def parallel(
                    f"{mode.value}, {nproc} workers, {summary.rounds} rounds, accuracy {acc}, "
                    f"{summary.wall_s:.1f} s)", highlight=False)
     _console.print(f"  store:  {summary.db}", highlight=False)
+
+
+app = parallel  # what ``quorum.cli._mount_optional`` mounts: ``app.command(name="parallel")(app)``

@@ -3,24 +3,25 @@
 Both modes commit *rounds* to the run store. A synchronous round is
 ``training.local_epochs`` epochs over every rank's shard; a local-SGD round is
 one federated round (see :mod:`aggregator.parallel.localsgd`). After training,
-each rank scores the new model on the test splits of the clients it trained
-(the federated evaluation), and the per-client figures of the round travel to
-every rank in one small all-reduce of a table with one row per client (or per
-rank in synchronous mode).
+each rank scores the new model on the test and training splits of the
+clients it trained (the federated evaluation), and the per-client figures of
+the round travel to every rank in one small all-reduce of a table with one
+row per client (or per rank in synchronous mode).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 
 import numpy as np
 import torch
 from torch import nn
 
 from aggregator.parallel.comm import Comm
+from aggregator.parallel.errors import ParallelError
 from aggregator.parallel.localsgd import finish_round, local_updates, owned_nodes, round_nodes, train_config
+from aggregator.parallel.mode import Mode
 from aggregator.parallel.shards import assign_clients, epoch_order, shard_sizes, steps_per_epoch, union
 from aggregator.parallel.sync import SyncSGD, run_epoch
 from aggregator.serverapp import build_strategy
@@ -30,19 +31,13 @@ from clients.models import build_model, get_flat, set_flat
 from clients.training import evaluate
 from scenarios.schema import Scenario
 
-__all__ = ["Mode", "JobSpec", "Job", "RoundResult", "build_job", "initial_state", "run_round", "COLUMNS"]
+__all__ = ["JobSpec", "Job", "RoundResult", "check_scenario", "build_job", "initial_state", "adopt", "run_round",
+           "COLUMNS"]
 
 # Columns of the per-round table: one row per client (local SGD) or per rank (sync).
 COLUMNS = ("present", "examples", "loss_sum", "duration_s", "eval_n", "eval_loss_sum", "eval_correct",
            "train_eval_n", "train_eval_loss_sum")
 _C = {name: i for i, name in enumerate(COLUMNS)}
-
-
-class Mode(str, Enum):
-    """How the ranks synchronise."""
-
-    SYNC = "sync"          # gradients averaged every step
-    LOCALSGD = "localsgd"  # local epochs (or steps), then models averaged and the strategy applied
 
 
 @dataclass(frozen=True)
@@ -87,15 +82,33 @@ class RoundResult:
     """What one round produced, identical on every rank."""
 
     state: ServerState
-    status: str            # ok | skipped
+    status: str            # ok | skipped | empty (as the federated round loop records it)
     table: np.ndarray      # (rows, len(COLUMNS)), summed over ranks
     bytes_sent: int        # payload this rank gave to collectives this round
     steps: int
 
 
+def check_scenario(scenario: Scenario, mode: Mode, world: int) -> None:
+    """Refuse what the parallel mode cannot run, naming the key.
+
+    Raises
+    ------
+    ParallelError
+        More workers than clients, DP in synchronous mode, secure aggregation.
+    """
+    assign_clients(scenario.federation.clients, world)
+    if scenario.dp.enabled and mode is Mode.SYNC:
+        raise ParallelError(f"{scenario.name}: dp.enabled = true: client-level DP clips and noises each client's "
+                            "update, which only the localsgd mode makes; use --mode localsgd")
+    if scenario.secagg.enabled:
+        raise ParallelError(f"{scenario.name}: secagg.enabled = true: secure aggregation protects clients from the "
+                            "aggregator; inside one cluster there is no such boundary, turn it off to run parallel")
+
+
 def build_job(spec: JobSpec, comm: Comm) -> Job:
     """Load the scenario's federation and build this rank's model, shard and trainer."""
     scenario = spec.scenario
+    check_scenario(scenario, spec.mode, comm.world)
     fed = build_federation(scenario.data, scenario.federation.clients, scenario.seed)
     mine = assign_clients(fed.num_clients, comm.world)[comm.rank]
     model = build_model(scenario.model.name, fed.input_shape, fed.num_classes, seed=scenario.seed)

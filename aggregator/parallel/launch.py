@@ -8,7 +8,8 @@ the agent stops the others (or restarts the whole group, up to
 ``max_restarts`` times, and the workers resume from the last committed
 round); the failure comes back as one :class:`LaunchFailed` naming each failed
 rank, its pid and its exit code or signal, and the run (rank 0 tells the
-launcher its id through a file) is marked failed with that message. :func:`torchrun_command` gives the equivalent command line.
+launcher its id through a file) is marked failed with that message.
+:func:`torchrun_command` gives the equivalent command line.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aggregator.parallel.errors import LaunchFailed, ParallelError
-from aggregator.parallel.job import Mode
-from aggregator.parallel.shards import assign_clients
+from aggregator.parallel.mode import Mode
 from aggregator.simulation import RunSummary, summarize
 from aggregator.store import RunStore, default_db_url
 from scenarios.schema import Scenario
@@ -56,23 +56,19 @@ class LaunchSpec:
 
 def check_spec(spec: LaunchSpec) -> Scenario:
     """Validate the job before any process starts; returns the scenario with overrides applied."""
+    from aggregator.parallel.job import check_scenario
     from aggregator.parallel.worker import load_job_scenario
 
-    for key, value, ok in (("nproc", spec.nproc, spec.nproc >= 1), ("local_steps", spec.local_steps, spec.local_steps >= 0),
-                           ("timeout", spec.timeout_s, spec.timeout_s > 0), ("bucket_mb", spec.bucket_mb, spec.bucket_mb > 0),
-                           ("max_restarts", spec.max_restarts, spec.max_restarts >= 0)):
+    checks = (("nproc", spec.nproc, spec.nproc >= 1), ("local_steps", spec.local_steps, spec.local_steps >= 0),
+              ("timeout", spec.timeout_s, spec.timeout_s > 0), ("bucket_mb", spec.bucket_mb, spec.bucket_mb > 0),
+              ("max_restarts", spec.max_restarts, spec.max_restarts >= 0), ("threads", spec.threads, spec.threads >= 0))
+    for key, value, ok in checks:
         if not ok:
             raise ParallelError(f"{key} = {value!r}: out of range")
     if spec.local_steps and spec.mode is not Mode.LOCALSGD:
         raise ParallelError(f"local_steps = {spec.local_steps}: only the localsgd mode takes local steps")
     scenario = load_job_scenario(spec.scenario, spec.rounds, spec.seed)
-    assign_clients(scenario.federation.clients, spec.nproc)
-    if scenario.dp.enabled and spec.mode is Mode.SYNC:
-        raise ParallelError(f"{spec.scenario}: dp.enabled = true: client-level DP clips and noises each "
-                            "client's update, which only the localsgd mode makes; use --mode localsgd")
-    if scenario.secagg.enabled:
-        raise ParallelError(f"{spec.scenario}: secagg.enabled = true: secure aggregation protects clients from "
-                            "the aggregator; inside one cluster there is no such boundary, turn it off to run parallel")
+    check_scenario(scenario, spec.mode, spec.nproc)
     return scenario
 
 
@@ -108,12 +104,9 @@ def describe_failures(failures: dict) -> str:  # noqa: ANN001 - {global rank: Pr
             parts.append(f"rank {rank} (pid {failure.pid}) was killed by {failure.signal_name()}")
             continue
         text = f"rank {rank} (pid {failure.pid}) exited with code {failure.exitcode}"
-        message = failure.message.get("message", "") if isinstance(failure.message, dict) else ""
-        if failure.error_file_data and isinstance(failure.message, str):
-            message = failure.message
-        if message.strip():
-            text += ": " + message.strip().splitlines()[0]
-        parts.append(text)
+        # A worker's error file holds {"message": "Type: text", ...}; without one torch puts advice here.
+        message = str(failure.message.get("message", "")) if isinstance(failure.message, dict) else ""
+        parts.append(f"{text}: {message.strip().splitlines()[0]}" if message.strip() else text)
     return "; ".join(parts)
 
 
@@ -152,6 +145,15 @@ def _run_id(spec: LaunchSpec, id_file: Path) -> str | None:
     return text or None
 
 
+def _check_resumable(store: RunStore, spec: LaunchSpec) -> None:
+    """Only a parallel run of the same mode can be continued (the checkpoint's slots differ by mode)."""
+    run = store.get_run(spec.resume)  # RunNotFound names the run and the store
+    mode = (run.info or {}).get("mode")
+    if run.engine != "parallel" or mode != spec.mode.value:
+        raise ParallelError(f"run {run.id} is a {run.engine} run (mode {mode}); --resume continues a "
+                            f"parallel run of the same mode, here {spec.mode.value}")
+
+
 def _mark_failed(store: RunStore, run_id: str | None, status: str, message: str) -> None:
     if run_id is None:
         return
@@ -175,7 +177,7 @@ def launch(spec: LaunchSpec) -> RunSummary:
     check_spec(spec)
     store = RunStore(spec.db)
     if spec.resume is not None:
-        store.get_run(spec.resume)  # fails early, naming the run, when it is not there
+        _check_resumable(store, spec)
     started = time.monotonic()
     _worker_env(spec)
     with tempfile.TemporaryDirectory(prefix="quorum-parallel-") as tmp:

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.parallel.job import COLUMNS, Job, Mode, RoundResult
+from aggregator.parallel.job import COLUMNS, Job, RoundResult
+from aggregator.parallel.mode import Mode
 from aggregator.store import ClientRecord, RoundRecord, RunStore
 from aggregator.strategies.base import ServerState
 from scenarios.schema import Scenario

@@ -30,7 +30,8 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 from aggregator.evaluation import ServerEvaluator
 from aggregator.parallel.comm import DEFAULT_BUCKET_BYTES, Comm
 from aggregator.parallel.errors import ParallelError, WorkerStopped
-from aggregator.parallel.job import Job, JobSpec, Mode, adopt, build_job, initial_state, run_round
+from aggregator.parallel.job import Job, JobSpec, adopt, build_job, initial_state, run_round
+from aggregator.parallel.mode import Mode
 from aggregator.parallel.runlog import RunWriter, create_run, round_record, run_info
 from aggregator.store import RunStore, default_db_url
 from aggregator.strategies.base import ServerState
@@ -128,6 +129,8 @@ def train_rounds(job: Job, writer: RunWriter | None) -> tuple[ServerState, str]:
     stop = getattr(job.strategy, "would_exceed_budget", None)
     for round_ in range(state.round + 1, job.scenario.rounds + 1):
         if job.spec.mode is Mode.LOCALSGD and stop is not None and stop(state):
+            if writer is not None:
+                writer.store.log(writer.run_id, f"privacy budget reached before round {round_}; stopping")
             return state, "stopped_budget"
         started, t0 = time.time(), time.monotonic()
         result = run_round(job, state, round_)

@@ -7,17 +7,12 @@ leaves workers behind.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from parallel_support import ROOT, Job
 
 DIGITS = """\
 name = "{name}"
@@ -66,28 +61,6 @@ def db_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'runs' / 'quorum.db'}"
 
 
-class Job:
-    """A ``python -m aggregator.parallel`` process in its own session."""
-
-    def __init__(self, args: list[str], cwd: Path) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "aggregator.parallel", *args], cwd=cwd, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
-
-    def wait(self, timeout: float) -> tuple[int, str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, out, err
-
-    def stop(self) -> None:
-        """Kill whatever is left of the session this job started (its group id is the launcher's pid)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.communicate()
-
-
 @pytest.fixture
 def start_job(tmp_path: Path) -> Iterator[Callable[[list[str]], Job]]:
     jobs: list[Job] = []
@@ -99,14 +72,3 @@ def start_job(tmp_path: Path) -> Iterator[Callable[[list[str]], Job]]:
     yield start
     for job in jobs:
         job.stop()
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll ``predicate`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")

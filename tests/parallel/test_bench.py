@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from conftest import ROOT
+from parallel_support import ROOT
 
 
 def test_quick_bench_prints_throughput_against_ddp_and_traffic():

@@ -8,18 +8,15 @@ strategy). Both runs are real two-process gloo jobs.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
-from torch.nn import functional as F
 
-from aggregator.messages import client_seed
 from aggregator.simulation import simulate
 from aggregator.store import RunStore
 from clients.datasets import build_federation
-from clients.models import build_model, get_flat
 from scenarios.schema import load_scenario
+
+from parallel_support import reference_sync
 
 JOB_TIMEOUT = 120
 
@@ -29,35 +26,6 @@ def _run(start_job, scenario_path, db_url, *extra: str) -> tuple[RunStore, str]:
     assert rc == 0, err
     store = RunStore(db_url)
     return store, store.list_runs()[0].id
-
-
-def reference_sync(scenario, world: int) -> np.ndarray:
-    """Single-process SGD whose step t uses the concatenation of every rank's batch t.
-
-    Rank r's batches in epoch e: its shard (its clients' training sets, round-robin) in the order
-    randperm(client_seed(seed, e, r + 1)), cut into S = max_r ceil(n_r / b) nearly equal parts.
-    """
-    fed = build_federation(scenario.data, scenario.federation.clients, scenario.seed)
-    shards = []
-    for rank in range(world):
-        parts = [fed.clients[c].train for c in range(rank, fed.num_clients, world)]
-        shards.append((torch.from_numpy(np.concatenate([p.x for p in parts])),
-                       torch.from_numpy(np.concatenate([p.y for p in parts]))))
-    t = scenario.training
-    model = build_model(scenario.model.name, fed.input_shape, fed.num_classes, seed=scenario.seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum)
-    steps = max(math.ceil(len(y) / t.batch_size) for _, y in shards)
-    for epoch in range(1, scenario.rounds * t.local_epochs + 1):
-        orders = [torch.randperm(len(y), generator=torch.Generator().manual_seed(client_seed(scenario.seed, epoch, r + 1)))
-                  for r, (_, y) in enumerate(shards)]
-        parts = [torch.tensor_split(o, steps) for o in orders]  # S nearly equal batches per rank
-        for step in range(steps):
-            xb = torch.cat([x[p[step]] for (x, _), p in zip(shards, parts)])
-            yb = torch.cat([y[p[step]] for (_, y), p in zip(shards, parts)])
-            optimizer.zero_grad()
-            F.cross_entropy(model(xb), yb).backward()
-            optimizer.step()
-    return get_flat(model)
 
 
 def test_sync_equals_sgd_on_concatenated_batches_with_uneven_shards(start_job, scenario_file, db_url):

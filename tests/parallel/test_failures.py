@@ -18,8 +18,7 @@ import numpy as np
 from aggregator.store import RunStore
 from scenarios.schema import load_scenario
 
-from conftest import wait_for
-from test_equivalence import reference_sync
+from parallel_support import reference_sync, wait_for
 
 STARTUP = 90  # seconds for the launcher and both workers to import, load data and commit round 1
 

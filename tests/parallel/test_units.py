@@ -139,12 +139,14 @@ def test_failures_are_described_root_cause_first():
     def failure(pid, exitcode, message="", timestamp=0):
         name = {-9: "SIGKILL", -15: "SIGTERM"}.get(exitcode, "<N/A>")
         return SimpleNamespace(pid=pid, exitcode=exitcode, timestamp=timestamp, signal_name=lambda: name,
-                               message={"message": message} if message else "", error_file_data=bool(message))
+                               message={"message": message} if message else "To enable traceback see: ...")
 
     text = describe_failures({0: failure(10, 1, "WorkerLost: rank 0: all_reduce failed", timestamp=1),
-                              1: failure(11, -9, timestamp=2), 2: failure(12, -15, timestamp=0)})
+                              1: failure(11, -9, timestamp=2), 2: failure(12, -15, timestamp=0),
+                              3: failure(13, 1, timestamp=3)})
     assert text == ("rank 1 (pid 11) was killed by SIGKILL; "
                     "rank 0 (pid 10) exited with code 1: WorkerLost: rank 0: all_reduce failed; "
+                    "rank 3 (pid 13) exited with code 1; "
                     "rank 2 (pid 12) was killed by SIGTERM")
 
 
@@ -172,7 +174,8 @@ def _one_rank_job(scenario_path, mode, **overrides):
 
 def test_a_dp_local_sgd_round_runs_through_the_strategy_and_records_epsilon(scenario_file, tmp_path):
     # Prepare: central DP-FedAvg, every client sampled (one rank holds them all).
-    from aggregator.parallel.job import Mode, initial_state, run_round
+    from aggregator.parallel.job import initial_state, run_round
+    from aggregator.parallel.mode import Mode
     from aggregator.parallel.runlog import round_record
 
     dp = {"enabled": True, "clip_norm": 0.5, "noise_multiplier": 0.8, "sampling": "fixed"}
