@@ -42,6 +42,7 @@ IDLE_SLEEP_S = 3.0       # Flower 1.42's SuperNode: sleep after a pull that foun
 REPLY_SLEEP_S = 0.5      # ... and between checks for a ClientApp's reply
 MAX_BACKOFF_S = 30.0
 TASK_RETRY_S = 10.0      # how long one task keeps retrying calls to its SuperNode
+TASK_INPUT_S = 20.0      # how long one task waits for its message's content (Flower: 2 h)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,46 @@ def _heartbeat(client: Any) -> Any:
     return HeartbeatSender(beat)
 
 
+def _pull_task_input(client: Any, max_time: float = TASK_INPUT_S) -> tuple[Any, Any]:
+    """Flower's ``pull_task_input``, with the wait for the message's content bounded.
+
+    The SuperNode creates the task before it downloads the message from the
+    SuperLink. If the SuperLink dies mid-download and the run is over when it
+    comes back, the SuperNode drops the message without finishing the task:
+    its content never arrives. Flower's own ``flwr-clientapp`` waits for it up
+    to 2 hours in a process of its own; the one warm worker would wait as long
+    and serve no other task (the resumed run's) meanwhile.
+    """
+    from flwr.app import Message
+    from flwr.common.serde import context_from_proto
+    from flwr.proto.node_pb2 import Node  # pylint: disable=no-name-in-module
+    from flwr.proto.runtime_pb2 import (  # pylint: disable=no-name-in-module
+        PullAppMessagesRequest,
+        PullTaskInputRequest,
+    )
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+        make_confirm_message_received_fn_protobuf,
+        make_pull_object_fn_protobuf,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+    from flwr.supercore.task_identity import TaskIdentity
+
+    res = client.PullTaskInput(PullTaskInputRequest())
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = res.task_id, res.run.run_id, res.context.node_id
+    context = context_from_proto(res.context)
+    pulled = client.PullMessages(PullAppMessagesRequest())
+    if not pulled.messages_list:
+        raise RuntimeError("No messages received from Runtime API")
+    tree = pulled.message_object_trees[0]
+    node = Node(node_id=context.node_id)
+    message = pull_and_inflate_object_from_tree(
+        tree, make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
+        return_type=Message, max_time=max_time, backoff_cap=1.0)  # local polls: cheap; the limit holds
+    message.metadata.__dict__["_message_id"] = tree.object_id  # the deflated message lacks its own id
+    return message, context
+
+
 def run_task(address: str, token: str, client_app: Any) -> str:
     """One ClientApp task, in this process: what ``flwr-clientapp`` does, minus the process.
 
@@ -154,7 +195,7 @@ def run_task(address: str, token: str, client_app: Any) -> str:
     """
     from flwr.app import Error, Message
     from flwr.common.constant import ErrorCode, SubStatus
-    from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+    from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
     client = _runtime_client(address, token)
     beats = _heartbeat(client)
@@ -162,7 +203,7 @@ def run_task(address: str, token: str, client_app: Any) -> str:
     message = context = reply = None
     status, details = SubStatus.FAILED, "ClientApp task failed"
     try:
-        message, context, _run, _fab = pull_task_input(client)
+        message, context = _pull_task_input(client)
         reply = client_app(message=message, context=context)
         status, details = SubStatus.COMPLETED, ""
     except Exception as exc:  # noqa: BLE001 - a failing task is answered with an error reply

@@ -9,6 +9,7 @@ touching the caller's global torch RNG.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -54,7 +55,7 @@ def build_model(
     if name not in builders:
         raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODEL_NAMES)}")
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(operator.index(seed))
         return builders[name](shape, num_classes)
 
 

@@ -9,6 +9,7 @@ bit. The number of torch threads is the caller's choice.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,7 +85,7 @@ def train(
     params = [p for p in model.parameters() if p.requires_grad]
     anchor = [p.detach().clone() for p in params] if proximal_mu > 0 else None
     step = _Step(model, torch.optim.SGD(params, lr=lr, momentum=momentum), params, anchor, proximal_mu)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(operator.index(seed))  # numpy ints too, not floats
     model.train()
     loss = 0.0
     for _ in range(epochs):

@@ -90,7 +90,7 @@ def test_huge_mu_keeps_weights_near_the_start() -> None:
 def test_same_seed_same_bits_other_seed_other_bits() -> None:
     data = _blobs(200)
     runs = []
-    for seed in (7, 7, 8):
+    for seed in (7, np.int64(7), 8):  # a numpy integer seed is the same seed
         model = build_model("mlp", (4,), 3, seed=0)
         train(model, data, epochs=2, batch_size=16, lr=0.05, momentum=0.9, seed=seed)
         runs.append(get_flat(model))
