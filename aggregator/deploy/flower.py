@@ -19,7 +19,7 @@ from aggregator.deploy.config import DeployConfig
 from aggregator.deploy.errors import DeployError
 from aggregator.deploy.pki import TlsFiles
 
-__all__ = ["CONNECTION", "flower_env", "write_flower_home", "superlink_command", "write_app",
+__all__ = ["CONNECTION", "flower_env", "write_flower_home", "superlink_command", "write_app", "stop_run",
            "flwr", "FlwrResult", "register_key", "unregister_node", "list_nodes", "submit_run", "bin_path"]
 
 CONNECTION = "quorum-local"
@@ -129,6 +129,11 @@ def unregister_node(config: DeployConfig, node_id: int) -> None:
     out = flwr(config, ["supernode", "unregister", str(node_id), CONNECTION, "--format", "json"]).json()
     if not out.get("success"):
         raise DeployError(f"the SuperLink did not unregister node {node_id}: {out.get('error-message', out)}")
+
+
+def stop_run(config: DeployConfig, flower_run_id: int) -> bool:
+    """``flwr stop``: end a Flower run; False if the SuperLink did not (it may be over already)."""
+    return flwr(config, ["stop", str(flower_run_id), CONNECTION, "--format", "json"], timeout_s=30.0).returncode == 0
 
 
 def list_nodes(config: DeployConfig) -> list[dict]:

@@ -183,6 +183,11 @@ class Supervisor:
         stopped = stop_leftover_serverapps(cfg.state.root)
         if stopped:
             self.say(f"stopped {len(stopped)} ServerApp process(es) left by the previous aggregator: {stopped}")
+        if self.resume:  # a ServerApp stopped just now wrote "failed: SystemExit": the run awaits its resume
+            from aggregator.store import RunStore
+
+            for run_id in resumable_runs(cfg.db_url):
+                RunStore(cfg.db_url).set_status(run_id, "interrupted", "the aggregator stopped; resuming")
         logs = cfg.state.logs
         self._spawn("superlink", superlink_command(cfg, self.tls), flower_env(cfg), logs / "superlink.log")
         ca = self.tls.ca_cert if self.tls else None
@@ -228,10 +233,19 @@ class Supervisor:
     # -- run --------------------------------------------------------------
     def resume_interrupted(self) -> list[str]:
         """Submit every run a crash interrupted again, with ``resume``."""
+        from aggregator.deploy.flower import stop_run
         from aggregator.deploy.submit import submit
+        from aggregator.store import RunStore
 
         resumed = []
         for run_id in resumable_runs(self.config.db_url):
+            # The restarted SuperLink still counts the crashed Flower run as running: a
+            # SuperNode caught mid-download of its message would keep waiting for it (about
+            # a minute) instead of taking the resumed run's. Stopping it ends that at once.
+            old = (RunStore(self.config.db_url).get_run(run_id).info or {}).get("flower_run_id")
+            if old is not None:
+                with contextlib.suppress(DeployError):
+                    stop_run(self.config, int(old))
             try:
                 submit(self.config, resume=run_id)
             except DeployError as exc:
