@@ -18,6 +18,7 @@ the hot path free of per-reply allocations.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,12 +69,13 @@ def empty(size: int) -> MeanState:
 def all_finite(values: np.ndarray) -> bool:
     """Whether every entry of a float buffer is finite, in one read and no temporary.
 
-    A NaN or an infinity makes an IEEE 754 sum NaN or infinite, so a finite sum
-    proves every entry finite; only a sum that overflowed from finite entries
-    needs the exact scan, which allocates a boolean mask.
+    A NaN or an infinity makes the BLAS dot product ``values . values`` NaN or
+    infinite, so a finite result proves every entry finite; only a result that
+    overflowed from finite entries (|x| above ~1e19) needs the exact scan, which
+    allocates a boolean mask.
     """
     with np.errstate(over="ignore", invalid="ignore"):
-        if np.isfinite(np.add.reduce(values)):
+        if np.isfinite(np.dot(values, values)):
             return True
     return bool(np.isfinite(values).all())
 
@@ -127,13 +129,38 @@ def block_scratch(size: int) -> np.ndarray:
 
 
 def scaled_add(total: np.ndarray, update: np.ndarray, weight: np.float32, scratch: np.ndarray) -> None:
-    """``total += weight * update``, one cache-sized block at a time."""
+    """``total += weight * update`` in place.
+
+    BLAS ``saxpy`` does it in one fused pass over both buffers; numpy has no
+    such ufunc, so the fallback scales one cache-sized block at a time through
+    ``scratch`` (for buffers BLAS cannot take in place).
+    """
+    saxpy = _blas_saxpy() if total.shape[0] >= _BLAS_MIN else None
+    if saxpy is not None and total.flags.c_contiguous and update.flags.c_contiguous:
+        result = saxpy(update, total, a=float(weight))
+        if result is total or np.shares_memory(result, total):
+            return
     block = scratch.shape[0]
     for start in range(0, total.shape[0], block):
         part, dest = update[start:start + block], total[start:start + block]
         scaled = scratch[: part.shape[0]]
         np.multiply(part, weight, out=scaled)
         np.add(dest, scaled, out=dest)
+
+
+# Below this size the blocked numpy path is as fast, and scipy's BLAS (with its own
+# thread pool) is never loaded: in torch.distributed workers that pool aborted the
+# process at exit now and then ("terminate called without an active exception").
+_BLAS_MIN = 1 << 20
+
+
+@functools.cache
+def _blas_saxpy():  # noqa: ANN202 - a BLAS routine or None
+    try:
+        from scipy.linalg.blas import saxpy
+    except ImportError:  # pragma: no cover - scipy comes with scikit-learn
+        return None
+    return saxpy
 
 
 def merge(a: MeanState, b: MeanState) -> MeanState:
