@@ -26,7 +26,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from aggregator.faults import FaultPlan
 
-__all__ = ["InProcessGrid", "NodeSpec"]
+__all__ = ["InProcessGrid", "LocalGrid", "NodeSpec"]
 
 SERVER_NODE_ID = 0
 
@@ -39,7 +39,29 @@ class NodeSpec:
     config: Mapping[str, int | float | str | bool] = field(default_factory=dict)
 
 
-class InProcessGrid(Grid):
+class LocalGrid(Grid):
+    """What every grid whose nodes live in this process shares: the run and its
+    node contexts (``self._run``, ``self._contexts``), and plain message creation."""
+
+    _run: Run
+    _contexts: dict[int, Context]
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self._contexts)
+
+
+class InProcessGrid(LocalGrid):
     """A ``Grid`` whose nodes are ClientApp calls in this process.
 
     Parameters
@@ -74,20 +96,6 @@ class InProcessGrid(Grid):
         self._ready_at: dict[str, float] = {}
 
     # -- Grid API ---------------------------------------------------------
-    def set_run(self, run: Run) -> None:
-        self._run = run
-
-    @property
-    def run(self) -> Run:
-        return self._run
-
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
-                       group_id: str, ttl: float | None = None) -> Message:
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self._contexts)
-
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         batch = list(messages)
         dropped = self._faults.pick_dropped(batch)

@@ -37,10 +37,10 @@ with warnings.catch_warnings():  # flwr's CLI deps (click via typer) warn on imp
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.run import Run  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
+from aggregator.inprocess import LocalGrid  # noqa: E402
 from privacy.secagg import SecAggConfig, SecureSumResult, Stage  # noqa: E402
 from privacy.secagg.flower_mod import secagg_mod  # noqa: E402
 from privacy.secagg.flower_workflow import run_secagg  # noqa: E402
@@ -83,7 +83,7 @@ def _copied(message: Message) -> Message:
     return Message(content=content, metadata=copy.copy(message.metadata))
 
 
-class SyncGrid(Grid):
+class SyncGrid(LocalGrid):
     """In-process ``Grid``: a pushed message runs the ClientApp at once, unless ``drop(message)``."""
 
     def __init__(self, app: ClientApp, node_ids: Iterable[int],
@@ -96,20 +96,6 @@ class SyncGrid(Grid):
         self._replies: dict[str, Message] = {}
         self.client_seconds: dict[str, float] = defaultdict(float)  # per stage name
         self.bytes_up: dict[str, int] = defaultdict(int)
-
-    def set_run(self, run: Run) -> None:
-        self._run = run
-
-    @property
-    def run(self) -> Run:
-        return self._run
-
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
-                       group_id: str, ttl: float | None = None) -> Message:
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self._contexts)
 
     def _call(self, message: Message) -> Message:
         stage = stage_name(message)
