@@ -156,7 +156,7 @@ def _worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from aggregator.parallel.comm import Comm
+    from aggregator.parallel.comm import Comm, release_process_group
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
@@ -164,7 +164,7 @@ def _worker(args: argparse.Namespace) -> int:
     try:
         result = {"throughput": _throughput(args, comm), "traffic": _traffic(args, comm)}
     finally:
-        dist.destroy_process_group()
+        release_process_group()
     if comm.rank == 0:
         args.out.write_text(json.dumps(result))
     return 0

@@ -23,6 +23,7 @@ of hanging it.
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 from collections.abc import Iterator
@@ -38,7 +39,8 @@ from aggregator import core
 from aggregator.parallel.errors import WorkerLost
 from aggregator.strategies.base import ServerState
 
-__all__ = ["WIRE_EXTRA", "DEFAULT_BUCKET_BYTES", "Comm", "wire_for", "pack", "unpack", "bucket_views"]
+__all__ = ["WIRE_EXTRA", "DEFAULT_BUCKET_BYTES", "Comm", "wire_for", "pack", "unpack", "bucket_views",
+           "release_process_group"]
 
 WIRE_EXTRA = 2  # weight and count, appended after the sum buffer
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -49,6 +51,24 @@ def _first_sentence(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     text = re.sub(r"^\[[^\]]*\]\s*", "", text)
     return text.split(". ")[0].rstrip(".")
+
+
+def release_process_group() -> None:
+    """Destroy the default process group and let gloo's threads finish while Python is alive.
+
+    Gloo's worker threads free each finished work item, and the tensors a
+    work item holds can own Python objects, so freeing one takes the GIL. A
+    thread that does so while the interpreter is finalizing is ended by
+    CPython inside a ``noexcept`` destructor and the process aborts at exit
+    ("terminate called without an active exception", SIGABRT), which loaded
+    machines hit now and then. Destroying the group, then collecting the
+    garbage that can still reference it (a DDP module in a reference cycle,
+    for one), runs the group's destructor now: it drains the work queue and
+    joins those threads with the GIL released.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
 
 
 def wire_for(size: int) -> torch.Tensor:

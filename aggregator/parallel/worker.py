@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from aggregator.evaluation import ServerEvaluator
-from aggregator.parallel.comm import DEFAULT_BUCKET_BYTES, Comm
+from aggregator.parallel.comm import DEFAULT_BUCKET_BYTES, Comm, release_process_group
 from aggregator.parallel.errors import ParallelError, WorkerStopped
 from aggregator.parallel.job import Job, JobSpec, adopt, build_job, initial_state, run_round
 from aggregator.parallel.mode import Mode
@@ -187,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         get_error_handler().record_exception(exc)  # what the launcher reports for this rank
         print(f"[quorum parallel] rank {comm.rank} failed: {exc}", file=sys.stderr, flush=True)
         return 1  # no teardown of the process group: a peer is gone, and exiting closes it
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    release_process_group()
     return 0
 
 

@@ -8,16 +8,19 @@ and (5, -2) with weight 1 have sums (3, 6) and (5, -2); the merged state is
 from __future__ import annotations
 
 import math
+import os
+from datetime import timedelta
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from torch.nn import functional as F
 from typer.testing import CliRunner
 
 from aggregator import core
-from aggregator.parallel.comm import Comm, bucket_views, pack, unpack, wire_for
+from aggregator.parallel.comm import Comm, bucket_views, pack, release_process_group, unpack, wire_for
 from aggregator.parallel.errors import ParallelError
 from aggregator.parallel.launch import LaunchSpec, check_spec, describe_failures, torchrun_command
 from aggregator.parallel.localsgd import owned_nodes, round_nodes, train_steps
@@ -72,6 +75,31 @@ def test_buckets_are_views_covering_the_buffer_in_order():
     assert len(bucket_views(buffer, 25 * 2**20)) == 1
     with pytest.raises(ValueError):
         bucket_views(buffer, 2)
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_release_joins_gloo_threads_before_the_interpreter_exits():
+    # Prepare: a one-rank gloo group that has run an async all-reduce, its handles dropped
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=10))
+    before = _threads()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=10))
+    try:
+        buffer = torch.ones(8)
+        Comm(rank=0, world=2, timeout_s=10).allreduce_(buffer)  # world=2 forces the real collective
+        running = _threads()
+    finally:
+        # Act
+        release_process_group()
+
+    # Assert: the group's threads existed and none outlives the release
+    assert buffer.tolist() == [1.0] * 8
+    assert running > before
+    assert _threads() == before
+    assert not dist.is_initialized()
 
 
 def test_single_rank_sync_step_is_plain_sgd_on_the_mean_loss():
