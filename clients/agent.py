@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AgentSpec", "supernode_argv", "run_agent", "serve_tasks", "run_supernode", "main"]
+__all__ = ["AgentSpec", "supernode_argv", "child_args", "run_agent", "serve_tasks", "run_supernode", "main"]
 
 IDLE_SLEEP_S = 3.0       # Flower 1.42's SuperNode: sleep after a pull that found nothing
 REPLY_SLEEP_S = 0.5      # ... and between checks for a ClientApp's reply
 MAX_BACKOFF_S = 30.0
 TASK_RETRY_S = 10.0      # how long one task keeps retrying calls to its SuperNode
-TASK_INPUT_S = 20.0      # how long one task waits for its message's content (Flower: 2 h)
+TASK_INPUT_S = 20.0      # default wait of one task for its message's content (Flower: 2 h)
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class AgentSpec:
     name: str = ""                 # the name it was enrolled under (recorded in node config)
     runtime_port: int = 9094       # the SuperNode's local Runtime API (127.0.0.1)
     poll_s: float = 1.0            # how often an idle SuperNode asks for work
+    task_input_s: float = TASK_INPUT_S  # how long a task waits for its message's content
     insecure: bool = False
     workdir: Path = Path(".quorum-agent")
     max_restarts: int | None = None  # None: forever
@@ -188,10 +189,11 @@ def _pull_task_input(client: Any, max_time: float = TASK_INPUT_S) -> tuple[Any, 
     return message, context
 
 
-def run_task(address: str, token: str, client_app: Any) -> str:
+def run_task(address: str, token: str, client_app: Any, task_input_s: float = TASK_INPUT_S) -> str:
     """One ClientApp task, in this process: what ``flwr-clientapp`` does, minus the process.
 
-    Returns the task's final status (``completed`` or ``failed``).
+    Returns the task's final status (``completed`` or ``failed``); a message
+    whose content has not arrived within ``task_input_s`` fails the task.
     """
     from flwr.app import Error, Message
     from flwr.common.constant import ErrorCode, SubStatus
@@ -203,7 +205,7 @@ def run_task(address: str, token: str, client_app: Any) -> str:
     message = context = reply = None
     status, details = SubStatus.FAILED, "ClientApp task failed"
     try:
-        message, context = _pull_task_input(client)
+        message, context = _pull_task_input(client, task_input_s)
         reply = client_app(message=message, context=context)
         status, details = SubStatus.COMPLETED, ""
     except Exception as exc:  # noqa: BLE001 - a failing task is answered with an error reply
@@ -221,7 +223,8 @@ def run_task(address: str, token: str, client_app: Any) -> str:
     return str(status)
 
 
-def serve_tasks(address: str, poll_s: float, stop: threading.Event | None = None) -> None:
+def serve_tasks(address: str, poll_s: float, stop: threading.Event | None = None,
+                task_input_s: float = TASK_INPUT_S) -> None:
     """Take ClientApp tasks from the SuperNode at ``address`` until ``stop`` is set."""
     import httpx
     from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=no-name-in-module
@@ -243,7 +246,7 @@ def serve_tasks(address: str, poll_s: float, stop: threading.Event | None = None
         if res.HasField("task") and res.token:
             started = time.monotonic()
             try:
-                status = run_task(address, res.token, client_app)
+                status = run_task(address, res.token, client_app, task_input_s)
             except Exception as exc:  # noqa: BLE001 - the SuperNode expires the task; keep serving
                 status = f"lost ({type(exc).__name__}: {exc})"
             print(f"{time.strftime('%H:%M:%S')} quorum-worker: task {res.task.task_id} {status} "
@@ -283,15 +286,21 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]], grace_s: float = 15.0) -> No
             p.wait()
 
 
+def child_args(spec: AgentSpec) -> dict[str, list[str]]:
+    """The arguments of the agent's two children (``python -m clients.agent ROLE ...``)."""
+    return {
+        "supernode": ["--poll-s", str(spec.poll_s), "--", *supernode_argv(spec)],
+        "worker": ["--runtime", spec.runtime_address, "--poll-s", str(min(spec.poll_s, 0.2)),
+                   "--task-input-s", str(spec.task_input_s)],
+    }
+
+
 def run_agent(spec: AgentSpec, say: Any = print) -> int:
     """Supervise the SuperNode and the worker until SIGTERM/SIGINT; returns an exit code."""
     logs = spec.workdir / "logs"
     env = _child_env()
     env["FLWR_HOME"] = str((spec.workdir / "flwr-home").resolve())
-    roles = {
-        "supernode": ["--poll-s", str(spec.poll_s), "--", *supernode_argv(spec)],
-        "worker": ["--runtime", spec.runtime_address, "--poll-s", str(min(spec.poll_s, 0.2))],
-    }
+    roles = child_args(spec)
     procs = {role: _child(role, args, logs / f"{role}.log", env) for role, args in roles.items()}
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -330,6 +339,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     worker = sub.add_parser("worker")
     worker.add_argument("--runtime", required=True)
     worker.add_argument("--poll-s", type=float, default=0.2)
+    worker.add_argument("--task-input-s", type=float, default=TASK_INPUT_S)
     args = parser.parse_args(argv)
     if args.role == "supernode":
         rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
@@ -344,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    serve_tasks(args.runtime, args.poll_s, stop)
+    serve_tasks(args.runtime, args.poll_s, stop, args.task_input_s)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,10 @@ def start(
     = 9094,
     poll: Annotated[float, typer.Option(help="Seconds between polls while idle (Flower's default: 3).")] = 1.0,
     workdir: Annotated[Path, typer.Option(help="Logs and Flower's state.")] = Path(".quorum-agent"),
+    task_input_timeout: Annotated[float, typer.Option(
+        help="Seconds one task waits for its model to arrive from the SuperNode before it fails and the "
+             "worker takes the next task (Flower's ClientApp waits 2 hours). Raise it on slow links "
+             "with large models.")] = 20.0,
 ) -> None:
     """(device) Run the client agent: a SuperNode plus a warm ClientApp worker, restarted if they die."""
     from clients.agent import AgentSpec, run_agent
@@ -114,8 +118,10 @@ def start(
             _fail(f"{path}: no such file")
     if not 0.05 <= poll <= 30:
         _fail(f"--poll {poll}: between 0.05 and 30 seconds")
+    if task_input_timeout <= 0:
+        _fail(f"--task-input-timeout {task_input_timeout}: must be a positive number of seconds")
     spec = AgentSpec(server=server, data=data, key=key, ca=ca, name=name, runtime_port=runtime_port,
-                     poll_s=poll, insecure=insecure, workdir=workdir)
+                     poll_s=poll, insecure=insecure, workdir=workdir, task_input_s=task_input_timeout)
     print(f"client agent {name or '(unnamed)'}: connecting to {server} (data {data}, logs {workdir / 'logs'})",
           flush=True)
     raise typer.Exit(run_agent(spec, say=lambda m: console.print(m)))

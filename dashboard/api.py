@@ -94,7 +94,8 @@ async def all_runs_stream(request: Request,
                           since: Annotated[float | None, Query(description="Unix time of the last change seen.")]
                           = None) -> AsyncIterator[ServerSentEvent]:
     """A `run` event (data: `{"run": Run, "display": {...}}`) whenever a run starts, commits a
-    round or changes status."""
+    round or changes status; after each batch of them a `counts` event (data: `{"counts":
+    {status: runs}, "total": runs}`)."""
     async for event in runs_events(reader_of(request), since):
         yield event
 

@@ -49,7 +49,8 @@ async def run_events(reader: Reader, run_id: str, after: int, poll_s: float = PO
 
 async def runs_events(reader: Reader, since: float | None, poll_s: float = RUNS_POLL_S
                       ) -> AsyncIterator[ServerSentEvent]:
-    """A ``run`` event whenever a run starts, commits a round or changes status."""
+    """A ``run`` event whenever a run starts, commits a round or changes status, then one
+    ``counts`` event (runs per status, and in all) after each batch of changes."""
     if since is None:
         since = await run_in_threadpool(reader.last_update)
     while True:
@@ -58,6 +59,10 @@ async def runs_events(reader: Reader, since: float | None, poll_s: float = RUNS_
             data = run_data(run, stats)
             yield ServerSentEvent(event="run", retry=RETRY_MS, data={"run": data, "display": run_display(data)})
             since = max(since, run.updated_at)
+        if changed:
+            counts = await run_in_threadpool(reader.status_counts)
+            yield ServerSentEvent(event="counts", retry=RETRY_MS,
+                                  data={"counts": counts, "total": sum(counts.values())})
         await asyncio.sleep(poll_s)
 
 

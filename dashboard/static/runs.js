@@ -13,6 +13,13 @@
     const message = JSON.parse(event.data);
     update(message.run, message.display);
   });
+  source.addEventListener("counts", (event) => {
+    const message = JSON.parse(event.data);
+    document.querySelectorAll("[data-count-of]").forEach((chip) => {
+      const status = chip.dataset.countOf;
+      chip.textContent = String(status ? message.counts[status] || 0 : message.total);
+    });
+  });
 
   function update(run, display) {
     let row = table.querySelector('tr[data-run-id="' + CSS.escape(run.id) + '"]');

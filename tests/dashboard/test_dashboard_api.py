@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
@@ -14,6 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from aggregator.store import ClientRecord, Round, RoundRecord, RunStore
 from dashboard.app import create_app
+from dashboard.live import runs_events
+from dashboard.queries import Reader
 from dashboard_support import FilledStore, state
 
 
@@ -191,3 +194,27 @@ def test_plotly_is_served_from_the_installed_package(client: TestClient) -> None
     response = client.get("/static/vendor/plotly/plotly.min.js")
     assert response.status_code == 200
     assert response.content == (plotly_dir() / "plotly.min.js").read_bytes()
+
+
+def test_runs_stream_follows_changes_with_the_status_counts(tmp_path: Path) -> None:
+    # Prepare: a finished run, then a running one; the stream starts before both
+    url = f"sqlite:///{tmp_path / 'counts.db'}"
+    store = RunStore(url)
+    done = store.create_run(name="done", scenario={"name": "done"}, seed=0, strategy="fedavg", rounds=1)
+    store.set_status(done, "finished")
+    live = store.create_run(name="live", scenario={"name": "live"}, seed=0, strategy="fedavg", rounds=3)
+
+    async def first(count: int) -> list:
+        stream = runs_events(Reader(url), since=0.0, poll_s=0.05)
+        try:
+            return [await anext(stream) for _ in range(count)]
+        finally:
+            await stream.aclose()
+
+    # Execute
+    events = asyncio.run(first(3))
+    # Assert: each run once, then the counts a chip row shows (2 in all: 1 finished, 1 running)
+    assert [e.event for e in events] == ["run", "run", "counts"]
+    assert {e.data["run"]["id"]: e.data["run"]["status"] for e in events[:2]} == {done: "finished",
+                                                                                   live: "running"}
+    assert events[2].data == {"counts": {"finished": 1, "running": 1}, "total": 2}

@@ -146,8 +146,15 @@ def _check_live_runs_page(page: Page, stack: Stack, run_id: str) -> None:
     page.goto(f"{stack.base}/")
     rounds = page.locator(f'tr[data-run-id="{run_id}"] [data-field="rounds"]')
     before = rounds.text_content()
+    page.evaluate("() => document.querySelectorAll('[data-count-of]').forEach((c) => { c.textContent = '-'; })")
     page.wait_for_function("([sel, text]) => document.querySelector(sel).textContent !== text",
                            arg=[f'tr[data-run-id="{run_id}"] [data-field="rounds"]', before], timeout=60_000)
+    # the status chips' counts are rewritten by the stream's counts event, not by a reload
+    page.wait_for_function("() => document.querySelector('[data-count-of=\"\"]').textContent !== '-'",
+                           timeout=10_000)
+    total = len(httpx.get(f"{stack.base}/api/runs").json())
+    assert page.locator('[data-count-of=""]').text_content() == str(total)
+    assert page.locator('[data-count-of="running"]').text_content() not in ("-", "0")  # this run is one
     assert page.locator("a.run-name", has_text=XSS_NAME).text_content() == XSS_NAME  # shown as text
     assert page.locator("#live-indicator").is_visible()
     page.screenshot(path=str(SHOTS / "dashboard-runs.png"), full_page=True)

@@ -20,7 +20,7 @@ from aggregator.deploy.serverapp import LeasedRunStore, LeaseLost, wait_for_clie
 from aggregator.deploy.supervisor import resumable_runs
 from aggregator.store import RoundRecord
 from aggregator.strategies.base import ServerState
-from clients.agent import IDLE_SLEEP_S, REPLY_SLEEP_S, AgentSpec, _PollClock, supernode_argv
+from clients.agent import IDLE_SLEEP_S, REPLY_SLEEP_S, TASK_INPUT_S, AgentSpec, _PollClock, child_args, main, supernode_argv
 
 
 def test_server_certificate_names_every_address_and_chains_to_the_ca(tmp_path: Path) -> None:
@@ -144,6 +144,37 @@ def test_the_agent_runs_an_authenticated_supernode_in_process_isolation(tmp_path
     assert "--insecure" not in argv and "--max-retries" not in argv  # retries forever
     with pytest.raises(ValueError, match="--ca"):
         supernode_argv(AgentSpec(server="h:1", data=tmp_path / "d", key=None, ca=None))
+
+
+def test_the_worker_gets_the_task_input_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    served: list[tuple] = []
+    monkeypatch.setattr("clients.agent.serve_tasks", lambda *args: served.append(args))
+    monkeypatch.setattr("signal.signal", lambda *_: None)  # main's SIGTERM handler: not in pytest's process
+    spec = AgentSpec(server="h:1", data=tmp_path / "d", key=None, ca=None, insecure=True, poll_s=2.0,
+                     task_input_s=75.0)
+
+    worker = child_args(spec)["worker"]
+    main(["worker", *worker])
+    main(["worker", "--runtime", "127.0.0.1:9094"])
+
+    assert worker[worker.index("--poll-s") + 1] == "0.2"
+    assert [(args[0], args[1], args[3]) for args in served] == [("127.0.0.1:9094", 0.2, 75.0),
+                                                                ("127.0.0.1:9094", 0.2, TASK_INPUT_S)]
+
+
+def test_a_non_positive_task_input_timeout_is_refused_by_name(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from clients.agent_cli import app
+
+    data = tmp_path / "d.csv"
+    data.write_text("x,label\n1,0\n")
+
+    result = CliRunner().invoke(app, ["start", "--server", "h:1", "--data", str(data), "--insecure",
+                                      "--task-input-timeout", "0"])
+
+    assert result.exit_code != 0
+    assert "--task-input-timeout 0.0: must be a positive number of seconds" in result.output
 
 
 def test_only_flowers_idle_and_reply_sleeps_are_shortened(monkeypatch: pytest.MonkeyPatch) -> None:
