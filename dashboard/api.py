@@ -39,8 +39,11 @@ def _found(value: Any, what: str) -> Any:
 
 
 @router.get("/runs", response_model=list[RunOut], summary="Every run, newest first")
-def list_runs(request: Request, status: StatusQuery = None) -> list[dict[str, Any]]:
-    return [run_data(run, stats) for run, stats in reader_of(request).runs(status)]
+def list_runs(request: Request, status: StatusQuery = None,
+              limit: Annotated[int | None, Query(ge=1, le=10_000, description="At most this many runs.")] = None,
+              offset: Annotated[int, Query(ge=0, description="Skip this many of the newest runs first.")] = 0,
+              ) -> list[dict[str, Any]]:
+    return [run_data(run, stats) for run, stats in reader_of(request).runs(status, limit, offset)]
 
 
 @router.get("/runs/{run_id}", response_model=RunDetailOut, summary="One run, with its scenario")

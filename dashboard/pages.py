@@ -16,6 +16,7 @@ __all__ = ["router", "STATUSES"]
 
 router = APIRouter(include_in_schema=False)
 STATUSES = ("running", "finished", "failed", "stopped_budget", "interrupted")
+PER_PAGE = 50
 
 
 def _render(request: Request, template: str, **context: Any) -> HTMLResponse:
@@ -35,13 +36,22 @@ def _run_or_404(reader: Reader, run_id: str) -> tuple[dict[str, Any], dict[str, 
 
 
 @router.get("/", response_class=HTMLResponse)
-def runs_page(request: Request, status: Annotated[str | None, Query()] = None) -> HTMLResponse:
+def runs_page(request: Request, status: Annotated[str | None, Query()] = None,
+               page: Annotated[int, Query(ge=1)] = 1,
+               per_page: Annotated[int, Query(ge=1, le=500)] = PER_PAGE) -> HTMLResponse:
     reader = _reader(request)
-    rows = [run_data(run, stats) for run, stats in reader.runs(status or None)]
+    since = reader.last_update()  # before the rows: a change while they are read is streamed again
     counts = reader.status_counts()
+    total = sum(counts.values())
+    matching = counts.get(status, 0) if status else total
+    pages = max(1, -(-matching // per_page))
+    page = min(page, pages)
+    rows = [run_data(run, stats) for run, stats in reader.runs(status or None, per_page, (page - 1) * per_page)]
+    pager = {"page": page, "pages": pages, "per_page": per_page, "matching": matching,
+             "first": (page - 1) * per_page + 1 if rows else 0, "last": (page - 1) * per_page + len(rows)}
     return _render(request, "runs.html", nav="runs", status=status or "", statuses=STATUSES, counts=counts,
-                   total=sum(counts.values()), runs=[(d, run_display(d)) for d in rows],
-                   since=reader.last_update())
+                   total=total, runs=[(d, run_display(d)) for d in rows], since=since, pager=pager,
+                   default_per_page=PER_PAGE)
 
 
 @router.get("/runs")

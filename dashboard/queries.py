@@ -87,13 +87,20 @@ class Reader:
             yield session
 
     # -- runs ---------------------------------------------------------------
-    def runs(self, status: str | None = None) -> list[tuple[Run, RunStats]]:
+    def runs(self, status: str | None = None, limit: int | None = None,
+             offset: int = 0) -> list[tuple[Run, RunStats]]:
+        """Runs newest first, optionally one status only and one page (``limit`` from ``offset``)."""
         with self._session() as s:
-            query = select(Run).order_by(Run.started_at.desc())
+            query = select(Run).order_by(Run.started_at.desc(), Run.id)
             if status:
                 query = query.where(Run.status == status)
+            if limit is not None:
+                query = query.limit(limit)
+            if offset:
+                query = query.offset(offset)
             runs = list(s.scalars(query).all())
-            stats = _stats(s, None if status is None else [r.id for r in runs])
+            whole = status is None and limit is None and not offset
+            stats = _stats(s, None if whole else [r.id for r in runs])
         return [(r, stats.get(r.id, RunStats())) for r in runs]
 
     def run(self, run_id: str) -> tuple[Run, RunStats] | None:

@@ -192,4 +192,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code:
+        # A failed job keeps its process group (a peer is gone, so tearing it down could wait on
+        # collectives that never finish) and gloo's threads with it; leave without finalizing the
+        # interpreter so none of them can abort the exit (see comm.release_process_group).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -6,6 +6,7 @@
   const table = document.getElementById("runs-table");
   if (!table || !window.EventSource) return;
   const filter = table.dataset.statusFilter;
+  const firstPage = table.dataset.page === "1";  // new runs appear on the first page only
   const source = new EventSource("/api/events?since=" + encodeURIComponent(table.dataset.since));
   source.addEventListener("open", () => Q.live("live"));
   source.addEventListener("error", () => Q.live("stale"));
@@ -28,6 +29,7 @@
       return;
     }
     if (!row) {
+      if (!firstPage) return;
       row = buildRow(run, display);
       table.tBodies[0].prepend(row);
       table.closest(".table-wrap").hidden = false;

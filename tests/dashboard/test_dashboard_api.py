@@ -44,6 +44,20 @@ def test_runs_filter_by_status(client: TestClient, filled_store: FilledStore) ->
     assert client.get("/api/runs?status=running").json() == []
 
 
+def test_runs_page_through_with_limit_and_offset(client: TestClient, filled_store: FilledStore) -> None:
+    # Prepare: the whole list, newest first
+    whole = [r["id"] for r in client.get("/api/runs").json()]
+    started = [r["started_at"] for r in client.get("/api/runs").json()]
+    # Execute
+    pages = [[r["id"] for r in client.get(f"/api/runs?limit=2&offset={offset}").json()] for offset in (0, 2, 4)]
+    # Assert: consecutive slices of the whole list, and bad bounds named
+    assert started == sorted(started, reverse=True) and len(whole) == 3
+    assert pages == [whole[:2], whole[2:], []]
+    assert [r["id"] for r in client.get("/api/runs?offset=1").json()] == whole[1:]
+    bad = client.get("/api/runs?limit=0")
+    assert bad.status_code == 422 and "limit" in bad.text
+
+
 def test_run_detail_has_the_scenario_as_submitted(client: TestClient, filled_store: FilledStore) -> None:
     stored = RunStore(filled_store.url).get_run(filled_store.sim_run)
     body = client.get(f"/api/runs/{filled_store.sim_run}").json()

@@ -19,6 +19,21 @@ def test_runs_page_lists_runs_and_filters_by_status(client: TestClient, filled_s
     assert 'class="chip active" href="/?status=stopped_budget"' in filtered
 
 
+def test_runs_page_is_paged_newest_first(client: TestClient, filled_store: FilledStore) -> None:
+    # Prepare
+    newest_first = [r["id"] for r in client.get("/api/runs").json()]
+    # Execute
+    first, second, beyond = (client.get(f"/?per_page=2&page={n}").text for n in (1, 2, 9))
+    # Assert: 3 runs at 2 a page; a page past the end shows the last one
+    assert re.findall(r'<tr data-run-id="([^"]+)"', first) == newest_first[:2]
+    assert re.findall(r'<tr data-run-id="([^"]+)"', second) == newest_first[2:]
+    assert "Runs 1&ndash;2 of 3 &middot; page 1 of 2" in first and 'href="/?page=2&amp;per_page=2">Older' in first
+    assert "Runs 3&ndash;3 of 3" in second and 'href="/?page=1&amp;per_page=2">&larr; Newer' in second
+    assert "Older" not in second and "page 2 of 2" in beyond
+    assert re.findall(r'<tr data-run-id="([^"]+)"', beyond) == newest_first[2:]
+    assert 'class="pager"' not in client.get("/").text  # one page: no pager
+
+
 def test_run_page_has_charts_table_scenario_and_downloads(client: TestClient, filled_store: FilledStore) -> None:
     page = client.get(f"/runs/{filled_store.sim_run}").text
     data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S)[1])
