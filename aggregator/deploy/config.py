@@ -55,6 +55,7 @@ class AggregatorSpec:
     insecure: bool = False
     database: str = ""          # the run store (SQLAlchemy URL); default: sqlite in state_dir
     wait_clients_s: float = 120.0
+    rate_limit: int = 200       # Fleet requests per second per device address at the front door; 0: off
 
     def check(self) -> None:
         _port("aggregator.port", self.port)
@@ -66,6 +67,8 @@ class AggregatorSpec:
         if self.insecure and not (is_loopback(self.listen) and is_loopback(self.address)):
             raise ConfigError(f"aggregator.insecure = true with listen = {self.listen!r}: plain HTTP is only "
                               "allowed on loopback (127.0.0.1), for trying things out")
+        if self.rate_limit < 0:
+            raise ConfigError(f"aggregator.rate_limit = {self.rate_limit!r}: requests per second, >= 0 (0: off)")
         if self.wait_clients_s < 0:
             raise ConfigError(f"aggregator.wait_clients_s = {self.wait_clients_s!r}: must be >= 0")
 

@@ -7,7 +7,10 @@ credentials on the first two: anyone who reaches the port can register a key
 of their own. So the SuperLink listens on loopback only and nginx, a
 maintained TLS-terminating reverse proxy, faces the devices and forwards
 nothing but ``POST /v1/fleet/<rpc>`` and ``GET /health``; every other path is
-answered 403 by nginx without touching the SuperLink.
+answered 403 by nginx without touching the SuperLink. Each device address
+may make ``rate_limit`` Fleet requests a second (bursts of twice that pass
+at once); beyond that nginx answers 429 and the SuperNode retries, so one
+misbehaving or hostile host cannot flood the SuperLink.
 
 Fleet in 1.42 is protobuf over plain HTTP POSTs (not gRPC): node
 authentication travels in signed headers (``flwr-public-key``,
@@ -46,6 +49,7 @@ class ProxySpec:
     ca_cert: Path | None        # to verify the SuperLink's certificate on loopback
     workdir: Path               # pid, logs, temp files
     max_body_mb: int = 512      # one model update or object per request
+    rate_limit: int = 0         # Fleet requests per second per client address; 0: no limit
 
 
 def _listen(host: str, port: int) -> str:
@@ -72,12 +76,27 @@ def _tls_block(spec: ProxySpec) -> str:
     return "".join(f"\n        {line}" for line in lines)
 
 
+def _rate_limit(spec: ProxySpec) -> tuple[str, str]:
+    """The ``http``-level zone and the Fleet location's rule (empty when there is no limit).
+
+    A SuperNode polls about once a second and fetches a model as a handful of
+    object requests, so the limit is per address, sized for many devices behind
+    one NAT; the burst (twice the rate) passes without delay.
+    """
+    if spec.rate_limit <= 0:
+        return "", ""
+    zone = (f"\n    limit_req_zone $binary_remote_addr zone=quorum_fleet:10m rate={spec.rate_limit}r/s;"
+            "\n    limit_req_status 429;\n    limit_req_log_level warn;")
+    return zone, f"\n            limit_req zone=quorum_fleet burst={2 * spec.rate_limit} nodelay;"
+
+
 def render_nginx_conf(spec: ProxySpec) -> str:
     """nginx.conf text for ``spec`` (foreground master, everything under ``workdir``)."""
     w = spec.workdir
     user = "user nobody nogroup;\n" if os.geteuid() == 0 else ""
     scheme, ssl = ("https", " ssl http2") if spec.server_cert else ("http", "")
     upstream = _upstream_block(spec)
+    zone, limit = _rate_limit(spec)
     return f"""# Written by `quorum aggregator start`; edits are overwritten.
 {user}worker_processes 1;
 daemon off;
@@ -92,7 +111,7 @@ http {{
     uwsgi_temp_path {w / 'tmp' / 'uwsgi'};
     scgi_temp_path {w / 'tmp' / 'scgi'};
     server_tokens off;
-    client_max_body_size {spec.max_body_mb}m;
+    client_max_body_size {spec.max_body_mb}m;{zone}
     upstream quorum_superlink {{
         server 127.0.0.1:{spec.upstream_port};
         keepalive 32;
@@ -102,7 +121,7 @@ http {{
         # The Fleet API: the device RPCs by name, POST only. The URI sent on is rebuilt
         # from the match, so the SuperLink sees the normalised path nginx checked.
         location ~ ^/v1/fleet/({"|".join(FLEET_RPCS)})$ {{
-            limit_except POST {{ deny all; }}
+            limit_except POST {{ deny all; }}{limit}
             proxy_pass {scheme}://quorum_superlink/v1/fleet/$1;{upstream}
         }}
         location = /health {{

@@ -206,7 +206,7 @@ class Supervisor:
         cfg, a, tls = self.config, self.config.aggregator, self.tls
         spec = ProxySpec(listen_host=a.listen, listen_port=a.port, upstream_port=a.internal_port,
                          server_cert=tls.server_cert if tls else None, server_key=tls.server_key if tls else None,
-                         ca_cert=ca, workdir=cfg.state.proxy)
+                         ca_cert=ca, workdir=cfg.state.proxy, rate_limit=a.rate_limit)
         self._spawn("proxy", nginx_command(spec), dict(os.environ), cfg.state.logs / "proxy.log")
         host = "localhost" if a.listen in ("0.0.0.0", "::", "127.0.0.1") else a.listen
         wait_healthy(health_url(host, a.port, tls is not None), ca, self.children["proxy"].proc, 30.0, "nginx",

@@ -3,8 +3,12 @@ the nginx allow-list, the agent's command line, the run lease."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +86,7 @@ def test_other_key_types_are_refused() -> None:
     ("[dashboard]\nhost = \"0.0.0.0\"\n", "needs a token"),
     ("[superlink]\n", "unknown section [superlink]"),
     ("[aggregator]\nport = \"x\"\n", "aggregator.port = 'x'"),
+    ("[aggregator]\nrate_limit = -1\n", "aggregator.rate_limit = -1: requests per second"),
 ])
 def test_bad_federation_files_name_the_key_and_value(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "federation.toml"
@@ -103,10 +108,15 @@ def test_state_lives_beside_the_federation_file(tmp_path: Path) -> None:
     assert {"fl.example.org", "127.0.0.1", "localhost"} <= set(cfg.cert_hosts)
 
 
-def _spec(tmp_path: Path, tls: bool = True) -> ProxySpec:
+def _spec(tmp_path: Path, tls: bool = True, port: int = 9443, rate_limit: int = 0) -> ProxySpec:
     files = ensure_tls(tmp_path / "tls", ["127.0.0.1", "localhost"]) if tls else None
-    return ProxySpec("127.0.0.1", 9443, 9440, files.server_cert if files else None,
-                     files.server_key if files else None, files.ca_cert if files else None, tmp_path / "proxy")
+    return ProxySpec("127.0.0.1", port, 9440, files.server_cert if files else None,
+                     files.server_key if files else None, files.ca_cert if files else None, tmp_path / "proxy",
+                     rate_limit=rate_limit)
+
+
+needs_nginx = pytest.mark.skipif(shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(),
+                                 reason="nginx is not installed")
 
 
 def test_the_front_door_forwards_fleet_rpcs_and_health_only(tmp_path: Path) -> None:
@@ -120,8 +130,7 @@ def test_the_front_door_forwards_fleet_rpcs_and_health_only(tmp_path: Path) -> N
     assert "proxy_ssl_verify on;" in conf and "127.0.0.1:9440" in conf
 
 
-@pytest.mark.skipif(shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(),
-                    reason="nginx is not installed")
+@needs_nginx
 @pytest.mark.parametrize("tls", [True, False])
 def test_nginx_accepts_the_rendered_configuration(tmp_path: Path, tls: bool) -> None:
     from aggregator.deploy.proxy import nginx_command
@@ -129,6 +138,49 @@ def test_nginx_accepts_the_rendered_configuration(tmp_path: Path, tls: bool) -> 
     cmd = nginx_command(_spec(tmp_path, tls))
     done = subprocess.run([*cmd, "-t"], capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_default_rate_limit_reaches_the_front_door(tmp_path: Path) -> None:
+    path = tmp_path / "federation.toml"
+    path.write_text("[aggregator]\n")
+    limited = render_nginx_conf(_spec(tmp_path, rate_limit=load_config(path).aggregator.rate_limit))
+
+    assert "zone=quorum_fleet:10m rate=200r/s;" in limited
+    fleet, health = limited.split("location ~ ^/v1/fleet/")[1].split("location = /health")
+    assert "limit_req zone=quorum_fleet burst=400 nodelay;" in fleet and "limit_req" not in health
+    assert "limit_req" not in render_nginx_conf(_spec(tmp_path, rate_limit=0))
+
+
+@needs_nginx
+def test_the_front_door_answers_429_past_the_rate_limit(tmp_path: Path) -> None:
+    import httpx
+
+    from aggregator.deploy.loopback import free_ports
+    from aggregator.deploy.proxy import nginx_command
+
+    # Prepare: plain-HTTP nginx at 1 request/s (burst 2) with no SuperLink behind it
+    port, = free_ports(1)
+    cmd = nginx_command(_spec(tmp_path, tls=False, port=port, rate_limit=1))
+    nginx = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                httpx.get(f"{url}/health", timeout=2)
+                break
+            assert time.monotonic() < deadline and nginx.poll() is None, "nginx did not start"
+            time.sleep(0.1)
+        # Execute: ten Fleet requests at once from one address
+        codes = [httpx.post(f"{url}/v1/fleet/pull-messages", content=b"", timeout=5).status_code
+                 for _ in range(10)]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(nginx.pid, signal.SIGTERM)
+        nginx.wait(timeout=15)
+    # Assert: the burst reaches the (absent) SuperLink, 502; the rest are refused, 429
+    assert codes.count(429) >= 6 and set(codes) == {502, 429}, codes
+    assert codes.index(429) > 0
 
 
 def test_the_agent_runs_an_authenticated_supernode_in_process_isolation(tmp_path: Path) -> None:
