@@ -9,8 +9,9 @@ maintained TLS-terminating reverse proxy, faces the devices and forwards
 nothing but ``POST /v1/fleet/<rpc>`` and ``GET /health``; every other path is
 answered 403 by nginx without touching the SuperLink. Each device address
 may make ``rate_limit`` Fleet requests a second (bursts of twice that pass
-at once); beyond that nginx answers 429 and the SuperNode retries, so one
-misbehaving or hostile host cannot flood the SuperLink.
+at once); beyond that nginx answers 503, which Flower's SuperNode retries
+with back-off (it gives up on a 429), so one misbehaving or hostile host
+cannot flood the SuperLink.
 
 Fleet in 1.42 is protobuf over plain HTTP POSTs (not gRPC): node
 authentication travels in signed headers (``flwr-public-key``,
@@ -86,7 +87,7 @@ def _rate_limit(spec: ProxySpec) -> tuple[str, str]:
     if spec.rate_limit <= 0:
         return "", ""
     zone = (f"\n    limit_req_zone $binary_remote_addr zone=quorum_fleet:10m rate={spec.rate_limit}r/s;"
-            "\n    limit_req_status 429;\n    limit_req_log_level warn;")
+            "\n    limit_req_status 503;\n    limit_req_log_level warn;")
     return zone, f"\n            limit_req zone=quorum_fleet burst={2 * spec.rate_limit} nodelay;"
 
 

@@ -108,9 +108,10 @@ def test_state_lives_beside_the_federation_file(tmp_path: Path) -> None:
     assert {"fl.example.org", "127.0.0.1", "localhost"} <= set(cfg.cert_hosts)
 
 
-def _spec(tmp_path: Path, tls: bool = True, port: int = 9443, rate_limit: int = 0) -> ProxySpec:
+def _spec(tmp_path: Path, tls: bool = True, port: int = 9443, rate_limit: int = 0, upstream: int = 9440
+          ) -> ProxySpec:
     files = ensure_tls(tmp_path / "tls", ["127.0.0.1", "localhost"]) if tls else None
-    return ProxySpec("127.0.0.1", port, 9440, files.server_cert if files else None,
+    return ProxySpec("127.0.0.1", port, upstream, files.server_cert if files else None,
                      files.server_key if files else None, files.ca_cert if files else None, tmp_path / "proxy",
                      rate_limit=rate_limit)
 
@@ -152,15 +153,15 @@ def test_the_default_rate_limit_reaches_the_front_door(tmp_path: Path) -> None:
 
 
 @needs_nginx
-def test_the_front_door_answers_429_past_the_rate_limit(tmp_path: Path) -> None:
+def test_the_front_door_answers_503_past_the_rate_limit(tmp_path: Path) -> None:
     import httpx
 
     from aggregator.deploy.loopback import free_ports
     from aggregator.deploy.proxy import nginx_command
 
-    # Prepare: plain-HTTP nginx at 1 request/s (burst 2) with no SuperLink behind it
-    port, = free_ports(1)
-    cmd = nginx_command(_spec(tmp_path, tls=False, port=port, rate_limit=1))
+    # Prepare: plain-HTTP nginx at 1 request/s (burst 2), with a SuperLink port nothing listens on
+    port, upstream = free_ports(2)
+    cmd = nginx_command(_spec(tmp_path, tls=False, port=port, rate_limit=1, upstream=upstream))
     nginx = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -178,9 +179,10 @@ def test_the_front_door_answers_429_past_the_rate_limit(tmp_path: Path) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(nginx.pid, signal.SIGTERM)
         nginx.wait(timeout=15)
-    # Assert: the burst reaches the (absent) SuperLink, 502; the rest are refused, 429
-    assert codes.count(429) >= 6 and set(codes) == {502, 429}, codes
-    assert codes.index(429) > 0
+    # Assert: the first and its burst of 2 reach the (absent) SuperLink, 502; the rest are
+    # refused by the limit with 503 (a status Flower's SuperNode retries), nothing else
+    # (a slow machine may earn a new token mid-way, hence "at least")
+    assert codes[:4] == [502, 502, 502, 503] and codes.count(503) >= 5 and set(codes) == {502, 503}, codes
 
 
 def test_the_agent_runs_an_authenticated_supernode_in_process_isolation(tmp_path: Path) -> None:
