@@ -158,6 +158,7 @@ class SecAggSpec:
     bits: Literal[32, 64] = 32
     max_weight: float = 10000.0
     stage_timeout_s: float = 30.0
+    client_metrics: bool = True     # false: no per-client examples / loss in clear, the sum only
 
     def _check(self) -> None:
         _positive("threshold", self.threshold)

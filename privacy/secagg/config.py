@@ -58,6 +58,11 @@ class SecAggConfig:
         near the largest weight expected (1.0 for unit weights).
     stage_timeout_s : float
         Deadline of each stage in the Flower workflow.
+    client_metrics : bool
+        Whether clients send their training metrics (example count, loss,
+        duration) in clear next to the masked vector. ``False``: the server
+        learns the weighted sum, the sum of weights and who took part, and
+        nothing per client.
     """
 
     threshold: int | float | None = None
@@ -67,6 +72,7 @@ class SecAggConfig:
     bits: int = 32
     max_weight: float = 1000.0
     stage_timeout_s: float = 60.0
+    client_metrics: bool = True
 
     def __post_init__(self) -> None:
         self._check_threshold()
@@ -79,6 +85,8 @@ class SecAggConfig:
             raise SecAggConfigError("bits", self.bits, "must be 32 or 64")
         self._check_positive("max_weight", self.max_weight)
         self._check_positive("stage_timeout_s", self.stage_timeout_s)
+        if not isinstance(self.client_metrics, bool):
+            raise SecAggConfigError("client_metrics", self.client_metrics, "must be true or false")
 
     def _check_threshold(self) -> None:
         value = self.threshold

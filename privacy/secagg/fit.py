@@ -34,7 +34,7 @@ def config_from_spec(spec: SecAggSpec) -> SecAggConfig:
     threshold: int | float = int(spec.threshold) if spec.threshold >= 1 else float(spec.threshold)
     return SecAggConfig(threshold=threshold, graph=spec.graph, degree=spec.degree or None,
                         clip_range=spec.clip_range, bits=spec.bits, max_weight=spec.max_weight,
-                        stage_timeout_s=spec.stage_timeout_s)
+                        stage_timeout_s=spec.stage_timeout_s, client_metrics=spec.client_metrics)
 
 
 class SecAggFit:

@@ -5,7 +5,8 @@ without a ``"secagg"`` ConfigRecord pass straight through. The setup stages
 are answered by the mod itself; at MASKED_INPUT it runs the ordinary training
 (``call_next``), then quantises, weights and masks the update (Bonawitz et
 al., CCS 2017; Bell et al., CCS 2020) and replies with the masked vector in
-place of ``"update"``, keeping ``"metrics"``.
+place of ``"update"``, keeping ``"metrics"`` unless the request's header
+asks for none (``[secagg] client_metrics = false``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from privacy.secagg.errors import SecAggError
 from privacy.secagg.flower_records import (
     RECORD,
     STATE_RECORD,
+    metrics_wanted,
     ndarray_of,
     read_request,
     record_of,
@@ -107,7 +109,7 @@ def secagg_mod(message: Message, context: Context, call_next: ClientAppCallable)
         if out.has_error():
             raise _TrainingFailed(out)
         metrics = record_of(out.content, METRICS_RECORD, MetricRecord)
-        if metrics is not None:
+        if metrics is not None and metrics_wanted(message.content):
             kept["metrics"] = RecordDict({METRICS_RECORD: metrics})
         return _update_of(out.content)
 

@@ -23,6 +23,8 @@ from privacy.secagg.stage import Stage
 
 __all__ = [
     "MASKED_RECORD",
+    "METRICS_FLAG",
+    "metrics_wanted",
     "array_of",
     "ndarray_of",
     "RECORD",
@@ -40,6 +42,7 @@ R = TypeVar("R", ArrayRecord, ConfigRecord, MetricRecord)
 RECORD = "secagg"
 STATE_RECORD = "secagg.state"
 MASKED_RECORD = "secagg.masked"
+METRICS_FLAG = "client-metrics"
 _VECTOR = "vector"
 
 
@@ -81,11 +84,24 @@ def _header(stage: Stage, round_id: int, payload: bytes) -> ConfigRecord:
 
 
 def request_content(stage: Stage, round_id: int, request: Request,
-                    extra: RecordDict | None = None) -> RecordDict:
-    """Content of the server's message for ``stage`` (``extra`` records are kept)."""
+                    extra: RecordDict | None = None, client_metrics: bool = True) -> RecordDict:
+    """Content of the server's message for ``stage`` (``extra`` records are kept).
+
+    The MASKED_INPUT header also says whether the client should send its
+    training metrics back in clear (``client_metrics``).
+    """
     records = dict(extra.items()) if extra is not None else {}
-    records[RECORD] = _header(stage, round_id, encode(request))
+    header = _header(stage, round_id, encode(request))
+    if stage is Stage.MASKED_INPUT:
+        header[METRICS_FLAG] = client_metrics
+    records[RECORD] = header
     return RecordDict(records)
+
+
+def metrics_wanted(content: RecordDict) -> bool:
+    """Whether a MASKED_INPUT request asks for the client's metrics in clear (default: yes)."""
+    header = record_of(content, RECORD, ConfigRecord)
+    return header is None or header.get(METRICS_FLAG, True) is not False
 
 
 def _stage_of(content: RecordDict) -> tuple[Stage, int, bytes]:

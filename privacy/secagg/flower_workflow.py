@@ -52,18 +52,19 @@ class _Stage:
 
 
 def _messages(stage: Stage, round_id: int, requests: Mapping[int, Request],
-              train_content: RecordDict, ttl: float) -> dict[int, Message]:
+              train_content: RecordDict, config: SecAggConfig) -> dict[int, Message]:
     extra = train_content if stage is Stage.MASKED_INPUT else None
+    ttl = config.stage_timeout_s
     out = {}
     for node, request in sorted(requests.items()):
-        content = request_content(stage, round_id, request, extra)
+        content = request_content(stage, round_id, request, extra, config.client_metrics)
         out[node] = Message(content, dst_node_id=node, message_type=MessageType.TRAIN,
                             group_id=str(round_id), ttl=ttl)
     return out
 
 
 def _accept(server: ServerRound, stage: Stage, round_id: int, node: int, reply: Message,
-            book: _Stage, metrics: dict[int, dict]) -> None:
+            book: _Stage, metrics: dict[int, dict] | None) -> None:
     if reply.has_error() or reply.metadata.src_node_id != node:
         return  # an error reply is this client dropping out
     book.up += content_bytes(reply.content)
@@ -73,20 +74,21 @@ def _accept(server: ServerRound, stage: Stage, round_id: int, node: int, reply: 
     except (SecAggProtocolError, SecAggCryptoError):
         return
     record = record_of(reply.content, METRICS_RECORD, MetricRecord)
-    if stage is Stage.MASKED_INPUT and record is not None:
+    if stage is Stage.MASKED_INPUT and record is not None and metrics is not None:
         metrics[node] = dict(record)
 
 
 def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
-               train_content: RecordDict, timeout_s: float, metrics: dict[int, dict],
+               train_content: RecordDict, config: SecAggConfig, metrics: dict[int, dict],
                clock: Callable[[], float], sleep: Callable[[float], None]) -> StageStats:
     book = _Stage(clock)
     requests: Mapping[int, Request] = book.timed(server.requests)  # type: ignore[assignment]
-    messages = _messages(stage, round_id, requests, train_content, timeout_s)
+    messages = _messages(stage, round_id, requests, train_content, config)
+    kept = metrics if config.client_metrics else None  # not asked for: not kept, even if sent
     book.down = sum(content_bytes(m.content) for m in messages.values())
     ids = list(grid.push_messages(list(messages.values())))
     node_of = dict(zip(ids, messages, strict=True))
-    pending, deadline = set(ids), book.start + timeout_s
+    pending, deadline = set(ids), book.start + config.stage_timeout_s
     # An in-process grid can tell when no reply can come any more (a dropped
     # node is gone for good); then the stage closes before its deadline.
     settled = getattr(grid, "settled", lambda _ids: False)
@@ -95,7 +97,7 @@ def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
             message_id = reply.metadata.reply_to_message_id
             if message_id in pending:
                 pending.discard(message_id)
-                _accept(server, stage, round_id, node_of[message_id], reply, book, metrics)
+                _accept(server, stage, round_id, node_of[message_id], reply, book, kept)
         if not pending or clock() >= deadline or settled(list(pending)):
             break
         sleep(POLL_INTERVAL_S)
@@ -146,8 +148,7 @@ def run_secagg(grid: Grid, node_ids: Sequence[int], train_content: RecordDict, c
     metrics: dict[int, dict] = {}
     stages = []
     while (stage := server.stage) is not None:
-        stages.append(_run_stage(grid, server, stage, round, train_content,
-                                 config.stage_timeout_s, metrics, clock, sleep))
+        stages.append(_run_stage(grid, server, stage, round, train_content, config, metrics, clock, sleep))
     total, weight = server.result()
     survivors = server.survivors
     return SecureSumResult(total, weight, survivors, tuple(stages), server.error_bound(),

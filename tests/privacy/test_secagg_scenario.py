@@ -44,3 +44,20 @@ def test_below_threshold_the_round_fails_cleanly_and_the_run_goes_on(db_url: str
     assert all(r.metrics["status"] == "skipped" and "aborted" in r.secagg for r in rows)
     reasons = {c.reason for c in store.client_results(summary.run_id)}
     assert any("share_keys" in (reason or "") for reason in reasons)
+
+
+def test_without_client_metrics_the_store_holds_no_per_client_training_figures(db_url: str) -> None:
+    # Prepare: the same tiny federation twice, with and without clear training metrics
+    base = tiny_scenario(rounds=1, federation={"clients": 4}, evaluation={"federated": False},
+                         secagg={"enabled": True, "max_weight": 1000.0})
+    hidden = base.with_overrides(secagg={"enabled": True, "max_weight": 1000.0, "client_metrics": False})
+    # Execute
+    shown_run, hidden_run = simulate(base, db_url=db_url), simulate(hidden, db_url=db_url)
+    # Assert: the same model either way (up to the stochastic rounding); only the run that asked
+    # for none lacks per-client figures
+    store = RunStore(db_url)
+    shown, secret = store.client_results(shown_run.run_id), store.client_results(hidden_run.run_id)
+    assert all(c.outcome == "ok" and c.num_examples > 0 and c.train_loss is not None for c in shown)
+    assert all(c.outcome == "ok" and c.num_examples == 0 and c.train_loss is None and not c.metrics
+               for c in secret)
+    assert abs(shown_run.final_accuracy - hidden_run.final_accuracy) <= 0.01

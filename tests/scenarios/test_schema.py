@@ -43,6 +43,7 @@ def test_defaults_and_derived_values() -> None:
         ("[dp]\nenabled = true", "bad.toml: dp.noise_multiplier = None: give noise_multiplier"),
         ("data = 3", "bad.toml: data = 3: must be a table"),
         ("rounds = [", "bad.toml: not valid TOML"),
+        ("[secagg]\nclient_metrics = 'no'", "bad.toml: secagg.client_metrics = 'no': must be true or false"),
     ],
 )
 def test_bad_value_names_file_key_and_value(text: str, message: str) -> None:

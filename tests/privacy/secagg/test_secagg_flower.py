@@ -79,6 +79,24 @@ def test_flower_round_recovers_from_dropouts_at_each_stage(stage):
     assert result.client_metrics[101] == {"num-examples": EXAMPLES[101], "train-loss": 0.5}
 
 
+def test_without_client_metrics_the_server_gets_the_sum_and_nothing_per_client():
+    # Prepare: spy on every reply that reaches the server
+    grid = SyncGrid(make_app(), NODES, dropping(Stage.MASKED_INPUT, {104}))
+    replies: list[Message] = []
+    pull = grid.pull_messages
+    grid.pull_messages = lambda ids: [replies.append(r) or r for r in pull(ids)]  # type: ignore[method-assign]
+    # Execute
+    result = run(grid, dataclasses.replace(CONFIG, client_metrics=False))
+    # Assert: the same weighted sum as plain FedAvg, and no metrics in any reply or in the result
+    total, weight = plain(set(NODES) - {104})
+    assert np.abs(result.total - total).max() <= result.error_bound
+    assert abs(result.total_weight - weight) <= result.error_bound
+    assert result.client_metrics == {}
+    masked = [r for r in replies if stage_of(r) == Stage.MASKED_INPUT.value]
+    assert len(masked) == len(NODES) - 1
+    assert all("metrics" not in r.content.metric_records for r in replies)
+
+
 def test_every_stage_message_names_its_stage():
     seen: list[tuple[str | None, str]] = []
     grid = SyncGrid(make_app(), NODES, lambda m: seen.append((stage_of(m), m.metadata.message_type)) and False)
