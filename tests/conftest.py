@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,17 @@ import pytest
 from scenarios.schema import Scenario, scenario_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, poll_s: float = 0.05) -> object:
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def tiny_scenario(**sections: Any) -> Scenario:

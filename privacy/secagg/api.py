@@ -18,7 +18,7 @@ from privacy.secagg.codec import wire_size
 from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggCryptoError, SecAggProtocolError
 from privacy.secagg.messages import Request
-from privacy.secagg.result import SecureSumResult, StageStats
+from privacy.secagg.result import SecureSumResult, ServerTimer, StageStats
 from privacy.secagg.server import ServerRound
 from privacy.secagg.stage import Stage
 from privacy.secagg.state import ClientState
@@ -37,25 +37,10 @@ def request_bytes(requests: Mapping[int, Request]) -> int:
     return sum(sizes[id(m)] for m in requests.values())
 
 
-class _Timer:
-    """Accumulates the server's share of a stage's time."""
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.total = 0.0
-
-    def run(self, fn: Callable[..., object], *args: object) -> object:
-        start = self.clock()
-        try:
-            return fn(*args)
-        finally:
-            self.total += self.clock() - start
-
-
 def _run_stage(server: ServerRound, stage: Stage, clients: dict[int, ClientState], drop: set[int],
                vectors: Sequence[np.ndarray], weights: Sequence[float],
                rng: np.random.Generator, entropy: Callable[[int], bytes], clock: Clock) -> StageStats:
-    start, timer = clock(), _Timer(clock)
+    start, timer = clock(), ServerTimer(clock)
     requests: Mapping[int, Request] = timer.run(server.requests)  # type: ignore[assignment]
     up = 0
     for node in sorted(requests.keys() - drop):

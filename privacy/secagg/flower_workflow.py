@@ -24,7 +24,7 @@ from privacy.secagg.errors import SecAggCryptoError, SecAggProtocolError
 from privacy.secagg.flower_mod import METRICS_RECORD
 from privacy.secagg.flower_records import content_bytes, read_reply, record_of, request_content
 from privacy.secagg.messages import Request
-from privacy.secagg.result import SecureSumResult, StageStats
+from privacy.secagg.result import SecureSumResult, ServerTimer, StageStats
 from privacy.secagg.server import ServerRound
 from privacy.secagg.stage import Stage
 
@@ -37,18 +37,10 @@ class _Stage:
     """Book-keeping of one stage: server time, bytes, training metrics."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
         self.start = clock()
-        self.server_s = 0.0
+        self.server = ServerTimer(clock)
         self.up = 0
         self.down = 0
-
-    def timed(self, fn: Callable[..., object], *args: object) -> object:
-        start = self.clock()
-        try:
-            return fn(*args)
-        finally:
-            self.server_s += self.clock() - start
 
 
 def _messages(stage: Stage, round_id: int, requests: Mapping[int, Request],
@@ -70,7 +62,7 @@ def _accept(server: ServerRound, stage: Stage, round_id: int, node: int, reply: 
     book.up += content_bytes(reply.content)
     try:
         parsed = read_reply(stage, round_id, reply.content)
-        book.timed(server.accept, node, parsed)
+        book.server.run(server.accept, node, parsed)
     except (SecAggProtocolError, SecAggCryptoError):
         return
     record = record_of(reply.content, METRICS_RECORD, MetricRecord)
@@ -82,7 +74,7 @@ def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
                train_content: RecordDict, config: SecAggConfig, metrics: dict[int, dict],
                clock: Callable[[], float], sleep: Callable[[float], None]) -> StageStats:
     book = _Stage(clock)
-    requests: Mapping[int, Request] = book.timed(server.requests)  # type: ignore[assignment]
+    requests: Mapping[int, Request] = book.server.run(server.requests)  # type: ignore[assignment]
     messages = _messages(stage, round_id, requests, train_content, config)
     kept = metrics if config.client_metrics else None  # not asked for: not kept, even if sent
     book.down = sum(content_bytes(m.content) for m in messages.values())
@@ -101,9 +93,9 @@ def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
         if not pending or clock() >= deadline or settled(list(pending)):
             break
         sleep(POLL_INTERVAL_S)
-    book.timed(server.close)
+    book.server.run(server.close)
     return StageStats(stage, server.completed[stage], book.up, book.down,
-                      clock() - book.start, book.server_s)
+                      clock() - book.start, book.server.total)
 
 
 def run_secagg(grid: Grid, node_ids: Sequence[int], train_content: RecordDict, config: SecAggConfig,

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from privacy.secagg.stage import Stage
 
-__all__ = ["SecureSumResult", "StageStats"]
+__all__ = ["SecureSumResult", "StageStats", "ServerTimer"]
+
+
+class ServerTimer:
+    """Accumulates the server's share of a stage's time (``StageStats.server_seconds``)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.total = 0.0
+
+    def run(self, fn: Callable[..., object], *args: object) -> object:
+        """``fn(*args)``, its time added to :attr:`total`."""
+        start = self.clock()
+        try:
+            return fn(*args)
+        finally:
+            self.total += self.clock() - start
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from aggregator.store import RunStore
+from tests.conftest import wait_for
 from dashboard_support import ROOT, XSS_NAME, add_xss_run, free_port, stop
 
 CHROMIUM = shutil.which("chromium")
@@ -43,16 +43,6 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is n
 class Stack:
     base: str
     db_url: str
-
-
-def _wait(what: str, timeout: float, probe: Callable[[], object]) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _get(url: str) -> httpx.Response | None:
@@ -80,7 +70,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
                                       cwd=ROOT, env=env, stdout=sim_log, stderr=subprocess.STDOUT)
         cleanup.callback(stop, simulation)
         base = f"http://127.0.0.1:{port}"
-        _wait("the dashboard to answer", 45, lambda: (r := _get(f"{base}/api/runs")) is not None and r.is_success)
+        wait_for(lambda: (r := _get(f"{base}/api/runs")) is not None and r.is_success, 45,
+                 "the dashboard to answer", poll_s=0.2)
         yield Stack(base=base, db_url=db_url)
 
 
@@ -90,7 +81,7 @@ def _running_run(base: str) -> str:
         runs = response.json() if response is not None and response.is_success else []
         return next((r["id"] for r in runs if r["name"] == "quickstart"), None)
 
-    return str(_wait("the simulation to start its run", 60, probe))
+    return str(wait_for(probe, 60, "the simulation to start its run", poll_s=0.2))
 
 
 def test_run_page_updates_live_and_draws_charts(stack: Stack) -> None:

@@ -7,8 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ from torch.nn import functional as F
 from aggregator.messages import client_seed
 from clients.datasets import build_federation
 from clients.models import build_model, get_flat
+from tests.conftest import wait_for  # noqa: F401 - the failure tests poll with it
 
 __all__ = ["ROOT", "Job", "wait_for", "reference_sync"]
 
@@ -44,17 +43,6 @@ class Job:
         except ProcessLookupError:
             pass
         self.proc.communicate()
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll ``predicate`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def reference_sync(scenario, world: int) -> np.ndarray:
