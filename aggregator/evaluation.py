@@ -11,8 +11,8 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from aggregator.collect import collect, push
-from aggregator.errors import UpdateRejected
-from aggregator.messages import TrainConfig, parse_eval_reply, train_instruction
+from core.errors import UpdateRejected
+from core.messages import TrainConfig, parse_eval_reply, train_instruction
 
 __all__ = ["EvalSummary", "federated_evaluate", "ServerEvaluator"]
 
@@ -57,15 +57,15 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
 class ServerEvaluator:
     """Scores flat parameters on the aggregator's held-out set."""
 
-    def __init__(self, model_factory, test_set) -> None:  # noqa: ANN001 - torch kept out of the signature
-        from clients.models import set_flat  # torch is imported only when evaluation is used
+    def __init__(self, model_factory, test_set) -> None:
+        from learning.models import set_flat  # torch is imported only when evaluation is used
 
         self._model = model_factory()
         self._set_flat = set_flat
         self._test = test_set
 
     def __call__(self, params: np.ndarray) -> tuple[float, float]:
-        from clients.training import evaluate
+        from learning.training import evaluate
 
         self._set_flat(self._model, params)
         result = evaluate(self._model, self._test)

@@ -1,8 +1,9 @@
 """The fit step of a round: send the global model, fold updates as they arrive.
 
-A fit workflow turns (sampled clients, global model) into a running aggregate
-plus one :class:`~aggregator.store.ClientRecord` per sampled client. The plain
-workflow here folds each validated reply into the strategy's monoid the
+A fit workflow (its types are in :mod:`core.fit`) turns (sampled clients,
+global model) into a running aggregate plus one
+:class:`~core.records.ClientRecord` per sampled client. The plain workflow here
+folds each validated reply into the strategy's monoid the
 moment it is pulled; secure aggregation supplies another workflow with the
 same shape (``privacy.secagg``), so the round loop has no ``if secagg:``.
 """
@@ -10,50 +11,21 @@ same shape (``privacy.secagg``), so the round loop has no ``if secagg:``.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from aggregator import core
 from aggregator.collect import collect, push
-from aggregator.errors import UpdateRejected
-from aggregator.messages import TrainConfig, content_bytes, parse_train_reply, train_instruction
-from aggregator.store import ClientRecord
-from aggregator.strategies.base import ServerState, Strategy
+from core.errors import UpdateRejected
+from core.fit import FitOutcome, FitRequest, accumulate
+from core.messages import content_bytes, parse_train_reply, train_instruction
+from core.records import ClientRecord
+from core.strategy import Strategy
 
-__all__ = ["FitRequest", "FitOutcome", "FitWorkflow", "PlainFit"]
-
-
-@dataclass(frozen=True)
-class FitRequest:
-    """What a fit workflow needs for one round."""
-
-    round: int
-    nodes: Sequence[int]
-    state: ServerState
-    config: TrainConfig
-    deadline_s: float
-    max_update_bytes: int
-
-
-@dataclass
-class FitOutcome:
-    """What one round's fit step produced."""
-
-    aggregate: core.MeanState | None
-    clients: list[ClientRecord] = field(default_factory=list)
-    bytes_in: int = 0
-    bytes_out: int = 0
-    train_loss: float | None = None
-    secagg: dict[str, Any] | None = None
-
-
-class FitWorkflow(Protocol):
-    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome: ...
+__all__ = ["PlainFit"]
 
 
 def _label(node: int) -> str:
@@ -116,12 +88,6 @@ class _Folder:
             client=_label(node), outcome="ok", num_examples=parsed.num_examples, train_loss=loss,
             duration_s=_finite(parsed.metrics.get("duration-s")) or elapsed, bytes_in=nbytes,
             metrics={k: v for k, v in parsed.metrics.items() if isinstance(v, (int, float))}))
-
-
-def accumulate(strategy: Strategy, agg: core.MeanState, delta: np.ndarray, num_examples: int,
-               metrics: Mapping[str, Any]) -> core.MeanState:
-    """Fold one decoded (hence already validated) update."""
-    return strategy.accumulate(agg, delta, num_examples, checked=True)
 
 
 def _finite(value: Any) -> float | None:

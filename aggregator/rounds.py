@@ -18,11 +18,12 @@ import numpy as np
 from flwr.serverapp import Grid
 
 from aggregator.evaluation import ServerEvaluator, federated_evaluate
-from aggregator.fit import FitOutcome, FitRequest, FitWorkflow
-from aggregator.messages import TrainConfig, client_seed
-from aggregator.store import ClientRecord, RoundRecord, RunStore
-from aggregator.strategies.base import ServerState, Strategy
+from aggregator.store import RunStore
 from aggregator.strategies.fedavg import FedAvg
+from core.fit import FitOutcome, FitRequest, FitWorkflow
+from core.messages import TrainConfig
+from core.records import ClientRecord, RoundRecord
+from core.strategy import ServerState, Strategy
 from scenarios.schema import Scenario
 
 __all__ = ["RoundLoop", "sample_clients", "LoopResult"]

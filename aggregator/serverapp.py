@@ -13,15 +13,23 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from aggregator.fit import FitWorkflow, PlainFit
+from aggregator.evaluation import ServerEvaluator
+from aggregator.fit import PlainFit
 from aggregator.rounds import LoopResult, RoundLoop
-from aggregator.store import RoundRecord, RunStore, default_db_url
+from aggregator.store import RunStore, default_db_url
 from aggregator.strategies import FedAdam, FedAvg, FedAvgM, FedProx, FedYogi, Strategy
+from core.fit import FitWorkflow
+from core.records import RoundRecord
+from learning.federation import cached_federation
+from learning.models import build_model, get_flat
+from privacy.dp import make_dp_strategy
+from privacy.secagg.fit import SecAggFit
+from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario
 
 __all__ = ["app", "build_strategy", "build_fit", "run_federation", "RunHandle"]
@@ -39,8 +47,6 @@ def build_strategy(scenario: Scenario) -> Strategy:
     }[s.name]()
     if not scenario.dp.enabled:
         return base
-    from privacy.dp import make_dp_strategy
-
     return make_dp_strategy(base, scenario.dp, clients_per_round=scenario.federation.per_round,
                             population=scenario.federation.clients, rounds=scenario.rounds)
 
@@ -49,10 +55,6 @@ def build_fit(scenario: Scenario) -> FitWorkflow:
     """Plain fit, or the secure-aggregation workflow when ``[secagg]`` is enabled."""
     if not scenario.secagg.enabled:
         return PlainFit()
-    from dataclasses import replace
-
-    from privacy.secagg.fit import SecAggFit
-
     # DP-FedAvg weighs every client 1: no weight cap above 1 is needed, and a
     # larger one would cost quantisation precision.
     spec = replace(scenario.secagg, max_weight=1.0) if scenario.dp.enabled else scenario.secagg
@@ -68,9 +70,6 @@ class RunHandle:
 
 
 def _model_factory(scenario: Scenario) -> tuple[Callable[[], object], object]:
-    from clients.clientapp import cached_federation
-    from clients.models import build_model
-
     fed = cached_federation(scenario)
 
     def factory() -> object:
@@ -80,10 +79,8 @@ def _model_factory(scenario: Scenario) -> tuple[Callable[[], object], object]:
 
 
 def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: str,
-             resume_id: str | None = None):  # noqa: ANN201
+             resume_id: str | None = None):
     """Create a run (or reopen ``resume_id``); returns (run_id, state, model factory, test set)."""
-    from clients.models import get_flat
-
     factory, fed = _model_factory(scenario)
     if resume_id is not None:
         state = store.load_state(resume_id)
@@ -104,8 +101,6 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
                    on_round: Callable[[RoundRecord], None] | None = None,
                    on_start: Callable[[str], None] | None = None) -> tuple[str, LoopResult]:
     """Run (or resume) a federation over ``grid``; returns the run id and how it ended."""
-    from aggregator.evaluation import ServerEvaluator
-
     strategy = build_strategy(scenario)
     run_id, state, factory, test = open_run(store, scenario, strategy, engine, resume_id)
     if on_start is not None:
@@ -137,8 +132,6 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point under ``flwr run`` (Ray simulation or a SuperLink)."""
-    from clients.clientapp import scenario_from_run_config
-
     config = dict(context.run_config)
     scenario = scenario_from_run_config(config)
     overrides = json.loads(str(config.get("overrides", "{}")))

@@ -13,20 +13,19 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
-from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, create_engine, event,
-                        select)
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, create_engine, event, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from aggregator.errors import RunNotFound, StoreError
-from aggregator.strategies.base import ServerState
+from core.errors import RunNotFound, StoreError
+from core.records import ClientRecord, RoundRecord
+from core.strategy import ServerState
 
 __all__ = ["RunStore", "Run", "Round", "ClientResult", "Event", "RoundRecord", "ClientRecord",
            "default_db_url"]
@@ -104,47 +103,6 @@ class Event(Base):
     ts: Mapped[float] = mapped_column(Float)
     level: Mapped[str] = mapped_column(String(16))
     message: Mapped[str] = mapped_column(Text)
-
-
-@dataclass(frozen=True)
-class ClientRecord:
-    """One client's part in one round, as the round loop saw it."""
-
-    client: str
-    outcome: str  # ok | dropped | rejected | error | late
-    num_examples: int = 0
-    train_loss: float | None = None
-    eval_loss: float | None = None
-    eval_accuracy: float | None = None
-    duration_s: float | None = None
-    bytes_in: int = 0
-    stage: str | None = None
-    reason: str | None = None
-    metrics: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class RoundRecord:
-    """Everything committed for one round."""
-
-    round: int
-    started_at: float
-    duration_s: float
-    sampled: int
-    clients: Sequence[ClientRecord]
-    train_loss: float | None = None
-    fed_loss: float | None = None
-    fed_accuracy: float | None = None
-    server_loss: float | None = None
-    server_accuracy: float | None = None
-    bytes_in: int = 0
-    bytes_out: int = 0
-    epsilon: float | None = None
-    secagg: dict[str, Any] | None = None
-    metrics: dict[str, Any] | None = None
-
-    def count(self, outcome: str) -> int:
-        return sum(1 for c in self.clients if c.outcome == outcome)
 
 
 def default_db_url(directory: str | Path = "runs") -> str:

@@ -87,7 +87,7 @@ def make_replies(base: np.ndarray, clients: int, seed: int) -> Iterator[Any]:
 
 
 def _reply(base: np.ndarray, rng: np.random.Generator) -> Any:
-    from aggregator.messages import train_reply
+    from core.messages import train_reply
 
     update = np.roll(base, int(rng.integers(base.shape[0])))
     update *= np.float32(rng.uniform(0.5, 1.5))
@@ -115,8 +115,8 @@ def ours_aggregate(replies: Iterable[Any], size: int) -> tuple[Any, np.ndarray]:
     """Our fold, one reply at a time; returns (ArrayRecord, [wall, cpu] seconds spent in it)."""
     from flwr.app import ArrayRecord
 
-    from aggregator.messages import encode_flat, parse_train_reply
     from aggregator.strategies.fedavg import FedAvg
+    from core.messages import encode_flat, parse_train_reply
 
     strategy, max_bytes = FedAvg(), size * 4 + 4096
     start = clocks()

@@ -68,9 +68,10 @@ bench_app = ServerApp()
 @bench_app.main()
 def _bench_main(grid: Grid, context: Context) -> None:
     """Rounds of one train message per node, with the loop the run_config names; timings to a file."""
-    from aggregator.messages import TrainConfig, parse_train_reply, train_instruction
-    from clients.clientapp import cached_federation, scenario_from_run_config
-    from clients.models import build_model, get_flat
+    from core.messages import TrainConfig, parse_train_reply, train_instruction
+    from learning.federation import cached_federation
+    from learning.models import build_model, get_flat
+    from scenarios.runconfig import scenario_from_run_config
 
     config = dict(context.run_config)
     scenario = scenario_from_run_config(config)
@@ -120,8 +121,8 @@ def _app_dir(work: Path) -> Path:
     return app
 
 
-def _run(lb, work: Path, scenario: Path, loop: str, nodes: list[int], timeout_s: float) -> list[dict]:  # noqa: ANN001
-    from aggregator.deploy.flower import CONNECTION, flwr
+def _run(lb, work: Path, scenario: Path, loop: str, nodes: list[int], timeout_s: float) -> list[dict]:
+    from deploy.flower import CONNECTION, flwr
 
     out = work / f"timings-{loop}.json"
     overrides = work / f"run-{loop}.toml"
@@ -198,9 +199,9 @@ def main() -> None:
 
 
 def _bench(work: Path, clients: int, rounds: int, poll: float) -> dict[str, float]:
-    from aggregator.deploy.enroll import load_registry
-    from aggregator.deploy.flower import flower_env
-    from aggregator.deploy.loopback import LoopbackFederation, Processes, free_ports, write_device_data
+    from deploy.enroll import load_registry
+    from deploy.flower import flower_env
+    from deploy.loopback import LoopbackFederation, Processes, free_ports, write_device_data
 
     scenario = work / "scenario.toml"
     scenario.write_text(SCENARIO.format(rounds=rounds, clients=clients))
@@ -220,7 +221,7 @@ def _bench(work: Path, clients: int, rounds: int, poll: float) -> dict[str, floa
         stock_logs = {}
         ca = lb.deploy.state.tls / "ca.pem"
         for i in range(clients):  # Flower's own SuperNode: subprocess isolation, 3 s polling (timestamped logs)
-            argv = [sys.executable, "-m", "clients.agent", "supernode", "--poll-s", "3", "--",
+            argv = [sys.executable, "-m", "deploy.agent", "supernode", "--poll-s", "3", "--",
                     "--superlink", lb.address, "--root-certificates", str(ca),
                     "--auth-supernode-private-key", str(lb.key(f"s{i}")), "--port", str(free_ports(1)[0]),
                     "--node-config", f'data-path="{data[i]}"']

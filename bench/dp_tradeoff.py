@@ -5,7 +5,7 @@ test accuracy and the epsilon the RDP accountant charges. ``z = 0`` (clipped
 updates, no noise) is the anchor the others are compared with, in the same run.
 
 The federation: 100 FedProx Synthetic(1, 1) source devices (Li et al.,
-MLSys 2020; ``clients.datasets.synthetic_devices``), each device's training
+MLSys 2020; ``learning.datasets.synthetic_devices``), each device's training
 examples (at most 1,000) dealt into clients of 10: about 2,500 clients, so
 that 200 per round is a sampling rate of about 0.08. Multinomial logistic
 regression, Poisson sampling, one local epoch, server momentum 0.9.
@@ -17,7 +17,7 @@ and with 1,000 devices even a centrally trained logistic regression tops out
 near 26% test accuracy, which leaves nothing for noise to take away.
 
 The loop is the production path minus the transport: ``sample_clients``,
-``DPFedAvg.for_round``, ``clients.training.train`` on each device,
+``DPFedAvg.for_round``, ``learning.training.train`` on each device,
 ``client_payload`` (clipping on the client), ``accumulate``, ``finalize``
 (noise) and ``apply`` (FedAvgM, accountant). Noise and sampling use seeded
 generators so runs are comparable (production uses ``secure_rng``).
@@ -60,7 +60,7 @@ def build(sources: int, per_client: int, cap: int, seed: int) -> Federation:
     ``per_client`` examples (a smaller remainder is dropped). The test set is
     the union of the devices' test splits, at most ``cap // 9`` per device.
     """
-    from clients.datasets import ArrayDataset, synthetic_devices
+    from learning.datasets import ArrayDataset, synthetic_devices
 
     train, tests = [], []
     for device in synthetic_devices(1.0, 1.0, sources, np.random.default_rng(seed)):
@@ -75,8 +75,8 @@ def build(sources: int, per_client: int, cap: int, seed: int) -> Federation:
 def run(fed: Federation, z: float, args: argparse.Namespace) -> dict[str, Any]:
     """Train one DP-FedAvg run with noise multiplier ``z``; return its figures."""
     from aggregator.strategies import FedAvgM
-    from clients.models import build_model, get_flat, set_flat
-    from clients.training import evaluate, train
+    from learning.models import build_model, get_flat, set_flat
+    from learning.training import evaluate, train
     from privacy.dp import ClientDPConfig, DPFedAvg, client_payload, sample_clients
 
     n = len(fed.train)

@@ -4,7 +4,7 @@ Both trainers run **in the same torchrun job** (gloo, ``--nproc`` processes),
 on the same model (the scenario's CNN), the same per-rank shards and the same
 batches, with the same optimiser (SGD, lr 0.05):
 
-* **Ours**: :class:`aggregator.parallel.sync.SyncSGD`, i.e. gradients written
+* **Ours**: :class:`runtimes.parallel.sync.SyncSGD`, i.e. gradients written
   straight into the wire buffer, one bucketed all-reduce of the core's monoid
   state (sums + weight + count), ``core.finalize``, SGD step.
 * **DDP** (anchor): ``torch.nn.parallel.DistributedDataParallel`` with its
@@ -19,7 +19,7 @@ the same steps on the same data, so their parameters must agree
 
 Traffic: one round of each mode over the same scenario (one local epoch,
 each rank one client) through the production round code
-(``aggregator.parallel.job.run_round``); the figure is the payload each rank
+(``runtimes.parallel.job.run_round``); the figure is the payload each rank
 hands to collectives per epoch, model and metrics together.
 
     python bench/parallel.py            # MNIST 5k, CNN, 2 processes
@@ -64,7 +64,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 # ----------------------------------------------------------------- worker side
 
 
-def _scenario(args: argparse.Namespace, world: int):  # noqa: ANN202
+def _scenario(args: argparse.Namespace, world: int):
     from scenarios.schema import scenario_from_dict
 
     return scenario_from_dict({
@@ -74,7 +74,7 @@ def _scenario(args: argparse.Namespace, world: int):  # noqa: ANN202
         "evaluation": {"federated": False, "server": False}})
 
 
-def _batches(job, args: argparse.Namespace, count: int) -> list[tuple[Any, Any]]:  # noqa: ANN001
+def _batches(job, args: argparse.Namespace, count: int) -> list[tuple[Any, Any]]:
     import torch
 
     x, y = job.shard
@@ -84,7 +84,7 @@ def _batches(job, args: argparse.Namespace, count: int) -> list[tuple[Any, Any]]
     return [(x[order[s:s + b]], y[order[s:s + b]]) for s in starts]
 
 
-def _ddp_step(ddp, optimizer, xb, yb) -> float:  # noqa: ANN001
+def _ddp_step(ddp, optimizer, xb, yb) -> float:
     from torch.nn import functional as F
 
     optimizer.zero_grad(set_to_none=True)
@@ -94,7 +94,7 @@ def _ddp_step(ddp, optimizer, xb, yb) -> float:  # noqa: ANN001
     return float(loss.item())
 
 
-def _timed(comm, run, batches) -> float:  # noqa: ANN001
+def _timed(comm, run, batches) -> float:
     comm.barrier()
     started = time.perf_counter()
     for xb, yb in batches:
@@ -103,14 +103,14 @@ def _timed(comm, run, batches) -> float:  # noqa: ANN001
     return time.perf_counter() - started
 
 
-def _throughput(args: argparse.Namespace, comm) -> dict[str, Any]:  # noqa: ANN001
+def _throughput(args: argparse.Namespace, comm) -> dict[str, Any]:
     import numpy as np
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from aggregator.parallel.job import JobSpec, build_job
-    from aggregator.parallel.mode import Mode
-    from clients.models import build_model, get_flat
+    from learning.models import build_model, get_flat
+    from runtimes.parallel.job import JobSpec, build_job
+    from runtimes.parallel.mode import Mode
 
     job = build_job(JobSpec(_scenario(args, comm.world), Mode.SYNC), comm)
     fed = job.fed
@@ -136,9 +136,9 @@ def _throughput(args: argparse.Namespace, comm) -> dict[str, Any]:  # noqa: ANN0
             "num_params": int(sum(p.numel() for p in job.model.parameters()))}
 
 
-def _traffic(args: argparse.Namespace, comm) -> dict[str, Any]:  # noqa: ANN001
-    from aggregator.parallel.job import JobSpec, build_job, initial_state, run_round
-    from aggregator.parallel.mode import Mode
+def _traffic(args: argparse.Namespace, comm) -> dict[str, Any]:
+    from runtimes.parallel.job import JobSpec, build_job, initial_state, run_round
+    from runtimes.parallel.mode import Mode
 
     out = {}
     for mode in (Mode.SYNC, Mode.LOCALSGD):
@@ -156,7 +156,7 @@ def _worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from aggregator.parallel.comm import Comm, release_process_group
+    from runtimes.parallel.comm import Comm, release_process_group
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))

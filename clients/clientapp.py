@@ -9,11 +9,8 @@ and the data are loaded once per process and reused across rounds.
 
 from __future__ import annotations
 
-import functools
-import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,33 +18,17 @@ import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from aggregator.messages import TrainConfig, client_seed, eval_reply, parse_instruction, train_reply
-from clients.datasets import ClientData, Federation, build_federation, load_client_data
-from clients.models import build_model, get_flat, set_flat
-from clients.training import evaluate, train
-from scenarios.schema import DataSpec, Scenario, load_scenario, scenario_from_dict
+from core.messages import TrainConfig, client_seed, eval_reply, parse_instruction, train_reply
+from learning.datasets import ClientData, load_client_data
+from learning.federation import cached_federation
+from learning.models import build_model, get_flat, set_flat
+from learning.training import evaluate, train
+from privacy.dp import ClientDPConfig, client_payload, secure_rng
+from privacy.secagg.flower_mod import secagg_mod
+from scenarios.runconfig import scenario_from_run_config
+from scenarios.schema import Scenario
 
-__all__ = ["app", "scenario_from_run_config", "client_mods", "cached_federation"]
-
-
-def scenario_from_run_config(run_config: dict[str, Any]) -> Scenario:
-    """The scenario a run was started with: inline JSON, or a TOML path."""
-    if run_config.get("scenario-json"):  # declared empty in pyproject: absent unless given
-        return _scenario_from_json(str(run_config["scenario-json"]))
-    return _scenario_from_path(str(run_config.get("scenario", "scenarios/quickstart.toml")))
-
-
-@functools.lru_cache(maxsize=4)
-def _scenario_from_json(text: str) -> Scenario:
-    return scenario_from_dict(json.loads(text), source="run_config")
-
-
-@functools.lru_cache(maxsize=4)
-def _scenario_from_path(name: str) -> Scenario:
-    path = Path(name)
-    if not path.is_absolute() and not path.exists():
-        path = Path(__file__).resolve().parent.parent / path  # relative to the app
-    return load_scenario(path)
+__all__ = ["app", "client_mods"]
 
 
 @dataclass
@@ -56,16 +37,6 @@ class _Runtime:
 
     data: ClientData
     model: torch.nn.Module
-
-
-def cached_federation(scenario: Scenario) -> Federation:
-    """The scenario's federated data set, built once per process."""
-    return _federation(scenario.data, scenario.federation.clients, scenario.seed)
-
-
-@functools.lru_cache(maxsize=2)
-def _federation(spec: DataSpec, num_clients: int, seed: int) -> Federation:
-    return build_federation(spec, num_clients, seed)
 
 
 _RUNTIMES: dict[tuple[Any, ...], _Runtime] = {}
@@ -99,10 +70,6 @@ def _load_runtime(scenario: Scenario, node: dict[str, Any]) -> _Runtime:
 
 def client_mods() -> list[Any]:
     """ClientApp mods: secure aggregation answers its own protocol stages."""
-    try:
-        from privacy.secagg.flower_mod import secagg_mod
-    except ImportError:  # secure aggregation not installed in this build
-        return []
     return [secagg_mod]
 
 
@@ -133,8 +100,6 @@ def _privatize(delta: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, dict
     and append the centred clip bit (adaptive clipping). Nothing about the norm
     goes into the metrics: it would leak. Under secure aggregation every client
     weighs 1, as DP-FedAvg's fixed denominator requires."""
-    from privacy.dp import ClientDPConfig, client_payload, secure_rng
-
     dp = ClientDPConfig.from_config(config.extra)
     if dp is None:
         return delta, {}

@@ -14,10 +14,8 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from dashboard.live import run_events, runs_events
 from dashboard.metrics import CONTENT_TYPE, render_metrics
 from dashboard.queries import Reader
-from dashboard.schemas import (ClientResultOut, ClientSummaryOut, EventOut, RoundOut, RunDetailOut,
-                               RunOut)
-from dashboard.views import (ROUND_CSV_FIELDS, client_result_data, client_summary_data, round_data,
-                             run_data)
+from dashboard.schemas import ClientResultOut, ClientSummaryOut, EventOut, RoundOut, RunDetailOut, RunOut
+from dashboard.views import ROUND_CSV_FIELDS, client_result_data, client_summary_data, round_data, run_data
 
 __all__ = ["router", "metrics_router"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -22,7 +22,7 @@ def app(
     host: Annotated[str, typer.Option(help="Address to bind; anything but loopback needs --token.")]
     = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
-    token: Annotated[Optional[str], typer.Option(help="Access token required by every page and API call.",
+    token: Annotated[str | None, typer.Option(help="Access token required by every page and API call.",
                                                  envvar=TOKEN_ENV, show_envvar=True)] = None,
 ) -> None:
     """Serve the live web dashboard (read-only) over the run store."""

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Metric,
-                                    SummaryMetricFamily)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 from aggregator.store import Run

@@ -8,9 +8,18 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from dashboard.queries import Reader
-from dashboard.views import (client_result_data, client_result_display, client_summary_data, fmt_time,
-                             round_data, round_display, run_data, run_display, scenario_text,
-                             secagg_table)
+from dashboard.views import (
+    client_result_data,
+    client_result_display,
+    client_summary_data,
+    fmt_time,
+    round_data,
+    round_display,
+    run_data,
+    run_display,
+    scenario_text,
+    secagg_table,
+)
 
 __all__ = ["router", "STATUSES"]
 

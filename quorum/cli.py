@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from aggregator.errors import QuorumError
 from aggregator.store import RunStore, default_db_url
+from core.errors import QuorumError
 from scenarios.errors import ScenarioError
 
 __all__ = ["app", "main"]
@@ -37,8 +37,8 @@ def _fail(message: str) -> None:
 @app.command()
 def simulate(
     scenario: Annotated[Path, typer.Argument(help="Scenario TOML file, e.g. scenarios/quickstart.toml.")],
-    rounds: Annotated[Optional[int], typer.Option(help="Override the scenario's number of rounds.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Override the scenario's seed.")] = None,
+    rounds: Annotated[int | None, typer.Option(help="Override the scenario's number of rounds.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
     db: DbOption = default_db_url(),
     engine: Annotated[str, typer.Option(help="inprocess (default, no Ray) or ray (needs quorum[simulation]).")]
     = "inprocess",
@@ -46,8 +46,8 @@ def simulate(
     = False,
 ) -> None:
     """Run a federation from a scenario file on this machine and store every round."""
-    from aggregator.simulation import simulate as run
     from quorum.progress import RoundDisplay
+    from runtimes.simulation import simulate as run
     from scenarios.schema import load_scenario
 
     try:
@@ -69,8 +69,8 @@ def resume(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Continue a run whose process died, from its last committed round."""
-    from aggregator.simulation import simulate as run
     from quorum.progress import RoundDisplay
+    from runtimes.simulation import simulate as run
     from scenarios.schema import scenario_from_dict
 
     try:
@@ -85,7 +85,7 @@ def resume(
     _print_summary(summary, json_out)
 
 
-def _print_summary(summary, json_out: bool) -> None:  # noqa: ANN001
+def _print_summary(summary, json_out: bool) -> None:
     if json_out:
         sys.stdout.write(json.dumps(summary.to_json()) + "\n")
         return
@@ -99,7 +99,7 @@ def _print_summary(summary, json_out: bool) -> None:  # noqa: ANN001
 @app.command()
 def runs(
     db: DbOption = default_db_url(),
-    status: Annotated[Optional[str], typer.Option(help="Only runs with this status.")] = None,
+    status: Annotated[str | None, typer.Option(help="Only runs with this status.")] = None,
 ) -> None:
     """List the runs in the store, newest first."""
     from aggregator.report import run_summary
@@ -119,7 +119,7 @@ def runs(
 def report(
     run_id: Annotated[str, typer.Argument(help="The run (its id, or a unique part of it).")],
     db: DbOption = default_db_url(),
-    out: Annotated[Optional[Path], typer.Option(help="Output folder (default runs/reports/RUN).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default runs/reports/RUN).")] = None,
 ) -> None:
     """Write PNG plots per round and a JSON summary of a run."""
     from aggregator.report import write_report
@@ -157,10 +157,10 @@ def _mount_optional() -> None:
     for module, attribute, name, help_ in (
         ("privacy.dp.cli", "app", "privacy", "Plan differential privacy: epsilon for a plan, noise for a target."),
         ("dashboard.cli", "app", "dashboard", None),
-        ("aggregator.deploy.cli", "app", "aggregator",
+        ("deploy.cli", "app", "aggregator",
          "Run the aggregator of a real federation (SuperLink behind TLS)."),
-        ("clients.agent_cli", "app", "client", "Enroll, revoke and run edge client agents."),
-        ("aggregator.parallel.cli", "parallel", "parallel", None),
+        ("deploy.agent_cli", "app", "client", "Enroll, revoke and run edge client agents."),
+        ("runtimes.parallel.cli", "parallel", "parallel", None),
     ):
         try:
             command = getattr(__import__(module, fromlist=[attribute]), attribute)

@@ -30,8 +30,8 @@ def _serve(db: str, host: str, port: int) -> threading.Thread:
 
 def run_demo(scenario: Path, *, db: str, host: str, port: int, keep_serving: bool, console: Console) -> None:
     """Serve the dashboard on ``host:port`` and run ``scenario`` into ``db``."""
-    from aggregator.simulation import simulate
     from quorum.progress import RoundDisplay
+    from runtimes.simulation import simulate
     from scenarios.schema import load_scenario
 
     spec = load_scenario(scenario)

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from aggregator.store import RoundRecord
+from core.records import RoundRecord
 from scenarios.schema import Scenario
 
 __all__ = ["RoundDisplay"]
@@ -27,7 +27,7 @@ class RoundDisplay:
                                  TimeElapsedColumn(), console=self.console, disable=not enabled)
         self.task = self.progress.add_task(f"{scenario.name}", total=scenario.rounds, completed=done)
 
-    def __enter__(self) -> "RoundDisplay":
+    def __enter__(self) -> RoundDisplay:
         self.progress.start()
         return self
 

@@ -222,7 +222,7 @@ class Scenario:
             raise _Bad("federation.min_clients", self.federation.min_clients,
                        f"exceeds the {self.federation.per_round} clients sampled per round")
 
-    def with_overrides(self, **changes: Any) -> "Scenario":
+    def with_overrides(self, **changes: Any) -> Scenario:
         """Return a copy with top-level values replaced (e.g. rounds, seed), re-validated."""
         return scenario_from_dict({**self.to_dict(), **changes}, source="<override>")
 

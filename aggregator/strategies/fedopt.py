@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.strategies.base import ServerState, Strategy
+from core.strategy import ServerState, Strategy
 
 __all__ = ["FedAdam", "FedYogi"]
 

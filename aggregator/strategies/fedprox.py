@@ -2,7 +2,7 @@
 
 The server side is FedAvg; the difference is the proximal term
 ``mu/2 * ||w - w_global||^2`` that each client adds to its local objective
-(``clients.training``). The strategy's part is to send ``mu`` to the clients.
+(``learning.training``). The strategy's part is to send ``mu`` to the clients.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class RoundEvent:
         """Sampling rate ``q = sample / population``."""
         return self.sample / self.population
 
-    def same_mechanism(self, other: "RoundEvent") -> bool:
+    def same_mechanism(self, other: RoundEvent) -> bool:
         """Whether ``other`` differs from this entry only in its round count."""
         return (self.sampling, self.sample, self.population, self.noise_multiplier) == (
             other.sampling, other.sample, other.population, other.noise_multiplier)
@@ -96,7 +96,7 @@ class RoundEvent:
                 "z": self.noise_multiplier, "rounds": self.rounds}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "RoundEvent":
+    def from_json(cls, data: Mapping[str, Any]) -> RoundEvent:
         try:
             return cls(str(data["sampling"]), int(data["sample"]), int(data["population"]),  # type: ignore[arg-type]
                        float(data["z"]), int(data["rounds"]))

@@ -24,8 +24,8 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
-from clients.datasets import ArrayDataset
-from clients.training import TrainResult
+from learning.datasets import ArrayDataset
+from learning.training import TrainResult
 from privacy.dp.accountant import RoundEvent, epsilon_of
 from privacy.dp.errors import DPConfigError
 from privacy.dp.mechanisms import gaussian_noise

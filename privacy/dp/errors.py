@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aggregator.errors import QuorumError
+from core.errors import QuorumError
 
 __all__ = ["DPError", "DPConfigError", "DPStateError"]
 

@@ -64,7 +64,7 @@ class ClientDPConfig:
                 "dp-adaptive": self.adaptive, "dp-count-noise-std": self.count_noise_std}
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "ClientDPConfig | None":
+    def from_config(cls, config: Mapping[str, Any]) -> ClientDPConfig | None:
         """Read the ``dp-*`` keys back; ``None`` when the round carries no DP."""
         if "dp-clip" not in config:
             return None

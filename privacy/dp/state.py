@@ -49,7 +49,7 @@ class DPState:
         return sum(e.rounds for e in self.history)
 
     def recorded(self, event: RoundEvent, *, clip: float, epsilon: float,
-                 below_fraction: float | None) -> "DPState":
+                 below_fraction: float | None) -> DPState:
         """Return the state after one more accounted round ``event``."""
         history = self.history
         if history and history[-1].same_mechanism(event):
@@ -66,7 +66,7 @@ class DPState:
                 "below_fraction": self.below_fraction}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "DPState":
+    def from_json(cls, data: Mapping[str, Any]) -> DPState:
         """Inverse of :meth:`to_json`.
 
         Raises

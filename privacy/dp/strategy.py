@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from aggregator import core
-from aggregator.strategies.base import ServerState, Strategy
+from core import aggregate
+from core.strategy import ServerState, Strategy
 from privacy.dp import adaptive as adapt
 from privacy.dp.accountant import RoundEvent, Sampling, epsilon_of, noise_for_epsilon
 from privacy.dp.errors import DPConfigError, DPStateError
@@ -137,7 +137,7 @@ class DPFedAvg(Strategy):
 
     # ------------------------------------------------------------ per-round binding
 
-    def for_round(self, state: ServerState) -> "DPFedAvg":
+    def for_round(self, state: ServerState) -> DPFedAvg:
         """This strategy with the clip norm of ``state`` bound, for one round."""
         clip = self.dp_state(state).clip if self.adaptive is not None else self.clip_norm
         return replace(self, clip_norm=clip, bound=True)
@@ -191,12 +191,12 @@ class DPFedAvg(Strategy):
         """Noise must not come from a seed someone knows: a secure generator."""
         return secure_rng()
 
-    def new_aggregate(self, size: int) -> core.MeanState:
+    def new_aggregate(self, size: int) -> aggregate.MeanState:
         """An empty sum over ``size`` model values, plus the count coordinate when adaptive."""
-        return core.empty(size + self.tail)
+        return aggregate.empty(size + self.tail)
 
-    def accumulate(self, agg: core.MeanState, update: np.ndarray, num_examples: int, *,
-                   checked: bool = False) -> core.MeanState:
+    def accumulate(self, agg: aggregate.MeanState, update: np.ndarray, num_examples: int, *,
+                   checked: bool = False) -> aggregate.MeanState:
         """Fold one client's payload with weight 1 (example counts would leak and break the bound).
 
         Central: the model part is clipped to ``C`` and the count bit clamped
@@ -204,12 +204,12 @@ class DPFedAvg(Strategy):
         payload is summed as is.
         """
         self._require_bound()
-        update = core.check_update(update, agg.size, finite=not checked)
+        update = aggregate.check_update(update, agg.size, finite=not checked)
         if self.placement == "distributed":
-            return core.add(agg, update, 1.0, checked=True)
+            return aggregate.add(agg, update, 1.0, checked=True)
         return _fold_clipped(agg, update, self.clip_norm, self.tail)
 
-    def finalize(self, agg: core.MeanState, rng: np.random.Generator) -> np.ndarray:
+    def finalize(self, agg: aggregate.MeanState, rng: np.random.Generator) -> np.ndarray:
         """Add the Gaussian noise and divide by the fixed denominator ``m``.
 
         Returns the mean update, followed (adaptive clipping) by the
@@ -291,16 +291,16 @@ class DPFedAvg(Strategy):
         return RoundEvent(self.sampling, self.expected_clients, self.population, self.noise_multiplier)
 
 
-def _fold_clipped(agg: core.MeanState, update: np.ndarray, clip: float, tail: int) -> core.MeanState:
+def _fold_clipped(agg: aggregate.MeanState, update: np.ndarray, clip: float, tail: int) -> aggregate.MeanState:
     """``agg + clip(update)`` without allocating: the scale rides as the weight of the model part."""
     size = agg.size - tail
     head, total = update[:size], agg.total
     scale = np.float32(clip_factor(l2_norm(head), clip))
-    scratch = agg.scratch if agg.scratch is not None else core.block_scratch(size)
-    core.scaled_add(total[:size], head, scale, scratch)
+    scratch = agg.scratch if agg.scratch is not None else aggregate.block_scratch(size)
+    aggregate.scaled_add(total[:size], head, scale, scratch)
     if tail:
         total[size] += np.float32(min(0.5, max(-0.5, float(update[size]))))
-    return core.MeanState(total, agg.weight + 1.0, agg.count + 1, scratch)
+    return aggregate.MeanState(total, agg.weight + 1.0, agg.count + 1, scratch)
 
 
 def make_dp_strategy(

@@ -62,7 +62,7 @@ def _run_stage(server: ServerRound, stage: Stage, clients: dict[int, ClientState
 
 def secure_sum(vectors: Sequence[np.ndarray], weights: Sequence[float], config: SecAggConfig, *,
                dropouts: Mapping[Stage, set[int]] | None = None, rng: np.random.Generator,
-               round: int = 1, entropy: Callable[[int], bytes] = os.urandom,  # noqa: A002
+               round: int = 1, entropy: Callable[[int], bytes] = os.urandom,
                clock: Clock = time.perf_counter) -> SecureSumResult:
     """Securely sum ``w_i x_i`` over clients ``0..n-1``, all simulated in-process.
 

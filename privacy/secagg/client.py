@@ -22,12 +22,12 @@ from privacy.secagg.graph import neighbours
 from privacy.secagg.keys import (
     PublicKeys,
     agree,
+    channel_keys,
     generate_keypair,
     pair_mask_key,
     self_mask_commitment,
     self_mask_key,
     session_digest,
-    channel_keys,
 )
 from privacy.secagg.messages import (
     EncryptedShare,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from itertools import chain
 from collections.abc import Callable, Iterable
+from itertools import chain
 from typing import Any, TypeVar
 
 import numpy as np

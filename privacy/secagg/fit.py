@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 from flwr.serverapp import Grid
 
-from aggregator import core
-from aggregator.fit import FitOutcome, FitRequest
-from aggregator.messages import content_bytes, train_instruction
-from aggregator.store import ClientRecord
-from aggregator.strategies.base import Strategy
+from core import aggregate
+from core.fit import FitOutcome, FitRequest
+from core.messages import content_bytes, train_instruction
+from core.records import ClientRecord
+from core.strategy import Strategy
 from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggAborted
 from privacy.secagg.flower_workflow import run_secagg
@@ -63,7 +63,7 @@ def _outcome(request: FitRequest, result: SecureSumResult, model_bytes: int) -> 
     agg = None
     if survivors:
         total = result.total.astype(np.float32)
-        agg = core.MeanState(total=total, weight=float(result.total_weight), count=len(survivors))
+        agg = aggregate.MeanState(total=total, weight=float(result.total_weight), count=len(survivors))
     clients = [_client_record(node, result, survivors) for node in request.nodes]
     losses = [(m.get("train-loss"), m.get("num-examples", 0)) for m in result.client_metrics.values()]
     losses = [(float(l), int(n)) for l, n in losses if isinstance(l, (int, float)) and n]

@@ -99,7 +99,7 @@ def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
 
 
 def run_secagg(grid: Grid, node_ids: Sequence[int], train_content: RecordDict, config: SecAggConfig,
-               *, round: int, rng: np.random.Generator,  # noqa: A002 - the round loop's name
+               *, round: int, rng: np.random.Generator,
                clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                entropy: Callable[[int], bytes] = os.urandom) -> SecureSumResult:
     """Run one secure-aggregation round over ``grid`` and return the unmasked sum.

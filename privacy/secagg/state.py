@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from privacy.secagg.codec import Reader, Writer, decode, encode, read_entries, write_entries
 from privacy.secagg.errors import SecAggProtocolError
 from privacy.secagg.keys import KEY_BYTES, KeyPair, PublicKeys
-from privacy.secagg.shamir import SHARE_BYTES
 from privacy.secagg.messages import RoundSetup
+from privacy.secagg.shamir import SHARE_BYTES
 from privacy.secagg.stage import STAGE_ORDER, Stage
 
 __all__ = ["ClientState", "state_from_bytes", "state_to_bytes"]

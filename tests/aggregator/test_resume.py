@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from aggregator.simulation import simulate
 from aggregator.store import RunStore
+from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 from tests.conftest import REPO
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggregator.simulation import simulate
-from aggregator.store import RunStore
-from clients.datasets import build_federation
-from clients.models import build_model, get_flat, set_flat
-from clients.training import train
-from aggregator.messages import client_seed
 from aggregator.rounds import sample_clients
+from aggregator.store import RunStore
+from core.messages import client_seed
+from learning.datasets import build_federation
+from learning.models import build_model, get_flat, set_flat
+from learning.training import train
+from runtimes.simulation import simulate
 from tests.conftest import tiny_scenario
 
 

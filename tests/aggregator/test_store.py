@@ -5,9 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.errors import RunNotFound, StoreError
-from aggregator.store import ClientRecord, RoundRecord, RunStore, read_checkpoint
-from aggregator.strategies.base import ServerState
+from aggregator.store import RunStore, read_checkpoint
+from core.errors import RunNotFound, StoreError
+from core.records import ClientRecord, RoundRecord
+from core.strategy import ServerState
 
 
 def make_run(store: RunStore) -> str:

@@ -12,7 +12,6 @@ import warnings
 from collections.abc import Iterator
 
 import pytest
-
 from dashboard_support import ROOT, FilledStore, add_dp_run, add_xss_run  # first: puts the repo on the path
 
 from aggregator.store import RunStore
@@ -33,7 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def filled_store(tmp_path_factory: pytest.TempPathFactory) -> FilledStore:
-    from aggregator.simulation import simulate
+    from runtimes.simulation import simulate
     from scenarios.schema import load_scenario
 
     url = f"sqlite:///{tmp_path_factory.mktemp('store') / 'quorum.db'}"

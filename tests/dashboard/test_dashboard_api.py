@@ -10,14 +10,15 @@ import threading
 import time
 from pathlib import Path
 
+from dashboard_support import FilledStore, state
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from aggregator.store import ClientRecord, Round, RoundRecord, RunStore
+from aggregator.store import Round, RunStore
+from core.records import ClientRecord, RoundRecord
 from dashboard.app import create_app
 from dashboard.live import runs_events
 from dashboard.queries import Reader
-from dashboard_support import FilledStore, state
 
 
 def _accuracy(row: Round) -> float | None:

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from dashboard_support import ROOT, XSS_NAME, add_xss_run, free_port, stop
 from playwright.sync_api import Page, sync_playwright
 
 from aggregator.store import RunStore
 from tests.conftest import wait_for
-from dashboard_support import ROOT, XSS_NAME, add_xss_run, free_port, stop
 
 CHROMIUM = shutil.which("chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]

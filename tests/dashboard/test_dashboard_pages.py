@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import re
 
+from dashboard_support import FilledStore
 from fastapi.testclient import TestClient
 
 from dashboard.views import fmt_bytes, fmt_duration, outcome_text, scenario_text, secagg_table
-from dashboard_support import FilledStore
 
 
 def test_runs_page_lists_runs_and_filters_by_status(client: TestClient, filled_store: FilledStore) -> None:

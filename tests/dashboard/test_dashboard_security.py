@@ -7,13 +7,13 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from dashboard_support import XSS_CLIENT, XSS_NAME, XSS_REASON, FilledStore
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from dashboard.app import create_app
 from dashboard.auth import COOKIE, TOKEN_ENV, check_bind, is_loopback
 from dashboard.errors import InsecureBind
-from dashboard_support import XSS_CLIENT, XSS_NAME, XSS_REASON, FilledStore
 
 ESCAPED_NAME = "&lt;script&gt;alert(1)&lt;/script&gt;"
 

@@ -1,7 +1,7 @@
 """A TLS federation on loopback shared by the deployment tests: an aggregator,
 three enrolled client agents, and a key nobody enrolled.
 
-Everything is started by the real commands (``python -m aggregator.deploy
+Everything is started by the real commands (``python -m deploy
 aggregator start`` / ``client start``) and stopped by PID at the end; a test
 that leaves a process behind fails.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.deploy.loopback import LoopbackFederation, Processes, write_device_data
-from aggregator.deploy.pki import make_node_key
 from aggregator.store import Run, RunStore
+from deploy.loopback import LoopbackFederation, Processes, write_device_data
+from deploy.pki import make_node_key
 
 DEVICES = ("dev0", "dev1", "dev2")
 

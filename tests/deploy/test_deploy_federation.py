@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from aggregator.deploy.flower import bin_path, flower_env
-from aggregator.deploy.loopback import free_ports
+from deploy.flower import bin_path, flower_env
+from deploy.loopback import free_ports
 from tests.deploy.conftest import DEVICES, Fed, needs_nginx
 
 pytestmark = needs_nginx
@@ -45,7 +45,7 @@ def _register_request(key: Path) -> bytes:
 
 
 def _node_count(fed: Fed) -> int:
-    from aggregator.deploy.flower import list_nodes
+    from deploy.flower import list_nodes
 
     return len(list_nodes(fed.lb.deploy))
 

@@ -17,14 +17,23 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from aggregator.deploy.config import ConfigError, load_config
-from aggregator.deploy.pki import ensure_tls, fingerprint, load_public_key, make_node_key, public_key_fingerprint
-from aggregator.deploy.proxy import FLEET_RPCS, ProxySpec, render_nginx_conf
-from aggregator.deploy.serverapp import LeasedRunStore, LeaseLost, wait_for_clients
-from aggregator.deploy.supervisor import resumable_runs
-from aggregator.store import RoundRecord
-from aggregator.strategies.base import ServerState
-from clients.agent import IDLE_SLEEP_S, REPLY_SLEEP_S, TASK_INPUT_S, AgentSpec, _PollClock, child_args, main, supernode_argv
+from core.records import RoundRecord
+from core.strategy import ServerState
+from deploy.agent import (
+    IDLE_SLEEP_S,
+    REPLY_SLEEP_S,
+    TASK_INPUT_S,
+    AgentSpec,
+    _PollClock,
+    child_args,
+    main,
+    supernode_argv,
+)
+from deploy.config import ConfigError, load_config
+from deploy.pki import ensure_tls, fingerprint, load_public_key, make_node_key, public_key_fingerprint
+from deploy.proxy import FLEET_RPCS, ProxySpec, render_nginx_conf
+from deploy.serverapp import LeasedRunStore, LeaseLost, wait_for_clients
+from deploy.supervisor import resumable_runs
 
 
 def test_server_certificate_names_every_address_and_chains_to_the_ca(tmp_path: Path) -> None:
@@ -134,7 +143,7 @@ def test_the_front_door_forwards_fleet_rpcs_and_health_only(tmp_path: Path) -> N
 @needs_nginx
 @pytest.mark.parametrize("tls", [True, False])
 def test_nginx_accepts_the_rendered_configuration(tmp_path: Path, tls: bool) -> None:
-    from aggregator.deploy.proxy import nginx_command
+    from deploy.proxy import nginx_command
 
     cmd = nginx_command(_spec(tmp_path, tls))
     done = subprocess.run([*cmd, "-t"], capture_output=True, text=True, timeout=30, check=False)
@@ -156,8 +165,8 @@ def test_the_default_rate_limit_reaches_the_front_door(tmp_path: Path) -> None:
 def test_the_front_door_answers_503_past_the_rate_limit(tmp_path: Path) -> None:
     import httpx
 
-    from aggregator.deploy.loopback import free_ports
-    from aggregator.deploy.proxy import nginx_command
+    from deploy.loopback import free_ports
+    from deploy.proxy import nginx_command
 
     # Prepare: plain-HTTP nginx at 1 request/s (burst 2), with a SuperLink port nothing listens on
     port, upstream = free_ports(2)
@@ -202,7 +211,7 @@ def test_the_agent_runs_an_authenticated_supernode_in_process_isolation(tmp_path
 
 def test_the_worker_gets_the_task_input_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     served: list[tuple] = []
-    monkeypatch.setattr("clients.agent.serve_tasks", lambda *args: served.append(args))
+    monkeypatch.setattr("deploy.agent.serve_tasks", lambda *args: served.append(args))
     monkeypatch.setattr("signal.signal", lambda *_: None)  # main's SIGTERM handler: not in pytest's process
     spec = AgentSpec(server="h:1", data=tmp_path / "d", key=None, ca=None, insecure=True, poll_s=2.0,
                      task_input_s=75.0)
@@ -219,7 +228,7 @@ def test_the_worker_gets_the_task_input_timeout(tmp_path: Path, monkeypatch: pyt
 def test_a_non_positive_task_input_timeout_is_refused_by_name(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from clients.agent_cli import app
+    from deploy.agent_cli import app
 
     data = tmp_path / "d.csv"
     data.write_text("x,label\n1,0\n")

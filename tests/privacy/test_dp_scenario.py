@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from aggregator.simulation import simulate
 from aggregator.store import RunStore
 from privacy.dp import plan_epsilon
+from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 from tests.conftest import REPO, tiny_scenario
 

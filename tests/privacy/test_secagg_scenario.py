@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from aggregator.simulation import simulate
 from aggregator.store import RunStore
+from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 from tests.conftest import REPO, tiny_scenario
 

@@ -1,6 +1,6 @@
 """Process bookkeeping for the runtime tests: the loopback federation's, plus logs for failures.
 
-:class:`aggregator.deploy.loopback.Processes` starts every process in a
+:class:`deploy.loopback.Processes` starts every process in a
 session of its own with an environment tag that all its descendants inherit
 (Flower's SuperExec children detach into sessions of their own and Ray's
 workers are re-parented to init, but both keep the tag), so teardown finds
@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregator.deploy.loopback import Processes as LoopbackProcesses
-from aggregator.deploy.loopback import Started, free_ports
+from deploy.loopback import Processes as LoopbackProcesses
+from deploy.loopback import Started, free_ports
 
 __all__ = ["VENV_BIN", "Processes", "Started", "free_ports", "describe"]
 

@@ -156,7 +156,7 @@ def _wait_for_log(started: Started, text: str, processes: Processes) -> None:
     pytest.fail(f"{started.name} did not log {text!r} within {START_TIMEOUT_S:g} s\n{processes.logs()}")
 
 
-def _wait_finished(store: RunStore, run_id: str, timeout_s: float = 30.0):  # noqa: ANN202
+def _wait_finished(store: RunStore, run_id: str, timeout_s: float = 30.0):
     """The run row once it leaves ``running`` (``flwr run --stream`` may return a moment early)."""
     deadline = time.monotonic() + timeout_s
     run = store.get_run(run_id)

@@ -15,17 +15,17 @@ import numpy as np
 import pytest
 from flwr.app import Context, Message, RecordDict
 
-from aggregator.faults import FaultPlan
-from aggregator.inprocess import InProcessGrid, NodeSpec
-from aggregator.ray_engine import NODE_INFO, PartitionGrid, ScenarioClient
 from aggregator.serverapp import run_federation
-from aggregator.simulation import simulate
 from aggregator.store import RunStore
 from clients.clientapp import app as client_app
+from runtimes.faults import FaultPlan
+from runtimes.inprocess import InProcessGrid, NodeSpec
+from runtimes.ray_engine import NODE_INFO, PartitionGrid, ScenarioClient
+from runtimes.simulation import simulate
 from tests.conftest import tiny_scenario
 
 
-def _flower_like_grid(scenario, seed: int = 5) -> InProcessGrid:  # noqa: ANN001
+def _flower_like_grid(scenario, seed: int = 5) -> InProcessGrid:
     """Nodes with random 63-bit ids in shuffled order, and no run config: like ``run_simulation``."""
     n = scenario.federation.clients
     rng = np.random.default_rng(seed)

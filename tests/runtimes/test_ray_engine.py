@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.simulation import simulate
 from aggregator.store import RunStore
+from runtimes.simulation import simulate
 from tests.conftest import REPO, tiny_scenario
 from tests.runtimes.processes import Processes, describe
 
@@ -27,7 +27,7 @@ SCENARIO = {"federation": {"clients": 4, "fraction": 1.0, "min_clients": 2, "dea
 
 RUN_ON_RAY = textwrap.dedent("""
     import json, sys
-    from aggregator.simulation import simulate
+    from runtimes.simulation import simulate
     from tests.conftest import tiny_scenario
     summary = simulate(tiny_scenario(**json.loads(sys.argv[1])), db_url=sys.argv[2], engine="ray")
     print("SUMMARY " + json.dumps(summary.to_json()), flush=True)

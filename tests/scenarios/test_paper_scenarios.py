@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aggregator.simulation import simulate
 from aggregator.store import RunStore
+from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 from tests.conftest import REPO
 

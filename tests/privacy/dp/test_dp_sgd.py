@@ -14,9 +14,9 @@ from torch import nn
 from torch.func import grad_and_value, vmap
 from torch.nn import functional as F
 
-from clients.datasets import ArrayDataset
-from clients.models import build_model, get_flat
-from clients.training import evaluate
+from learning.datasets import ArrayDataset
+from learning.models import build_model, get_flat
+from learning.training import evaluate
 from privacy.dp import train_dp_sgd
 from privacy.dp.dpsgd import _clipped_sum
 from privacy.dp.errors import DPConfigError

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from aggregator.errors import UpdateRejected
 from aggregator.strategies import FedAvg, FedAvgM, ServerState
+from core.errors import UpdateRejected
 from privacy.dp import AdaptiveClipConfig, ClientDPConfig, DPFedAvg, client_payload, make_dp_strategy, plan_epsilon
 from privacy.dp.errors import DPConfigError, DPStateError
 from scenarios.schema import DPSpec

@@ -12,15 +12,15 @@ with warnings.catch_warnings():  # flwr's CLI dependencies warn on import
     warnings.simplefilter("ignore", DeprecationWarning)
     import flwr  # noqa: F401
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
 
-from bench.secagg import SyncGrid  # noqa: E402
-from privacy.secagg import SecAggAborted, SecAggConfig, Stage  # noqa: E402
-from privacy.secagg.codec import decode, encode  # noqa: E402
-from privacy.secagg.flower_mod import secagg_mod  # noqa: E402
-from privacy.secagg.flower_workflow import run_secagg  # noqa: E402
-from privacy.secagg.messages import MaskedInputRequest  # noqa: E402
+from privacy.secagg import SecAggAborted, SecAggConfig, Stage
+from privacy.secagg.codec import decode, encode
+from privacy.secagg.flower_mod import secagg_mod
+from privacy.secagg.flower_workflow import run_secagg
+from privacy.secagg.messages import MaskedInputRequest
+from runtimes.syncgrid import SyncGrid
 
 NODES = list(range(101, 109))
 rng0 = np.random.default_rng(7)
@@ -176,8 +176,8 @@ def test_messages_without_secagg_pass_through_the_mod():
 
 
 def test_round_over_the_platforms_threaded_grid_with_its_fault_injector():
-    inprocess = pytest.importorskip("aggregator.inprocess")
-    faults = pytest.importorskip("aggregator.faults")
+    inprocess = pytest.importorskip("runtimes.inprocess")
+    faults = pytest.importorskip("runtimes.faults")
     plan = faults.FaultPlan(seed=1, dropouts={Stage.MASKED_INPUT.value: 0.25})
 
     with inprocess.InProcessGrid(make_app(), [inprocess.NodeSpec(u) for u in NODES], {}, plan) as grid:

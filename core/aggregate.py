@@ -1,0 +1,178 @@
+"""The aggregation core: a weighted mean over flat float32 buffers, as a monoid.
+
+Every model travels and is aggregated as one contiguous 1-D float32 buffer.
+The weighted mean is sum-decomposable, so it is written as a monoid::
+
+    state = empty(size)
+    state = add(state, update, weight)   # once per client reply, as it arrives
+    state = merge(a, b)                  # partial states, e.g. across workers
+    mean = finalize(state)
+
+The aggregator therefore holds O(model) memory whatever the number of clients
+(McMahan et al., "Communication-Efficient Learning of Deep Networks from
+Decentralized Data", AISTATS 2017, Algorithm 1). ``add`` and ``merge`` accumulate
+into the buffer of their first argument and return a new frozen state that
+shares it: the old state must not be used again (it is consumed), which keeps
+the hot path free of per-reply allocations.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.errors import UpdateRejected
+
+__all__ = ["MeanState", "empty", "add", "merge", "finalize", "check_update", "all_finite", "scaled_add",
+           "block_scratch"]
+
+# Updates are scaled and added block by block through a scratch this size (1 MiB of
+# float32): the scaled block is still in cache when it is added, so a fold streams
+# the update and the total once instead of also writing and re-reading a
+# model-sized scratch; larger blocks gain nothing, smaller ones pay Python overhead.
+_BLOCK = 1 << 18
+
+
+@dataclass(frozen=True)
+class MeanState:
+    """Running weighted sum of updates.
+
+    Attributes
+    ----------
+    total : np.ndarray
+        ``sum_i w_i * x_i`` as a 1-D float32 buffer (owned by the state).
+    weight : float
+        ``sum_i w_i``.
+    count : int
+        Number of updates folded in.
+    """
+
+    total: np.ndarray
+    weight: float
+    count: int
+    scratch: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def size(self) -> int:
+        return int(self.total.shape[0])
+
+
+def empty(size: int) -> MeanState:
+    """Return the identity element for a model of ``size`` parameters."""
+    if size <= 0:
+        raise ValueError(f"size must be positive, got {size}")
+    return MeanState(total=np.zeros(size, dtype=np.float32), weight=0.0, count=0)
+
+
+def all_finite(values: np.ndarray) -> bool:
+    """Whether every entry of a float buffer is finite, in one read and no temporary.
+
+    A NaN or an infinity makes the BLAS dot product ``values . values`` NaN or
+    infinite, so a finite result proves every entry finite; only a result that
+    overflowed from finite entries (|x| above ~1e19) needs the exact scan, which
+    allocates a boolean mask.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.dot(values, values)):
+            return True
+    return bool(np.isfinite(values).all())
+
+
+def check_update(update: np.ndarray, size: int, *, finite: bool = True) -> np.ndarray:
+    """Validate one client update and return it as a 1-D float32 view.
+
+    ``finite=False`` skips the NaN/Inf scan, for callers that decoded the
+    update through :func:`core.messages.decode_flat`, which already did it.
+
+    Raises
+    ------
+    UpdateRejected
+        With the reason, when the update has the wrong dtype, shape or holds a
+        NaN or an infinity. A rejected update never touches the running state.
+    """
+    if not isinstance(update, np.ndarray):
+        raise UpdateRejected(f"update is a {type(update).__name__}, not an array")
+    if update.dtype != np.float32:
+        raise UpdateRejected(f"update dtype is {update.dtype}, expected float32")
+    if update.ndim != 1 or update.shape[0] != size:
+        raise UpdateRejected(f"update shape is {update.shape}, expected ({size},)")
+    if finite and not all_finite(update):
+        raise UpdateRejected("update holds NaN or Inf values")
+    return update
+
+
+def add(state: MeanState, update: np.ndarray, weight: float, *, checked: bool = False) -> MeanState:
+    """Fold ``weight * update`` into ``state`` (consumes ``state``).
+
+    ``checked=True`` skips the NaN/Inf scan for updates already validated.
+    """
+    if not weight > 0 or not np.isfinite(weight):
+        raise UpdateRejected(f"weight must be a positive finite number, got {weight}")
+    update = check_update(update, state.size, finite=not checked)
+    total, scratch = state.total, state.scratch
+    if weight == 1.0:
+        np.add(total, update, out=total)
+    else:
+        # numpy has no fused axpy ufunc: each scaled block goes through one small
+        # scratch kept with the state, so no reply allocates and no pass leaves cache.
+        if scratch is None:
+            scratch = block_scratch(state.size)
+        scaled_add(total, update, np.float32(weight), scratch)
+    return MeanState(total, state.weight + float(weight), state.count + 1, scratch)
+
+
+def block_scratch(size: int) -> np.ndarray:
+    """A scratch buffer for :func:`scaled_add` over vectors of ``size`` values."""
+    return np.empty(min(_BLOCK, size), dtype=np.float32)
+
+
+def scaled_add(total: np.ndarray, update: np.ndarray, weight: np.float32, scratch: np.ndarray) -> None:
+    """``total += weight * update`` in place.
+
+    BLAS ``saxpy`` does it in one fused pass over both buffers; numpy has no
+    such ufunc, so the fallback scales one cache-sized block at a time through
+    ``scratch`` (for buffers BLAS cannot take in place).
+    """
+    saxpy = _blas_saxpy() if total.shape[0] >= _BLAS_MIN else None
+    if saxpy is not None and total.flags.c_contiguous and update.flags.c_contiguous:
+        result = saxpy(update, total, a=float(weight))
+        if result is total or np.shares_memory(result, total):
+            return
+    block = scratch.shape[0]
+    for start in range(0, total.shape[0], block):
+        part, dest = update[start:start + block], total[start:start + block]
+        scaled = scratch[: part.shape[0]]
+        np.multiply(part, weight, out=scaled)
+        np.add(dest, scaled, out=dest)
+
+
+# Below this size the blocked numpy path is as fast, and scipy's BLAS (with its own
+# thread pool) is never loaded: in torch.distributed workers that pool aborted the
+# process at exit now and then ("terminate called without an active exception").
+_BLAS_MIN = 1 << 20
+
+
+@functools.cache
+def _blas_saxpy():
+    try:
+        from scipy.linalg.blas import saxpy
+    except ImportError:  # pragma: no cover - scipy comes with scikit-learn
+        return None
+    return saxpy
+
+
+def merge(a: MeanState, b: MeanState) -> MeanState:
+    """Combine two partial states (consumes ``a``)."""
+    if a.size != b.size:
+        raise ValueError(f"cannot merge states of sizes {a.size} and {b.size}")
+    np.add(a.total, b.total, out=a.total)
+    return MeanState(a.total, a.weight + b.weight, a.count + b.count, a.scratch)
+
+
+def finalize(state: MeanState) -> np.ndarray:
+    """Return the weighted mean ``sum_i w_i x_i / sum_i w_i`` as float32."""
+    if state.count == 0 or state.weight <= 0:
+        raise ValueError("cannot finalize an empty aggregate: no update was added")
+    return (state.total / np.float32(state.weight)).astype(np.float32, copy=False)

@@ -1,0 +1,55 @@
+"""What one round leaves behind: the round and client records the store commits.
+
+The round loop, the fit workflows and every runtime build these; the run store
+persists them. They live in ``core`` because both the server side and the
+runtimes speak them, and the store is only one of their readers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ClientRecord", "RoundRecord"]
+
+
+@dataclass(frozen=True)
+class ClientRecord:
+    """One client's part in one round, as the round loop saw it."""
+
+    client: str
+    outcome: str  # ok | dropped | rejected | error | late
+    num_examples: int = 0
+    train_loss: float | None = None
+    eval_loss: float | None = None
+    eval_accuracy: float | None = None
+    duration_s: float | None = None
+    bytes_in: int = 0
+    stage: str | None = None
+    reason: str | None = None
+    metrics: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """Everything committed for one round."""
+
+    round: int
+    started_at: float
+    duration_s: float
+    sampled: int
+    clients: Sequence[ClientRecord]
+    train_loss: float | None = None
+    fed_loss: float | None = None
+    fed_accuracy: float | None = None
+    server_loss: float | None = None
+    server_accuracy: float | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    epsilon: float | None = None
+    secagg: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for c in self.clients if c.outcome == outcome)

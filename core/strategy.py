@@ -1,0 +1,109 @@
+"""The strategy interface: a handful of methods, state in and new state out.
+
+A strategy decides how client updates are weighted and folded (through the
+aggregation core's monoid) and how the server applies the mean update to the
+global model (its server optimiser). The round loop in
+``aggregator.rounds`` is the single owner of the loop; strategies hold no
+loop logic and no mutable state of their own: everything that changes between
+rounds lives in :class:`ServerState`, which the run store checkpoints.
+
+Privacy is added by composition: a DP strategy wraps another strategy and
+overrides ``accumulate`` / ``finalize`` (see ``privacy.dp``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from core import aggregate
+
+__all__ = ["ServerState", "Strategy"]
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """Everything the server carries from one round to the next.
+
+    Attributes
+    ----------
+    params : np.ndarray
+        The global model as one flat float32 buffer.
+    slots : Mapping[str, np.ndarray]
+        Server-optimiser state (momentum, second moments), each as large as
+        ``params``; checkpointed with the model.
+    round : int
+        The number of rounds applied so far.
+    extra : Mapping[str, Any]
+        Small JSON-able state of wrappers (e.g. a DP accountant, a clip norm).
+    """
+
+    params: np.ndarray
+    slots: Mapping[str, np.ndarray] = field(default_factory=dict)
+    round: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def advanced(self, params: np.ndarray, **slots: np.ndarray) -> ServerState:
+        """Return the state after one more round with new params and slots."""
+        return replace(self, params=params, slots={**self.slots, **slots}, round=self.round + 1)
+
+
+class Strategy(ABC):
+    """Base class of server strategies (FedAvg by default behaviour)."""
+
+    name: str = "strategy"
+    #: Whether a round with fewer than ``min_clients`` usable updates leaves the
+    #: model and state untouched. DP strategies must account every round.
+    skip_when_short: bool = True
+
+    def for_round(self, state: ServerState) -> Strategy:
+        """This strategy with per-round settings taken from ``state`` bound."""
+        return self
+
+    def sample(self, node_ids: Sequence[int], k: int, seed: int, server_round: int) -> list[int]:
+        """Choose this round's clients: ``k`` of ``node_ids``, a pure function of (seed, round)."""
+        ordered = sorted(node_ids)
+        k = min(k, len(ordered))
+        picks = np.random.default_rng([seed, server_round, 0x5A]).choice(len(ordered), size=k, replace=False)
+        return sorted(ordered[i] for i in picks)
+
+    def round_rng(self, seed: int, server_round: int) -> np.random.Generator:
+        """The generator ``finalize`` draws from (seeded: reproducible runs)."""
+        return np.random.default_rng([seed, server_round, 0xD9])
+
+    def init_state(self, params: np.ndarray) -> ServerState:
+        """Return the state before round 1 for initial global ``params``."""
+        return ServerState(params=params.astype(np.float32, copy=True))
+
+    def client_config(self, server_round: int) -> dict[str, Any]:
+        """Extra training settings sent to every client this round."""
+        return {}
+
+    def new_aggregate(self, size: int) -> aggregate.MeanState:
+        """Return an empty running aggregate for a model of ``size`` parameters."""
+        return aggregate.empty(size)
+
+    def accumulate(self, agg: aggregate.MeanState, update: np.ndarray, num_examples: int, *,
+                   checked: bool = False) -> aggregate.MeanState:
+        """Fold one client's update (a delta), weighted by its example count.
+
+        ``checked=True``: the update was already scanned for NaN/Inf (decoded by
+        :func:`core.messages.decode_flat`), so it is not scanned again.
+        """
+        return aggregate.add(agg, update, float(num_examples), checked=checked)
+
+    def finalize(self, agg: aggregate.MeanState, rng: np.random.Generator) -> np.ndarray:
+        """Turn the running aggregate into the mean update (a delta)."""
+        return aggregate.finalize(agg)
+
+    @abstractmethod
+    def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
+        """Apply the mean client delta to the global model (server optimiser)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Settings worth recording with the run."""
+        return {"name": self.name}

@@ -1,0 +1,127 @@
+"""``quorum client``: enroll and revoke devices (on the aggregator), run the agent (on a device)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Edge devices: enroll/revoke their keys (on the aggregator), start the agent "
+                       "(on the device).", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_show_locals=False)
+console = Console(stderr=True, highlight=False)
+
+ConfigOption = Annotated[Path | None, typer.Option(
+    "--config", "-c", help="The aggregator's federation.toml.", envvar="QUORUM_FEDERATION")]
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def enroll(
+    name: Annotated[str, typer.Argument(help="The device's name, e.g. hospital-a.")],
+    config: ConfigOption = None,
+    public_key: Annotated[Path | None, typer.Option(
+        help="The device's own public key (OpenSSH, ECDSA P-384). Without it a key pair is made here.")]
+    = None,
+) -> None:
+    """(aggregator) Register a device's key with the running aggregator; print what the device needs."""
+    from core.errors import QuorumError
+    from deploy.config import load_config
+    from deploy.enroll import enroll as do_enroll
+
+    try:
+        cfg = load_config(config)
+        done = do_enroll(cfg, name, public_key)
+    except QuorumError as exc:
+        _fail(str(exc))
+    d = done.device
+    print(f"enrolled {d.name}: node {d.node_id}, key {d.fingerprint}", flush=True)
+    ca = cfg.state.tls / "ca.pem"
+    files = [str(ca)] + ([str(done.private_key)] if done.private_key else [])
+    print(f"copy to the device: {' '.join(files)}", flush=True)
+    if done.private_key:
+        print(f"  (the private key was made here: copy it securely, then delete {done.private_key})", flush=True)
+    key = done.private_key.name if done.private_key else "YOUR-PRIVATE-KEY"
+    print(f"on the device run:  quorum client start --server {cfg.device_address} --data YOUR-DATA.csv "
+          f"--key {key} --ca ca.pem --name {d.name}", flush=True)
+
+
+@app.command()
+def revoke(
+    name: Annotated[str, typer.Argument(help="The device to remove.")],
+    config: ConfigOption = None,
+) -> None:
+    """(aggregator) Unregister a device's key: the aggregator refuses it from now on."""
+    from core.errors import QuorumError
+    from deploy.config import load_config
+    from deploy.enroll import revoke as do_revoke
+
+    try:
+        device = do_revoke(load_config(config), name)
+    except QuorumError as exc:
+        _fail(str(exc))
+    print(f"revoked {device.name} (node {device.node_id}, key {device.fingerprint})", flush=True)
+
+
+@app.command()
+def keygen(
+    path: Annotated[Path, typer.Argument(help="Where to write the private key (the public one gets .pub).")],
+    name: Annotated[str, typer.Option(help="Comment in the public key.")] = "quorum-device",
+) -> None:
+    """(device) Make this device's key pair; send only the .pub file to the aggregator."""
+    from deploy.pki import make_node_key, public_key_fingerprint
+
+    if path.exists():
+        _fail(f"{path} exists; not overwriting a key")
+    key = make_node_key(path, name)
+    print(f"private key {key.private} (stays here), public key {key.public} "
+          f"({public_key_fingerprint(key.public_openssh)})", flush=True)
+
+
+@app.command()
+def start(
+    server: Annotated[str, typer.Option(help="The aggregator's device address, HOST:PORT.")],
+    data: Annotated[Path, typer.Option(help="This device's data file (CSV or NPZ); it never leaves.")],
+    key: Annotated[Path | None, typer.Option(help="This device's private key.")] = None,
+    ca: Annotated[Path | None, typer.Option(help="The federation's CA certificate (ca.pem).")] = None,
+    name: Annotated[str, typer.Option(help="The name this device was enrolled under.")] = "",
+    insecure: Annotated[bool, typer.Option(help="No TLS (a loopback trial aggregator only).")] = False,
+    runtime_port: Annotated[int, typer.Option(help="Local port between SuperNode and worker (127.0.0.1).")]
+    = 9094,
+    poll: Annotated[float, typer.Option(help="Seconds between polls while idle (Flower's default: 3).")] = 1.0,
+    workdir: Annotated[Path, typer.Option(help="Logs and Flower's state.")] = Path(".quorum-agent"),
+    task_input_timeout: Annotated[float, typer.Option(
+        help="Seconds one task waits for its model to arrive from the SuperNode before it fails and the "
+             "worker takes the next task (Flower's ClientApp waits 2 hours). Raise it on slow links "
+             "with large models.")] = 20.0,
+) -> None:
+    """(device) Run the client agent: a SuperNode plus a warm ClientApp worker, restarted if they die."""
+    from deploy.agent import AgentSpec, run_agent
+
+    if not data.is_file():
+        _fail(f"--data {data}: no such file")
+    if insecure:
+        console.print("[bold yellow]WARNING:[/] --insecure: no TLS, no authentication; the model and "
+                      "updates cross the network in clear. Only for a loopback trial.")
+    elif key is None or ca is None:
+        _fail("--key and --ca are required (or --insecure for a loopback trial)")
+    for path in (key, ca):
+        if path is not None and not path.is_file():
+            _fail(f"{path}: no such file")
+    if not 0.05 <= poll <= 30:
+        _fail(f"--poll {poll}: between 0.05 and 30 seconds")
+    if task_input_timeout <= 0:
+        _fail(f"--task-input-timeout {task_input_timeout}: must be a positive number of seconds")
+    spec = AgentSpec(server=server, data=data, key=key, ca=ca, name=name, runtime_port=runtime_port,
+                     poll_s=poll, insecure=insecure, workdir=workdir, task_input_s=task_input_timeout)
+    print(f"client agent {name or '(unnamed)'}: connecting to {server} (data {data}, logs {workdir / 'logs'})",
+          flush=True)
+    raise typer.Exit(run_agent(spec, say=lambda m: console.print(m)))

@@ -1,0 +1,151 @@
+"""``quorum aggregator``: start the aggregator host, submit runs, show its state."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from core.errors import QuorumError
+from deploy.config import DeployConfig, load_config
+from scenarios.errors import ScenarioError
+
+__all__ = ["app", "ConfigOption"]
+
+app = typer.Typer(help="The aggregator host: SuperLink behind a TLS front door, run store, dashboard.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
+console = Console(stderr=True, highlight=False)
+
+ConfigOption = Annotated[Path | None, typer.Option(
+    "--config", "-c", help="federation.toml (default: all defaults, state in ./federation).",
+    envvar="QUORUM_FEDERATION")]
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+def _load(config: Path | None, **overrides: object) -> DeployConfig:
+    try:
+        cfg = load_config(config)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return cfg.with_overrides(**given) if given else cfg
+    except QuorumError as exc:
+        _fail(str(exc))
+        raise  # unreachable
+
+
+@app.command()
+def start(
+    config: ConfigOption = None,
+    insecure: Annotated[bool | None, typer.Option(
+        "--insecure", help="No TLS, no device authentication. Loopback only, for a first try.")] = None,
+    port: Annotated[int | None, typer.Option(help="Device-facing port (overrides the file).")] = None,
+    resume: Annotated[bool, typer.Option(help="Resume runs a crash interrupted.")] = True,
+) -> None:
+    """Start the SuperLink, its TLS front door and the dashboard; print what devices need."""
+    from deploy.supervisor import Supervisor
+
+    # --insecure also pulls the listener onto loopback; an address beyond it is refused by the config check
+    cfg = _load(config, insecure=insecure, port=port, listen="127.0.0.1" if insecure else None)
+    sup = Supervisor(cfg, say=lambda m: console.print(m), resume=resume)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sup.stopping.set())
+    try:
+        sup.start()
+        _announce(sup)
+        if resume:
+            sup.resume_interrupted()
+        sup.watch()
+    except QuorumError as exc:
+        sup.stop()
+        _fail(str(exc))
+    finally:
+        sup.stop()
+    console.print("aggregator stopped")
+
+
+def _announce(sup) -> None:
+    from deploy.pki import fingerprint
+
+    cfg = sup.config
+    print(f"aggregator ready: devices connect to {cfg.device_address}", flush=True)
+    if sup.tls is not None:
+        print(f"CA certificate:   {sup.tls.ca_cert}", flush=True)
+        print(f"CA fingerprint:   SHA256 {fingerprint(sup.tls.ca_cert.read_bytes())}", flush=True)
+    else:
+        print("TLS:              OFF (--insecure, loopback only)", flush=True)
+    if cfg.dashboard.enabled:
+        print(f"dashboard:        http://{cfg.dashboard.host}:{cfg.dashboard.port}/", flush=True)
+    print(f"run store:        {cfg.db_url}", flush=True)
+    print("enroll a device:  quorum client enroll NAME; submit a run: quorum aggregator run SCENARIO", flush=True)
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path | None, typer.Argument(help="Scenario TOML file.")] = None,
+    config: ConfigOption = None,
+    resume: Annotated[str | None, typer.Option(help="Continue this stored run from its last round.")] = None,
+    rounds: Annotated[int | None, typer.Option(help="Override the scenario's rounds.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    wait: Annotated[bool, typer.Option(help="Wait until the run ends, printing rounds as they commit.")] = False,
+    timeout: Annotated[float, typer.Option(help="With --wait: give up after this many seconds.")] = 3600.0,
+) -> None:
+    """Submit a federated run to the running aggregator (the same round loop as in simulation)."""
+    from deploy.submit import submit
+
+    cfg = _load(config)
+    overrides = {k: v for k, v in (("rounds", rounds), ("seed", seed)) if v is not None}
+    try:
+        flower_run = submit(cfg, scenario, resume, overrides)
+    except (QuorumError, ScenarioError) as exc:
+        _fail(str(exc))
+    print(f"submitted: Flower run {flower_run}", flush=True)
+    if wait:
+        _follow(cfg, flower_run, timeout)
+
+
+def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float) -> None:
+    from aggregator.store import RunStore
+    from deploy.status import find_stored_run
+
+    store, deadline, shown = RunStore(cfg.db_url), time.monotonic() + timeout_s, 0
+    while time.monotonic() < deadline:
+        run = find_stored_run(store, flower_run)
+        if run is not None:
+            for r in store.rounds(run.id)[shown:]:
+                acc = "" if r.server_accuracy is None else f", accuracy {r.server_accuracy:.3f}"
+                print(f"run {run.id} round {r.round}: {r.answered}/{r.sampled} answered, "
+                      f"{r.dropped} dropped, {r.duration_s:.1f} s{acc}", flush=True)
+                shown = r.round
+            if run.status != "running":
+                print(f"run {run.id} {run.status}" + (f": {run.error}" if run.error else ""), flush=True)
+                raise typer.Exit(0 if run.status == "finished" else 1)
+        time.sleep(0.5)
+    _fail(f"run did not end within {timeout_s:g} s")
+
+
+@app.command()
+def status(
+    config: ConfigOption = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Connected clients and the current run."""
+    from deploy.status import collect_status, render_status
+
+    cfg = _load(config)
+    try:
+        info = collect_status(cfg)
+    except QuorumError as exc:
+        _fail(str(exc))
+    if json_out:
+        sys.stdout.write(json.dumps(info) + "\n")
+    else:
+        render_status(info)

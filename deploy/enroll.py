@@ -1,0 +1,107 @@
+"""Enrolling and revoking devices: keys registered with the SuperLink, and who is who.
+
+A device is known by a name and an ECDSA P-384 public key. Enrolling
+registers the key with the SuperLink (``flwr supernode register``, over the
+loopback Control API), which assigns the device's node id and keeps both in
+its database; Quorum keeps ``devices/registry.json`` beside it so that runs
+and the dashboard can say ``hospital-a`` rather than ``1448...``.
+
+Best practice is for the device to make its own key (``ssh-keygen -t ecdsa
+-b 384 -f device.key`` or ``quorum client keygen``) and send only the public
+half; ``enroll NAME`` without ``--public-key`` makes the pair here instead,
+for a trial or a device that cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from deploy.config import DeployConfig
+from deploy.errors import EnrollError
+from deploy.flower import register_key, unregister_node
+from deploy.pki import load_public_key, make_node_key, public_key_fingerprint
+
+__all__ = ["Device", "Enrolled", "enroll", "revoke", "load_registry", "device_names"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    node_id: int
+    fingerprint: str
+    public_key: str
+    enrolled_at: float
+    key_made_here: bool
+
+
+@dataclass(frozen=True)
+class Enrolled:
+    device: Device
+    private_key: Path | None   # only when the pair was made here: copy it to the device, then delete it
+
+
+def load_registry(config: DeployConfig) -> dict[str, Device]:
+    path = config.state.registry
+    if not path.exists():
+        return {}
+    return {name: Device(**entry) for name, entry in json.loads(path.read_text()).items()}
+
+
+def _save(config: DeployConfig, devices: dict[str, Device]) -> None:
+    path = config.state.registry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({n: asdict(d) for n, d in sorted(devices.items())}, indent=2))
+    os.replace(tmp, path)
+
+
+def device_names(config: DeployConfig) -> dict[int, str]:
+    """node id -> device name, for the round loop's records and the dashboard."""
+    return {d.node_id: d.name for d in load_registry(config).values()}
+
+
+def enroll(config: DeployConfig, name: str, public_key: Path | None = None) -> Enrolled:
+    """Register ``name``'s key with the SuperLink (making a key pair here when none is given)."""
+    if not _NAME.match(name):
+        raise EnrollError(f"device name {name!r}: use letters, digits, '.', '_' and '-' (at most 63)")
+    devices = load_registry(config)
+    if name in devices:
+        raise EnrollError(f"{name!r} is already enrolled (node {devices[name].node_id}); "
+                          f"`quorum client revoke {name}` first to replace its key")
+    private = None
+    if public_key is None:
+        made = make_node_key(config.state.keys / f"{name}.key", comment=f"quorum-{name}")
+        private, public_key = made.private, made.public
+    text = Path(public_key).read_text().strip()
+    try:
+        load_public_key(text)
+    except ValueError as exc:
+        raise EnrollError(f"{public_key}: {exc}") from None
+    node_id = register_key(config, Path(public_key), name)
+    device = Device(name=name, node_id=node_id, fingerprint=public_key_fingerprint(text), public_key=text,
+                    enrolled_at=time.time(), key_made_here=private is not None)
+    devices[name] = device
+    _save(config, devices)
+    return Enrolled(device, private)
+
+
+def revoke(config: DeployConfig, name: str) -> Device:
+    """Unregister ``name``'s key: the SuperLink refuses it from now on."""
+    devices = load_registry(config)
+    device = devices.get(name)
+    if device is None:
+        known = ", ".join(sorted(devices)) or "none"
+        raise EnrollError(f"no enrolled device {name!r} (enrolled: {known})")
+    unregister_node(config, device.node_id)
+    del devices[name]
+    _save(config, devices)
+    for path in (config.state.keys / f"{name}.key", config.state.keys / f"{name}.key.pub"):
+        path.unlink(missing_ok=True)
+    return device

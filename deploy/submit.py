@@ -1,0 +1,42 @@
+"""``quorum aggregator run``: submit a federated run to this host's SuperLink."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from deploy.config import DeployConfig
+from deploy.enroll import device_names
+from deploy.errors import DeployError
+from deploy.flower import submit_run
+
+__all__ = ["submit", "run_config"]
+
+
+def run_config(config: DeployConfig, scenario: Path | None = None, resume: str | None = None,
+               overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ServerApp's run_config: the scenario inline (the ServerApp may run elsewhere than
+    the file), the store, and who is who."""
+    from aggregator.store import RunStore
+    from scenarios.schema import load_scenario
+
+    if resume:
+        stored = RunStore(config.db_url).get_run(resume)
+        spec, resume = stored.scenario, stored.id
+    elif scenario is not None:
+        spec = load_scenario(scenario).to_dict()
+    else:
+        raise DeployError("name a scenario file, or --resume RUN_ID")
+    return {"scenario-json": json.dumps(spec), "db": config.db_url, "resume": resume or "",
+            "overrides": json.dumps(dict(overrides or {})),
+            "wait-clients-s": float(config.aggregator.wait_clients_s),
+            "devices": json.dumps({str(k): v for k, v in device_names(config).items()}),
+            "state-dir": str(config.state.root)}
+
+
+def submit(config: DeployConfig, scenario: Path | None = None, resume: str | None = None,
+           overrides: Mapping[str, Any] | None = None) -> int:
+    """Submit; returns the Flower run id (the stored run id appears once the ServerApp opens it)."""
+    return submit_run(config, run_config(config, scenario, resume, overrides))

@@ -1,0 +1,285 @@
+"""``quorum aggregator start``: the SuperLink, its front door, the dashboard; kept running.
+
+Process layout on the aggregator host (all children of this process, in its
+process group, so a crash of the host's supervisor takes them along; the
+ServerApp of a run lives under the SuperLink's SuperExec and exits within a
+second of the SuperLink)::
+
+    quorum aggregator start            this process: starts, watches, restarts, stops
+      flower-superlink 127.0.0.1:INTERNAL   TLS, node auth, database in the state folder
+      nginx  LISTEN:PORT                 TLS; passes /v1/fleet/<rpc> and /health only
+      python -m dashboard 127.0.0.1:8000 read-only, over the run store
+
+A SuperLink or nginx that exits is restarted (devices reconnect by
+themselves). On start, runs that a crash interrupted are submitted again
+with ``resume`` and continue from their last committed round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deploy.config import DeployConfig
+from deploy.errors import DeployError, ProcessFailed
+from deploy.flower import flower_env, superlink_command, write_flower_home
+from deploy.pki import TlsFiles, ensure_tls, fingerprint
+from deploy.proxy import ProxySpec, nginx_command
+
+__all__ = ["Supervisor", "prepare", "health_url", "wait_healthy", "resumable_runs", "stop_leftover_serverapps"]
+
+Say = Callable[[str], None]
+
+
+def prepare(config: DeployConfig) -> TlsFiles | None:
+    """State folder, certificates (unless insecure) and Flower's config: everything before processes."""
+    root = config.state.root
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o711)  # nginx workers (nobody) must traverse to their temp dir; files stay private
+    for sub in (config.state.logs, config.state.keys, config.state.proxy):
+        sub.mkdir(parents=True, exist_ok=True)
+    tls = None if config.aggregator.insecure else ensure_tls(config.state.tls, config.cert_hosts,
+                                                             config.aggregator.name)
+    write_flower_home(config, tls)
+    return tls
+
+
+def health_url(host: str, port: int, tls: bool) -> str:
+    return f"{'https' if tls else 'http'}://{host}:{port}/health"
+
+
+def _get(url: str, ca: Path | None, timeout_s: float = 2.0) -> int:
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (OSError, ssl.SSLError):
+        return 0
+
+
+def wait_healthy(url: str, ca: Path | None, proc: subprocess.Popen[bytes] | None, timeout_s: float,
+                 what: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+            raise ProcessFailed(f"{what} exited with rc {proc.returncode}\n{tail}")
+        if _get(url, ca) == 200:
+            return
+        time.sleep(0.2)
+    raise ProcessFailed(f"{what} did not answer {url} within {timeout_s:g} s")
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def stop_leftover_serverapps(state_root: Path, grace_s: float = 10.0) -> list[int]:
+    """End ServerApps a crashed aggregator left behind (they write ``serverapps/<pid>.json``).
+
+    A killed SuperLink's ServerApp notices only after its current retry back-off
+    (up to 20 s); it must not talk to the new SuperLink. The pid is checked against
+    the process's command line, so a reused pid is never signalled.
+    """
+    folder = state_root / "serverapps"
+    found = []
+    for entry in sorted(folder.glob("*.json")) if folder.exists() else []:
+        pid = int(json.loads(entry.read_text())["pid"])
+        if b"flwr-serverapp" in _cmdline(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                found.append(pid)
+        entry.unlink(missing_ok=True)
+    deadline = time.monotonic() + grace_s
+    while any(b"flwr-serverapp" in _cmdline(p) for p in found) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in found:
+        if b"flwr-serverapp" in _cmdline(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return found
+
+
+def resumable_runs(db_url: str) -> list[str]:
+    """Deployment runs a crash interrupted: unfinished, and not failed by an error of their own."""
+    from aggregator.store import RunStore
+
+    store = RunStore(db_url)
+    found = []
+    for run in store.list_runs():
+        if run.engine != "deployment" or run.rounds_done >= run.rounds_total:
+            continue
+        crashed = run.status == "failed" and (run.error or "").startswith(("SystemExit", "KeyboardInterrupt"))
+        if run.status in ("running", "interrupted") or crashed:
+            found.append(run.id)
+    return found
+
+
+@dataclass
+class _Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=self.env)
+
+
+@dataclass
+class Supervisor:
+    """Starts and watches the aggregator's processes (see the module docstring)."""
+
+    config: DeployConfig
+    say: Say = print
+    resume: bool = True
+    children: dict[str, _Child] = field(default_factory=dict)
+    tls: TlsFiles | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    # -- start ------------------------------------------------------------
+    def start(self) -> None:
+        cfg, a = self.config, self.config.aggregator
+        if a.insecure:
+            self.say("WARNING: --insecure: TLS and device authentication are OFF. Anyone who can reach "
+                     f"{cfg.device_address} can join and read models. Loopback only, for trying things out.")
+        for host, port, what in ((a.listen, a.port, "aggregator.port"),
+                                 ("127.0.0.1", a.internal_port, "aggregator.internal_port")):
+            if not _port_free(host, port):
+                raise DeployError(f"{what} = {port}: {host}:{port} is in use (another aggregator?)")
+        self.tls = prepare(cfg)
+        stopped = stop_leftover_serverapps(cfg.state.root)
+        if stopped:
+            self.say(f"stopped {len(stopped)} ServerApp process(es) left by the previous aggregator: {stopped}")
+        if self.resume:  # a ServerApp stopped just now wrote "failed: SystemExit": the run awaits its resume
+            from aggregator.store import RunStore
+
+            for run_id in resumable_runs(cfg.db_url):
+                RunStore(cfg.db_url).set_status(run_id, "interrupted", "the aggregator stopped; resuming")
+        logs = cfg.state.logs
+        self._spawn("superlink", superlink_command(cfg, self.tls), flower_env(cfg), logs / "superlink.log")
+        ca = self.tls.ca_cert if self.tls else None
+        wait_healthy(health_url("localhost", a.internal_port, self.tls is not None), ca,
+                     self.children["superlink"].proc, 60.0, "the SuperLink", logs / "superlink.log")
+        self._start_front(ca)
+        self._start_dashboard()
+        self._write_pidfile()
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        child = _Child(name, argv, env, log)
+        child.start()
+        self.children[name] = child
+
+    def _start_front(self, ca: Path | None) -> None:
+        cfg, a, tls = self.config, self.config.aggregator, self.tls
+        spec = ProxySpec(listen_host=a.listen, listen_port=a.port, upstream_port=a.internal_port,
+                         server_cert=tls.server_cert if tls else None, server_key=tls.server_key if tls else None,
+                         ca_cert=ca, workdir=cfg.state.proxy, rate_limit=a.rate_limit)
+        self._spawn("proxy", nginx_command(spec), dict(os.environ), cfg.state.logs / "proxy.log")
+        host = "localhost" if a.listen in ("0.0.0.0", "::", "127.0.0.1") else a.listen
+        wait_healthy(health_url(host, a.port, tls is not None), ca, self.children["proxy"].proc, 30.0, "nginx",
+                     cfg.state.proxy / "error.log")
+
+    def _start_dashboard(self) -> None:
+        d = self.config.dashboard
+        if not d.enabled:
+            return
+        env = flower_env(self.config, {"QUORUM_DASHBOARD_TOKEN": d.token} if d.token else None)
+        argv = [sys.executable, "-m", "dashboard", "--db", self.config.db_url, "--host", d.host,
+                "--port", str(d.port)]
+        self._spawn("dashboard", argv, env, self.config.state.logs / "dashboard.log")
+
+    def _write_pidfile(self) -> None:
+        cfg = self.config
+        info = {"pid": os.getpid(), "started_at": time.time(), "device_address": cfg.device_address,
+                "control_address": cfg.control_address, "db": cfg.db_url,
+                "dashboard": f"http://{cfg.dashboard.host}:{cfg.dashboard.port}/" if cfg.dashboard.enabled else None,
+                "children": {n: c.proc.pid for n, c in self.children.items() if c.proc},
+                "ca_fingerprint": fingerprint(self.tls.ca_cert.read_bytes()) if self.tls else None}
+        cfg.state.pidfile.write_text(json.dumps(info, indent=2))
+
+    # -- run --------------------------------------------------------------
+    def resume_interrupted(self) -> list[str]:
+        """Submit every run a crash interrupted again, with ``resume``."""
+        from aggregator.store import RunStore
+        from deploy.flower import stop_run
+        from deploy.submit import submit
+
+        resumed = []
+        for run_id in resumable_runs(self.config.db_url):
+            # The restarted SuperLink still counts the crashed Flower run as running: a
+            # SuperNode caught mid-download of its message would keep waiting for it (about
+            # a minute) instead of taking the resumed run's. Stopping it ends that at once.
+            old = (RunStore(self.config.db_url).get_run(run_id).info or {}).get("flower_run_id")
+            if old is not None:
+                with contextlib.suppress(DeployError):
+                    stop_run(self.config, int(old))
+            try:
+                submit(self.config, resume=run_id)
+            except DeployError as exc:
+                self.say(f"could not resume run {run_id}: {exc}")
+                continue
+            self.say(f"resuming run {run_id} from its last committed round")
+            resumed.append(run_id)
+        return resumed
+
+    def watch(self, poll_s: float = 0.5) -> None:
+        """Restart children that exit, until :meth:`stop` or a signal."""
+        while not self.stopping.wait(poll_s):
+            for child in self.children.values():
+                if child.proc is not None and child.proc.poll() is not None and not self.stopping.is_set():
+                    child.restarts += 1
+                    self.say(f"{child.name} exited (rc {child.proc.returncode}); restarting "
+                             f"(restart {child.restarts}, log {child.log})")
+                    time.sleep(min(10.0, child.restarts))
+                    child.start()
+                    self._write_pidfile()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        self.stopping.set()
+        for child in reversed(list(self.children.values())):
+            if child.proc is not None and child.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGTERM)
+        for child in self.children.values():
+            if child.proc is None:
+                continue
+            try:
+                child.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+        with contextlib.suppress(FileNotFoundError):
+            self.config.state.pidfile.unlink()

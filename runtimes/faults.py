@@ -1,0 +1,106 @@
+"""Faults injected at the in-process transport: vanishing, late and corrupt clients.
+
+Every decision is a pure function of the scenario seed, the round, the stage
+and the node, so a rerun (or a resumed run) injects exactly the same faults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message
+
+from scenarios.schema import FaultSpec
+
+__all__ = ["FaultPlan", "stage_of"]
+
+_STAGE_CODES = {"train": 1, "advertise_keys": 2, "share_keys": 3, "masked_input": 4, "unmask": 5}
+
+
+def stage_of(message: Message) -> str:
+    """The protocol stage a message belongs to: a secagg stage, or its type."""
+    content = message.content if message.has_content() else None
+    if content is not None and "secagg" in content.config_records:
+        return str(content.config_records["secagg"].get("stage", "train"))
+    return message.metadata.message_type.split(".")[0]
+
+
+def _round_of(message: Message) -> int:
+    try:
+        return int(message.metadata.group_id)
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Which clients vanish at which stage, straggle, or send corrupt updates."""
+
+    seed: int = 0
+    dropouts: Mapping[str, float] = field(default_factory=dict)
+    stragglers: float = 0.0
+    straggler_delay_s: float = 0.0
+    byzantine: float = 0.0
+    byzantine_kind: str = "nan"
+
+    @classmethod
+    def none(cls) -> FaultPlan:
+        return cls()
+
+    @classmethod
+    def from_spec(cls, spec: FaultSpec, seed: int) -> FaultPlan:
+        return cls(seed=seed, dropouts=dict(spec.dropouts), stragglers=spec.stragglers,
+                   straggler_delay_s=spec.straggler_delay_s, byzantine=spec.byzantine,
+                   byzantine_kind=spec.byzantine_kind)
+
+    def _rng(self, *key: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, *key])
+
+    def pick_dropped(self, batch: Sequence[Message]) -> set[int]:
+        """Ids (``id(message)``) of exactly ``round(fraction * n)`` messages per stage."""
+        groups: dict[tuple[int, str], list[Message]] = {}
+        for message in batch:
+            groups.setdefault((_round_of(message), stage_of(message)), []).append(message)
+        dropped: set[int] = set()
+        for (round_, stage), messages in groups.items():
+            fraction = self.dropouts.get(stage, 0.0)
+            count = int(round(fraction * len(messages)))
+            if count:
+                order = sorted(messages, key=lambda m: m.metadata.dst_node_id)
+                picks = self._rng(round_, _STAGE_CODES.get(stage, 9)).choice(len(order), count, replace=False)
+                dropped.update(id(order[i]) for i in picks)
+        return dropped
+
+    def _chosen(self, message: Message, fraction: float, code: int) -> bool:
+        if fraction <= 0:
+            return False
+        return bool(self._rng(_round_of(message), message.metadata.dst_node_id, code).random() < fraction)
+
+    def delay_for(self, message: Message) -> float:
+        """Seconds a straggler's reply is held back (0 for punctual nodes)."""
+        return self.straggler_delay_s if self._chosen(message, self.stragglers, 101) else 0.0
+
+    def corrupt(self, message: Message, reply: Message) -> Message:
+        """A Byzantine node's train reply with its update replaced by garbage."""
+        if stage_of(message) != "train" or reply.has_error() or not self._chosen(message, self.byzantine, 202):
+            return reply
+        records = reply.content.array_records
+        if "update" not in records:
+            return reply
+        delta = records["update"]["delta"].numpy()
+        records["update"] = ArrayRecord({"delta": _corrupted(delta, self.byzantine_kind)})
+        return reply
+
+
+def _corrupted(delta: np.ndarray, kind: str) -> Array:
+    if kind == "nan":
+        bad = delta.copy()
+        bad[:: max(1, bad.size // 10)] = np.nan
+        return Array(bad)
+    if kind == "wrong_shape":
+        return Array(delta[: max(1, delta.size // 2)].copy())
+    if kind == "oversized":
+        return Array(np.zeros(delta.size * 64, dtype=np.float32))
+    return Array(dtype="float32", shape=tuple(delta.shape), stype="numpy.ndarray", data=b"\x00garbage")

@@ -1,0 +1,179 @@
+"""Quorum's in-process runtime: a Flower ``Grid`` that calls the ClientApp directly.
+
+Flower ships no runtime without Ray or a SuperLink, so this is the embedded
+default used by ``quorum simulate``, the scenarios and the tests: the very same
+ServerApp logic and ClientApp run, messages are real Flower ``Message`` s, and
+one worker thread executes client calls so the aggregator can poll, enforce
+deadlines and fold replies as they arrive. Faults from the scenario (clients
+that vanish at a stage, stragglers, corrupt replies) are injected here, at the
+transport, so neither the round loop nor the ClientApp carries fault code.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+from runtimes.faults import FaultPlan
+
+__all__ = ["InProcessGrid", "LocalGrid", "NodeSpec"]
+
+SERVER_NODE_ID = 0
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One virtual SuperNode: its id and its node config (e.g. partition-id)."""
+
+    node_id: int
+    config: Mapping[str, int | float | str | bool] = field(default_factory=dict)
+
+
+class LocalGrid(Grid):
+    """What every grid whose nodes live in this process shares: the run and its
+    node contexts (``self._run``, ``self._contexts``), and plain message creation."""
+
+    _run: Run
+    _contexts: dict[int, Context]
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self._contexts)
+
+
+class InProcessGrid(LocalGrid):
+    """A ``Grid`` whose nodes are ClientApp calls in this process.
+
+    Parameters
+    ----------
+    client_app : ClientApp
+        The app every node runs.
+    nodes : Iterable[NodeSpec]
+        The virtual nodes.
+    run_config : Mapping
+        The run config every node's ``Context`` sees.
+    faults : FaultPlan | None
+        Which messages vanish, arrive late or arrive corrupted.
+    run_id : int
+        The Flower run id to stamp on messages.
+    """
+
+    def __init__(self, client_app: ClientApp, nodes: Iterable[NodeSpec],
+                 run_config: Mapping[str, object], faults: FaultPlan | None = None,
+                 run_id: int = 1) -> None:
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SERVER_NODE_ID, 1
+        self._run = Run.create_empty(run_id)
+        self._app = client_app
+        self._faults = faults or FaultPlan.none()
+        self._contexts = {
+            n.node_id: Context(run_id=run_id, node_id=n.node_id, node_config=dict(n.config),
+                               state=RecordDict(), run_config=dict(run_config))
+            for n in nodes
+        }
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quorum-node")
+        self._lock = threading.Lock()
+        self._pending: dict[str, Future[Message | None]] = {}
+        self._ready_at: dict[str, float] = {}
+
+    # -- Grid API ---------------------------------------------------------
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        batch = list(messages)
+        dropped = self._faults.pick_dropped(batch)
+        ids = []
+        for message in batch:
+            if message.metadata.dst_node_id not in self._contexts:
+                raise ValueError(f"unknown node id {message.metadata.dst_node_id}")
+            message_id = uuid.uuid4().hex
+            _set_message_id(message, message_id)
+            ids.append(message_id)
+            if id(message) in dropped:
+                continue  # the node vanished: no reply will ever come
+            with self._lock:
+                self._pending[message_id] = self._executor.submit(self._handle, message)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        now = time.monotonic()
+        out = []
+        with self._lock:
+            for message_id in message_ids:
+                future = self._pending.get(message_id)
+                if future is None or not future.done() or self._ready_at.get(message_id, 0) > now:
+                    continue
+                del self._pending[message_id]
+                reply = future.result()
+                if reply is not None:
+                    out.append(reply)
+        return out
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        ids = set(self.push_messages(messages))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        while ids and not self.settled(ids) and (deadline is None or time.monotonic() < deadline):
+            for reply in self.pull_messages(list(ids)):
+                ids.discard(reply.metadata.reply_to_message_id)
+                replies.append(reply)
+            time.sleep(0.002)
+        replies.extend(self.pull_messages(list(ids)))
+        return replies
+
+    # -- in-process extras ------------------------------------------------
+    def settled(self, message_ids: Iterable[str]) -> bool:
+        """True when none of ``message_ids`` can still produce a reply.
+
+        Only an in-process runtime can know this (a dropped node is gone for
+        good); the round loop uses it to close a round early instead of
+        waiting for the deadline.
+        """
+        with self._lock:
+            return not any(m in self._pending for m in message_ids)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> InProcessGrid:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _handle(self, message: Message) -> Message | None:
+        context = self._contexts[message.metadata.dst_node_id]
+        try:
+            reply = self._app(message, context)
+        except Exception as exc:
+            reply = Message(Error(code=1, reason=f"{type(exc).__name__}: {exc}"), reply_to=message)
+        _set_message_id(reply, uuid.uuid4().hex)
+        delay = self._faults.delay_for(message)
+        if delay:
+            with self._lock:
+                self._ready_at[message.metadata.message_id] = time.monotonic() + delay
+        return self._faults.corrupt(message, reply)
+
+
+def _set_message_id(message: Message, message_id: str) -> None:
+    # Flower's Metadata exposes message_id read-only; a SuperLink assigns it
+    # the same way, by writing the underlying field.
+    message.metadata.__dict__["_message_id"] = message_id

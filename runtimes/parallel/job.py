@@ -1,0 +1,216 @@
+"""One data-parallel job on one rank: its data, model, trainer, and one round at a time.
+
+Both modes commit *rounds* to the run store. A synchronous round is
+``training.local_epochs`` epochs over every rank's shard; a local-SGD round is
+one federated round (see :mod:`runtimes.parallel.localsgd`). After training,
+each rank scores the new model on the test and training splits of the
+clients it trained (the federated evaluation), and the per-client figures of
+the round travel to every rank in one small all-reduce of a table with one
+row per client (or per rank in synchronous mode).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from aggregator.serverapp import build_strategy
+from core.strategy import ServerState, Strategy
+from learning.datasets import Federation, build_federation
+from learning.models import build_model, get_flat, set_flat
+from learning.training import evaluate
+from runtimes.parallel.comm import Comm
+from runtimes.parallel.errors import ParallelError
+from runtimes.parallel.localsgd import finish_round, local_updates, owned_nodes, round_nodes, train_config
+from runtimes.parallel.mode import Mode
+from runtimes.parallel.shards import assign_clients, epoch_order, shard_sizes, steps_per_epoch, union
+from runtimes.parallel.sync import SyncSGD, run_epoch
+from scenarios.schema import Scenario
+
+__all__ = ["JobSpec", "Job", "RoundResult", "check_scenario", "build_job", "initial_state", "adopt", "run_round",
+           "COLUMNS"]
+
+# Columns of the per-round table: one row per client (local SGD) or per rank (sync).
+COLUMNS = ("present", "examples", "loss_sum", "duration_s", "eval_n", "eval_loss_sum", "eval_correct",
+           "train_eval_n", "train_eval_loss_sum")
+_C = {name: i for i, name in enumerate(COLUMNS)}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to train and how."""
+
+    scenario: Scenario
+    mode: Mode = Mode.SYNC
+    local_steps: int = 0  # local SGD only: H steps per client instead of local_epochs
+
+
+@dataclass
+class Job:
+    """Everything one rank holds for the whole run."""
+
+    spec: JobSpec
+    comm: Comm
+    fed: Federation
+    model: nn.Module
+    strategy: Strategy
+    clients: list[int]                 # client indices this rank owns
+    trainer: SyncSGD | None = None
+    shard: tuple[torch.Tensor, torch.Tensor] | None = None
+    sizes: list[int] = field(default_factory=list)
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.spec.scenario
+
+    @property
+    def rows(self) -> int:
+        return self.comm.world if self.spec.mode is Mode.SYNC else self.fed.num_clients
+
+    def row_labels(self) -> list[str]:
+        if self.spec.mode is Mode.SYNC:
+            return [f"rank-{r}" for r in range(self.comm.world)]
+        return [str(node) for node in range(1, self.fed.num_clients + 1)]
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What one round produced, identical on every rank."""
+
+    state: ServerState
+    status: str            # ok | skipped | empty (as the federated round loop records it)
+    table: np.ndarray      # (rows, len(COLUMNS)), summed over ranks
+    bytes_sent: int        # payload this rank gave to collectives this round
+    steps: int
+
+
+def check_scenario(scenario: Scenario, mode: Mode, world: int) -> None:
+    """Refuse what the parallel mode cannot run, naming the key.
+
+    Raises
+    ------
+    ParallelError
+        More workers than clients, DP in synchronous mode, secure aggregation.
+    """
+    assign_clients(scenario.federation.clients, world)
+    if scenario.dp.enabled and mode is Mode.SYNC:
+        raise ParallelError(f"{scenario.name}: dp.enabled = true: client-level DP clips and noises each client's "
+                            "update, which only the localsgd mode makes; use --mode localsgd")
+    if scenario.secagg.enabled:
+        raise ParallelError(f"{scenario.name}: secagg.enabled = true: secure aggregation protects clients from the "
+                            "aggregator; inside one cluster there is no such boundary, turn it off to run parallel")
+
+
+def build_job(spec: JobSpec, comm: Comm) -> Job:
+    """Load the scenario's federation and build this rank's model, shard and trainer."""
+    scenario = spec.scenario
+    check_scenario(scenario, spec.mode, comm.world)
+    fed = build_federation(scenario.data, scenario.federation.clients, scenario.seed)
+    mine = assign_clients(fed.num_clients, comm.world)[comm.rank]
+    model = build_model(scenario.model.name, fed.input_shape, fed.num_classes, seed=scenario.seed)
+    job = Job(spec=spec, comm=comm, fed=fed, model=model, strategy=build_strategy(scenario), clients=mine)
+    if spec.mode is Mode.SYNC:
+        t = scenario.training
+        data = union([fed.clients[c].train for c in mine])
+        job.shard = (torch.from_numpy(data.x), torch.from_numpy(data.y))
+        job.sizes = shard_sizes(fed, comm.world)
+        job.trainer = SyncSGD(model, comm, lr=t.lr, momentum=t.momentum)
+    return job
+
+
+def initial_state(job: Job) -> ServerState:
+    """The state before round 1: the model's weights through the strategy (sync: no slots)."""
+    return job.strategy.init_state(get_flat(job.model))
+
+
+def adopt(job: Job, state: ServerState) -> None:
+    """Load a (broadcast, resumed) state into this rank's model and optimiser."""
+    set_flat(job.model, state.params)
+    momentum = state.slots.get("sgd_momentum")
+    if job.trainer is not None and momentum is not None:
+        job.trainer.load_momentum(momentum)
+
+
+def run_round(job: Job, state: ServerState, round_: int) -> RoundResult:
+    """Train one round, evaluate it federatedly, and share the per-client table.
+
+    Federated evaluation follows the round loop: the clients that trained (or
+    all, with ``evaluation.clients = "all"``) score the new model on their
+    test split and on their training split; the round's train loss is then the
+    latter, else the mean of the clients' last-epoch training losses.
+    """
+    sent, table = job.comm.bytes_sent, np.zeros((job.rows, len(COLUMNS)))
+    if job.spec.mode is Mode.SYNC:
+        state, status = _sync_round(job, round_, table), "ok"
+        t = job.scenario.training
+        steps = t.local_epochs * steps_per_epoch(job.sizes, t.batch_size)
+        evals = {job.comm.rank: job.clients}
+    else:
+        state, status, evals = _local_round(job, state, round_, table)
+        steps = 0
+    if _evaluates(job.scenario, round_):
+        _evaluate_rows(job, state, evals, table)
+    job.comm.where = f"round {round_} metrics"
+    tensor = torch.from_numpy(table)
+    job.comm.sum_(tensor)
+    return RoundResult(state, status, table, job.comm.bytes_sent - sent, steps)
+
+
+def _sync_round(job: Job, round_: int, table: np.ndarray) -> ServerState:
+    t, comm, trainer = job.scenario.training, job.comm, job.trainer
+    x, y = job.shard
+    steps = steps_per_epoch(job.sizes, t.batch_size)
+    started, loss = time.monotonic(), 0.0
+    for k in range(t.local_epochs):
+        epoch = (round_ - 1) * t.local_epochs + k + 1
+        order = epoch_order(len(y), job.scenario.seed, epoch, comm.rank)
+        loss = run_epoch(trainer, x, y, order, steps, label=f"round {round_} epoch {k + 1}")
+    row = table[comm.rank]
+    row[[_C["present"], _C["examples"], _C["loss_sum"]]] = 1, len(y), loss  # loss of the last epoch
+    row[_C["duration_s"]] = time.monotonic() - started
+    momentum = trainer.momentum()
+    slots = {} if momentum is None else {"sgd_momentum": momentum}
+    return ServerState(params=get_flat(job.model), slots=slots, round=round_)
+
+
+def _local_round(job: Job, state: ServerState, round_: int,
+                 table: np.ndarray) -> tuple[ServerState, str, dict[int, list[int]]]:
+    comm, scenario = job.comm, job.scenario
+    strategy = job.strategy.for_round(state)
+    comm.where = f"round {round_} sampling"
+    nodes = comm.broadcast_json(round_nodes(strategy, scenario, round_) if comm.rank == 0 else None)
+    mine = owned_nodes(nodes, comm.rank, comm.world)
+    config = train_config(scenario, strategy, round_)
+    agg, runs = local_updates(job.model, job.fed, strategy, state, mine, config, job.spec.local_steps)
+    for run in runs:
+        table[run.node - 1, [_C["present"], _C["examples"], _C["loss_sum"], _C["duration_s"]]] = (
+            1, run.num_examples, run.loss * run.num_examples, run.duration_s)
+    comm.where = f"round {round_} model averaging"
+    new, status = finish_round(comm, strategy, state, comm.merge(agg), scenario, round_)
+    if scenario.evaluation.clients == "all":
+        mine = owned_nodes(range(1, job.fed.num_clients + 1), comm.rank, comm.world)
+    return new, status, {n - 1: [n - 1] for n in mine}
+
+
+def _evaluates(scenario: Scenario, round_: int) -> bool:
+    ev = scenario.evaluation
+    return ev.federated and (round_ % ev.every == 0 or round_ == scenario.rounds)
+
+
+def _evaluate_rows(job: Job, state: ServerState, evals: dict[int, list[int]], table: np.ndarray) -> None:
+    """Score the round's model on each row's clients, test and train splits, as the ClientApp does."""
+    set_flat(job.model, state.params)
+    for row, clients in evals.items():
+        test = [job.fed.clients[c].test for c in clients if len(job.fed.clients[c].test)]
+        if test:
+            result = evaluate(job.model, union(test))
+            n = result.num_examples
+            table[row, [_C["eval_n"], _C["eval_loss_sum"], _C["eval_correct"]]] = (
+                n, result.loss * n, result.accuracy * n)
+        on_train = evaluate(job.model, union([job.fed.clients[c].train for c in clients]))
+        table[row, [_C["train_eval_n"], _C["train_eval_loss_sum"]]] = (
+            on_train.num_examples, on_train.loss * on_train.num_examples)

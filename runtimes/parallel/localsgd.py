@@ -1,0 +1,186 @@
+"""Local SGD / FedAvg over ranks: the federated round, with the ranks as its transport.
+
+One round ``k`` does what :class:`aggregator.rounds.RoundLoop` does in-process,
+step for step:
+
+1. the strategy, bound to the round (``for_round``), samples the clients on
+   rank 0 (``strategy.sample``; node ``n`` is client ``n - 1``, as in the
+   in-process runtime) and rank 0 broadcasts the sample: a DP strategy samples
+   from a secure generator that only one process may draw from;
+2. each rank trains the sampled clients it owns (:func:`~runtimes.parallel.shards.owner`),
+   each from the global model, with ``learning.training.train`` (``E`` local
+   epochs) or :func:`train_steps` (``H`` local steps) and the seed
+   ``client_seed(seed, k, n)``, privatises the delta as the ClientApp does
+   when the strategy asks for client-side DP, and folds it into its partial
+   aggregate with ``strategy.accumulate``;
+3. one all-reduce merges the partial aggregates (:meth:`Comm.merge`);
+4. rank 0 finalizes with the strategy's round generator (DP noise is drawn
+   once, by one process) and broadcasts the mean update; every rank applies
+   the strategy (server optimiser) to it, so all ranks hold the same state.
+
+With every client sampled and one rank per client this is local SGD with
+periodic model averaging (Stich, "Local SGD Converges Fast and Communicates
+Little", ICLR 2019); in general it is FedAvg (McMahan et al., AISTATS 2017,
+Algorithm 1) spread over the ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from core import aggregate
+from core.fit import accumulate
+from core.messages import TrainConfig, client_seed
+from core.strategy import ServerState, Strategy
+from learning.datasets import ArrayDataset, Federation
+from learning.models import get_flat, set_flat
+from learning.training import TrainResult, train
+from runtimes.parallel.comm import Comm
+from runtimes.parallel.errors import ParallelError
+from runtimes.parallel.shards import owner
+from scenarios.schema import Scenario
+
+__all__ = ["ClientRun", "round_nodes", "owned_nodes", "train_config", "train_steps", "local_updates",
+           "finish_round"]
+
+
+@dataclass(frozen=True)
+class ClientRun:
+    """What one client's local training produced on this rank."""
+
+    node: int
+    num_examples: int
+    loss: float
+    duration_s: float
+
+
+def round_nodes(strategy: Strategy, scenario: Scenario, round_: int) -> list[int]:
+    """The node ids ``strategy`` (bound to the round) samples, as the federated round loop asks it."""
+    nodes = list(range(1, scenario.federation.clients + 1))
+    return [int(n) for n in strategy.sample(nodes, scenario.federation.per_round, scenario.seed, round_)]
+
+
+def owned_nodes(nodes: Sequence[int], rank: int, world: int) -> list[int]:
+    """The nodes among ``nodes`` that ``rank`` trains."""
+    return [n for n in nodes if owner(n - 1, world) == rank]
+
+
+def train_config(scenario: Scenario, strategy: Strategy, round_: int) -> TrainConfig:
+    """The round's training settings, as ``RoundLoop`` builds them (``seed`` is the run's)."""
+    t = scenario.training
+    extra = strategy.client_config(round_)
+    return TrainConfig(round=round_, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
+                       momentum=t.momentum, seed=scenario.seed,
+                       proximal_mu=float(extra.pop("proximal-mu", 0.0)), extra=extra)
+
+
+def train_steps(model: nn.Module, data: ArrayDataset, *, steps: int, batch_size: int, lr: float,
+                momentum: float = 0.0, proximal_mu: float = 0.0, seed: int) -> TrainResult:
+    """``steps`` SGD steps, visiting the data exactly as ``learning.training.train`` does.
+
+    Each pass draws a fresh ``randperm`` from one generator seeded with
+    ``seed`` and takes consecutive batches (the last of a pass may be
+    smaller); a pass cut short by ``steps`` ends the call. With
+    ``steps = E * ceil(n / batch_size)`` this is ``train(..., epochs=E)``.
+    Returns the example-weighted mean loss over all steps.
+    """
+    if steps < 1 or len(data) == 0:
+        raise ValueError(f"need steps >= 1 and data, got {steps} steps and {len(data)} examples")
+    x, y = (torch.from_numpy(np.require(a, requirements=["C", "W"])) for a in (data.x, data.y))
+    params = [p for p in model.parameters() if p.requires_grad]
+    anchor = [p.detach().clone() for p in params] if proximal_mu > 0 else None
+    optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    done, total, seen = 0, 0.0, 0
+    while done < steps:
+        order = torch.randperm(len(y), generator=generator)
+        xs, ys = x[order], y[order]
+        for start in range(0, len(ys), batch_size):
+            if done == steps:
+                break
+            total += _sgd_step(model, optimizer, xs[start:start + batch_size], ys[start:start + batch_size],
+                               params, anchor, proximal_mu)
+            seen += len(ys[start:start + batch_size])
+            done += 1
+    return TrainResult(loss=total / seen, num_examples=len(data), steps=steps)
+
+
+def _sgd_step(model: nn.Module, optimizer: torch.optim.Optimizer, xb: torch.Tensor, yb: torch.Tensor,
+              params: list[nn.Parameter], anchor: list[torch.Tensor] | None, mu: float) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(xb), yb)
+    loss.backward()
+    if anchor is not None:
+        with torch.no_grad():
+            for p, p0 in zip(params, anchor):
+                p.grad.add_(p - p0, alpha=mu)
+    optimizer.step()
+    return float(loss.item()) * len(yb)
+
+
+def _train_client(model: nn.Module, data: ArrayDataset, config: TrainConfig, seed: int,
+                  local_steps: int) -> TrainResult:
+    common = dict(batch_size=config.batch_size, lr=config.lr, momentum=config.momentum,
+                  proximal_mu=config.proximal_mu, seed=seed)
+    if local_steps:
+        return train_steps(model, data, steps=local_steps, **common)
+    return train(model, data, epochs=config.epochs, **common)
+
+
+def _privatize(delta: np.ndarray, config: TrainConfig) -> np.ndarray:
+    """Client-side DP exactly as the ClientApp applies it (clip, noise share, clip bit)."""
+    if not config.extra:
+        return delta
+    from privacy.dp import ClientDPConfig, client_payload, secure_rng
+
+    dp = ClientDPConfig.from_config(config.extra)
+    return delta if dp is None else client_payload(delta, dp, secure_rng()).astype(np.float32, copy=False)
+
+
+def local_updates(model: nn.Module, fed: Federation, strategy: Strategy, state: ServerState,
+                  nodes: Sequence[int], config: TrainConfig,
+                  local_steps: int = 0) -> tuple[aggregate.MeanState, list[ClientRun]]:
+    """Train each of ``nodes`` from ``state`` and fold their updates: this rank's partial aggregate."""
+    agg = strategy.new_aggregate(state.params.size)
+    if type(agg) is not aggregate.MeanState:
+        raise ParallelError(f"strategy {strategy.name!r} aggregates into a {type(agg).__name__}, which the "
+                            "parallel mode cannot all-reduce; it needs the core's MeanState")
+    runs = []
+    for node in nodes:
+        started = time.monotonic()
+        set_flat(model, state.params)
+        seed = client_seed(config.seed, config.round, node)
+        result = _train_client(model, fed.clients[node - 1].train, config, seed, local_steps)
+        update = _privatize(get_flat(model) - state.params, config)
+        duration = time.monotonic() - started
+        metrics = {"train-loss": float(result.loss), "duration-s": duration}
+        agg = accumulate(strategy, agg, update, result.num_examples, metrics)
+        runs.append(ClientRun(node, result.num_examples, float(result.loss), duration))
+    return agg, runs
+
+
+def finish_round(comm: Comm, strategy: Strategy, state: ServerState, agg: aggregate.MeanState,
+                 scenario: Scenario, round_: int) -> tuple[ServerState, str]:
+    """Finalize the merged aggregate on rank 0, share the mean, apply the strategy everywhere.
+
+    The skip rule is ``RoundLoop._apply``'s: fewer than ``min_clients``
+    updates leave the model as it was unless the strategy must account every
+    round (DP).
+    """
+    if agg.count < scenario.federation.min_clients and strategy.skip_when_short:
+        return replace(state, round=round_), "skipped"
+    mean = torch.zeros(agg.size, dtype=torch.float32)
+    if comm.rank == 0:
+        mean.numpy()[:] = strategy.finalize(agg, strategy.round_rng(scenario.seed, round_))
+    comm.where = f"round {round_} mean update"
+    comm.broadcast_(mean)
+    new = strategy.apply(state, mean.numpy())
+    return replace(new, round=round_), "ok" if agg.count else "empty"

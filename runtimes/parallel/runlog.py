@@ -1,0 +1,106 @@
+"""Rank 0's side of the run store: data-parallel runs are runs like any other.
+
+A data-parallel run is stored with ``engine = "parallel"``; each round is
+committed (checkpoint + metrics + one client row per client or rank) exactly
+as the federated round loop commits its rounds, so the dashboard, ``quorum
+runs`` and ``quorum report`` show it, and a restarted job resumes from the
+last committed round.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from aggregator.store import RunStore
+from core.records import ClientRecord, RoundRecord
+from core.strategy import ServerState
+from runtimes.parallel.job import COLUMNS, Job, RoundResult
+from runtimes.parallel.mode import Mode
+from scenarios.schema import Scenario
+
+__all__ = ["ENGINE", "create_run", "run_info", "strategy_label", "RunWriter", "round_record"]
+
+ENGINE = "parallel"
+_C = {name: i for i, name in enumerate(COLUMNS)}
+
+
+def run_info(mode: Mode, world: int, local_steps: int, bucket_mb: float, timeout_s: float) -> dict[str, Any]:
+    """What is recorded about the job with the run."""
+    return {"mode": mode.value, "world": world, "local_steps": local_steps, "backend": "gloo",
+            "bucket_mb": bucket_mb, "timeout_s": timeout_s}
+
+
+def strategy_label(scenario: Scenario, mode: Mode) -> str:
+    """The run's strategy column: the server optimiser, or plain SGD in synchronous mode."""
+    return "sync-sgd" if mode is Mode.SYNC else scenario.strategy.name
+
+
+def create_run(store: RunStore, scenario: Scenario, mode: Mode, num_params: int, info: dict[str, Any]) -> str:
+    """Create the run row (status ``running``) and return its id."""
+    return store.create_run(name=scenario.name, scenario=scenario.to_dict(), seed=scenario.seed,
+                            strategy=strategy_label(scenario, mode), rounds=scenario.rounds, engine=ENGINE,
+                            num_params=num_params, info=info)
+
+
+class RunWriter:
+    """Opens (or resumes) one run and commits its rounds; only rank 0 has one."""
+
+    def __init__(self, store: RunStore, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+        self.resumed: ServerState | None = store.load_state(run_id)
+        store.set_status(run_id, "running")
+        if self.resumed is not None:
+            store.log(run_id, f"parallel job resumed after round {self.resumed.round}")
+
+    def commit(self, record: RoundRecord, state: ServerState) -> None:
+        self.store.commit_round(self.run_id, record, state)
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        self.store.set_status(self.run_id, status, error=error)
+        if error:
+            self.store.log(self.run_id, error, "error")
+
+
+def round_record(job: Job, result: RoundResult, round_: int, started: float, duration_s: float,
+                 server: tuple[float, float] | None) -> RoundRecord:
+    """The round as the run store keeps it, built from the all-reduced per-client table."""
+    table, labels = result.table, job.row_labels()
+    present = np.flatnonzero(table[:, _C["present"]] > 0)
+    clients = [_client(labels[i], table[i]) for i in present]
+    examples, evaluated = table[:, _C["examples"]].sum(), table[:, _C["eval_n"]].sum()
+    train_loss = _ratio(table[:, _C["train_eval_loss_sum"]].sum(), table[:, _C["train_eval_n"]].sum())
+    if train_loss is None:  # no federated evaluation this round: the clients' own training losses
+        train_loss = _ratio(table[:, _C["loss_sum"]].sum(), examples)
+    total_bytes = result.bytes_sent * job.comm.world
+    return RoundRecord(
+        round=round_, started_at=started, duration_s=duration_s, sampled=len(present), clients=clients,
+        train_loss=train_loss,
+        fed_loss=_ratio(table[:, _C["eval_loss_sum"]].sum(), evaluated),
+        fed_accuracy=_ratio(table[:, _C["eval_correct"]].sum(), evaluated),
+        server_loss=server[0] if server else None, server_accuracy=server[1] if server else None,
+        bytes_in=total_bytes, bytes_out=total_bytes, epsilon=_epsilon(job, result.state),
+        metrics={"status": result.status, "mode": job.spec.mode.value, "world": job.comm.world,
+                 "sync_steps": result.steps, "collective_bytes_per_rank": result.bytes_sent})
+
+
+def _epsilon(job: Job, state: ServerState) -> float | None:
+    """The privacy spent so far, for strategies that account it (as the round loop records it)."""
+    epsilon = getattr(job.strategy, "epsilon", None)
+    if epsilon is None or job.spec.mode is Mode.SYNC:
+        return None
+    value = float(epsilon(state))
+    return value if np.isfinite(value) else None
+
+
+def _client(label: str, row: np.ndarray) -> ClientRecord:
+    return ClientRecord(client=label, outcome="ok", num_examples=int(row[_C["examples"]]),
+                        train_loss=_ratio(row[_C["loss_sum"]], row[_C["examples"]]),
+                        eval_loss=_ratio(row[_C["eval_loss_sum"]], row[_C["eval_n"]]),
+                        eval_accuracy=_ratio(row[_C["eval_correct"]], row[_C["eval_n"]]),
+                        duration_s=float(row[_C["duration_s"]]))
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return float(num / den) if den > 0 else None

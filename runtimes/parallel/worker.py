@@ -1,0 +1,203 @@
+"""One data-parallel worker, as ``torchrun`` starts it: ``python -m runtimes.parallel.worker``.
+
+Reads its rank and the rendezvous from the environment torchrun sets, joins
+the gloo process group with a timeout on every collective, trains the
+scenario's rounds and, on rank 0, commits each round to the run store. Any
+failure (including a SIGTERM from torchrun because another worker died) marks
+the run failed with the reason before the process exits non-zero.
+
+Multi-node, e.g. under Slurm (every node runs the same line)::
+
+    torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 \\
+        -m runtimes.parallel.worker --scenario scenarios/quickstart.toml --db postgresql://...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
+
+from aggregator.evaluation import ServerEvaluator
+from aggregator.store import RunStore, default_db_url
+from core.strategy import ServerState
+from learning.models import build_model, num_params
+from runtimes.parallel.comm import DEFAULT_BUCKET_BYTES, Comm, release_process_group
+from runtimes.parallel.errors import ParallelError, WorkerStopped
+from runtimes.parallel.job import Job, JobSpec, adopt, build_job, initial_state, run_round
+from runtimes.parallel.mode import Mode
+from runtimes.parallel.runlog import RunWriter, create_run, round_record, run_info
+from scenarios.schema import Scenario, load_scenario
+
+__all__ = ["main", "parse_args", "load_job_scenario"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m runtimes.parallel.worker", description=__doc__.split("\n")[0])
+    parser.add_argument("--scenario", required=True, type=Path, help="scenario TOML file")
+    parser.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.SYNC.value)
+    parser.add_argument("--local-steps", type=int, default=0, help="local SGD: H steps per round (0: local_epochs)")
+    parser.add_argument("--rounds", type=int, default=None, help="override the scenario's rounds")
+    parser.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    parser.add_argument("--db", default=os.environ.get("QUORUM_DB") or default_db_url(), help="run store URL")
+    parser.add_argument("--run-id", default=None, help="commit into (or resume) this run; rank 0 creates one if unset")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a collective gives up")
+    parser.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
+    parser.add_argument("--run-id-file", type=Path, default=None,
+                        help="rank 0 writes the run id here, and resumes the run it names after a restart")
+    parser.add_argument("--pid-dir", type=Path, default=None, help="write rankN.pid files here (supervision)")
+    return parser.parse_args(argv)
+
+
+def load_job_scenario(path: Path, rounds: int | None, seed: int | None) -> Scenario:
+    """The scenario with the command line's overrides applied."""
+    scenario = load_scenario(path)
+    overrides = {k: v for k, v in (("rounds", rounds), ("seed", seed)) if v is not None}
+    return scenario.with_overrides(**overrides) if overrides else scenario
+
+
+def _stop(signum: int, _frame: FrameType | None) -> None:
+    raise WorkerStopped(f"stopped by {signal.Signals(signum).name}, usually because another worker failed")
+
+
+def _setup(args: argparse.Namespace) -> Comm:
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
+    if args.pid_dir is not None:
+        args.pid_dir.mkdir(parents=True, exist_ok=True)
+        (args.pid_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
+    signal.signal(signal.SIGTERM, _stop)
+    if world > 1 or "MASTER_ADDR" in os.environ:
+        timeout = timedelta(seconds=args.timeout)
+        dist.init_process_group("gloo", store=_attempt_store(rank, world, timeout), rank=rank, world_size=world,
+                                timeout=timeout)
+    return Comm(rank=rank, world=world, timeout_s=args.timeout, bucket_bytes=int(args.bucket_mb * 2**20))
+
+
+def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
+    """The rendezvous store, with keys of their own for each restart of the worker group.
+
+    torchrun keeps its store across elastic restarts; without a per-attempt
+    prefix a restarted rank can read the address its dead predecessor
+    published and fail to connect.
+    """
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent and rank == 0, timeout=timeout, multi_tenant=not agent)
+    return dist.PrefixStore(f"quorum-parallel/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def _open_writer(args: argparse.Namespace, job: Job) -> RunWriter:
+    store = RunStore(args.db)
+    run_id = args.run_id
+    if run_id is None and args.run_id_file is not None and args.run_id_file.exists():
+        run_id = args.run_id_file.read_text().strip() or None  # a restarted group resumes the same run
+    if run_id is None:
+        info = run_info(job.spec.mode, job.comm.world, job.spec.local_steps, args.bucket_mb, args.timeout)
+        run_id = create_run(store, job.scenario, job.spec.mode, num_params(job.model), info)
+    writer = RunWriter(store, store.get_run(run_id).id)
+    if args.run_id_file is not None:
+        args.run_id_file.write_text(writer.run_id)
+    return writer
+
+
+def _evaluator(job: Job) -> ServerEvaluator | None:
+    fed, scenario = job.fed, job.scenario
+    if fed.test is None or not scenario.evaluation.server:
+        return None
+    return ServerEvaluator(lambda: build_model(scenario.model.name, fed.input_shape, fed.num_classes,
+                                               seed=scenario.seed), fed.test)
+
+
+def train_rounds(job: Job, writer: RunWriter | None) -> tuple[ServerState, str]:
+    """Run the remaining rounds; rank 0 commits each. Returns the final state and the run status."""
+    start = writer.resumed if writer is not None and writer.resumed is not None else initial_state(job)
+    state = job.comm.broadcast_state(start if job.comm.rank == 0 else None, start.params.size)
+    adopt(job, state)
+    evaluator = _evaluator(job) if writer is not None else None
+    stop = getattr(job.strategy, "would_exceed_budget", None)
+    for round_ in range(state.round + 1, job.scenario.rounds + 1):
+        if job.spec.mode is Mode.LOCALSGD and stop is not None and stop(state):
+            if writer is not None:
+                writer.store.log(writer.run_id, f"privacy budget reached before round {round_}; stopping")
+            return state, "stopped_budget"
+        started, t0 = time.time(), time.monotonic()
+        result = run_round(job, state, round_)
+        state = result.state
+        if writer is not None:
+            server = evaluator(state.params) if evaluator is not None and _server_due(job, round_) else None
+            record = round_record(job, result, round_, started, time.monotonic() - t0, server)
+            writer.commit(record, state)
+            _progress(job, record)
+    return state, "finished"
+
+
+def _server_due(job: Job, round_: int) -> bool:
+    return round_ % job.scenario.evaluation.every == 0 or round_ == job.scenario.rounds
+
+
+def _progress(job: Job, record) -> None:
+    acc = record.server_accuracy if record.server_accuracy is not None else record.fed_accuracy
+    loss = "n/a" if record.train_loss is None else f"{record.train_loss:.4f}"
+    shown = "n/a" if acc is None else f"{acc:.2%}"
+    print(f"[quorum parallel] round {record.round}/{job.scenario.rounds} ({job.spec.mode.value}, "
+          f"{job.comm.world} workers): train loss {loss}, accuracy {shown}, {record.duration_s:.2f} s",
+          file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace, comm: Comm) -> str:
+    """Build the job, train it, and record how it ended (rank 0)."""
+    scenario = load_job_scenario(args.scenario, args.rounds, args.seed)
+    job = build_job(JobSpec(scenario, Mode(args.mode), args.local_steps), comm)
+    writer = _open_writer(args, job) if comm.rank == 0 else None
+    try:
+        _, status = train_rounds(job, writer)
+    except BaseException as exc:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish recording the failure; torchrun SIGKILLs late
+        if writer is not None:
+            writer.finish("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+                          error=f"{type(exc).__name__}: {exc}")
+        raise
+    if writer is not None:
+        writer.finish(status)
+    comm.where = "shutdown"
+    comm.barrier()  # every rank tears down together, after rank 0 has recorded the end
+    return status
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    """Run one worker; an expected failure is one line on stderr and in torchrun's error file."""
+    args = parse_args(argv)
+    comm = _setup(args)
+    try:
+        run(args, comm)
+    except ParallelError as exc:
+        get_error_handler().record_exception(exc)  # what the launcher reports for this rank
+        print(f"[quorum parallel] rank {comm.rank} failed: {exc}", file=sys.stderr, flush=True)
+        return 1  # no teardown of the process group: a peer is gone, and exiting closes it
+    release_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    if code:
+        # A failed job keeps its process group (a peer is gone, so tearing it down could wait on
+        # collectives that never finish) and gloo's threads with it; leave without finalizing the
+        # interpreter so none of them can abort the exit (see comm.release_process_group).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

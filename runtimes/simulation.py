@@ -1,0 +1,86 @@
+"""Run a scenario on one machine: the in-process runtime (default) or Flower's Ray.
+
+``simulate`` is the API behind ``quorum simulate`` and ``quorum resume``: it
+opens the run store, starts the chosen runtime with the ServerApp logic and
+Quorum's ClientApp, and returns a :class:`RunSummary`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aggregator.serverapp import run_federation
+from aggregator.store import RunStore
+from core.records import RoundRecord
+from runtimes.faults import FaultPlan
+from runtimes.inprocess import InProcessGrid, NodeSpec
+from scenarios.schema import Scenario
+
+__all__ = ["simulate", "RunSummary", "summarize"]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    scenario: str
+    strategy: str
+    status: str
+    rounds: int
+    final_accuracy: float | None
+    final_loss: float | None
+    final_train_loss: float | None
+    wall_s: float
+    db: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def simulate(scenario: Scenario, *, db_url: str, engine: str = "inprocess",
+             resume_id: str | None = None, on_round: Callable[[RoundRecord], None] | None = None,
+             on_start: Callable[[str], None] | None = None) -> RunSummary:
+    """Run ``scenario`` (or resume run ``resume_id``) and summarise it."""
+    started = time.monotonic()
+    store = RunStore(db_url)
+    if engine == "ray":
+        from runtimes.ray_engine import run_on_ray
+
+        run_id = run_on_ray(scenario, db_url, resume_id=resume_id, on_start=on_start, on_round=on_round)
+    elif engine == "inprocess":
+        run_id = _run_inprocess(scenario, store, resume_id, on_round, on_start)
+    else:
+        raise ValueError(f"engine must be 'inprocess' or 'ray', got {engine!r}")
+    return summarize(store, run_id, time.monotonic() - started)
+
+
+def _run_inprocess(scenario: Scenario, store: RunStore, resume_id: str | None,
+                   on_round: Callable[[RoundRecord], None] | None,
+                   on_start: Callable[[str], None] | None) -> str:
+    from clients.clientapp import app as client_app
+
+    n = scenario.federation.clients
+    nodes = [NodeSpec(i + 1, {"partition-id": i, "num-partitions": n}) for i in range(n)]
+    run_config = {"scenario-json": json.dumps(scenario.to_dict())}
+    with InProcessGrid(client_app, nodes, run_config, FaultPlan.from_spec(scenario.faults, scenario.seed)) as grid:
+        run_id, _ = run_federation(grid, scenario, store, engine="inprocess", resume_id=resume_id,
+                                   on_round=on_round, on_start=on_start)
+    return run_id
+
+
+def summarize(store: RunStore, run_id: str, wall_s: float) -> RunSummary:
+    """The headline figures of a stored run."""
+    run = store.get_run(run_id)
+    rounds = store.rounds(run_id)
+    last = rounds[-1] if rounds else None
+    accuracy = loss = None
+    if last is not None:
+        accuracy = last.server_accuracy if last.server_accuracy is not None else last.fed_accuracy
+        loss = last.server_loss if last.server_loss is not None else last.fed_loss
+    return RunSummary(run_id=run.id, scenario=run.name, strategy=run.strategy, status=run.status,
+                      rounds=len(rounds), final_accuracy=accuracy, final_loss=loss,
+                      final_train_loss=last.train_loss if last else None, wall_s=round(wall_s, 3),
+                      db=store.url)

@@ -1,0 +1,76 @@
+"""The weighted-mean monoid, with numbers worked out by hand."""
+
+import numpy as np
+import pytest
+
+from core import aggregate
+from core.errors import UpdateRejected
+
+
+def vec(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
+def test_weighted_mean_by_hand() -> None:
+    # Prepare: (1,2,3) with weight 1 and (3,2,1) with weight 3.
+    state = aggregate.empty(3)
+    # Execute
+    state = aggregate.add(state, vec(1, 2, 3), 1)
+    state = aggregate.add(state, vec(3, 2, 1), 3)
+    # Assert: ((1+9)/4, (2+6)/4, (3+3)/4) = (2.5, 2.0, 1.5)
+    np.testing.assert_allclose(aggregate.finalize(state), [2.5, 2.0, 1.5])
+    assert state.weight == 4.0 and state.count == 2
+
+
+def test_merge_equals_sequential_fold() -> None:
+    a = aggregate.add(aggregate.add(aggregate.empty(2), vec(1, 0), 2), vec(0, 1), 1)
+    b = aggregate.add(aggregate.empty(2), vec(4, 4), 1)
+    merged = aggregate.merge(a, b)
+    # (2*(1,0) + (0,1) + (4,4)) / 4 = (6/4, 5/4)
+    np.testing.assert_allclose(aggregate.finalize(merged), [1.5, 1.25])
+    assert merged.count == 3 and merged.weight == 4.0
+
+
+def test_identity_element_merges_to_same() -> None:
+    a = aggregate.add(aggregate.empty(2), vec(2, 4), 2)
+    merged = aggregate.merge(aggregate.empty(2), a)
+    np.testing.assert_array_equal(aggregate.finalize(merged), [2, 4])
+
+
+def test_finalize_empty_is_an_error() -> None:
+    with pytest.raises(ValueError, match="empty aggregate"):
+        aggregate.finalize(aggregate.empty(3))
+
+
+@pytest.mark.parametrize(
+    ("update", "reason"),
+    [
+        (np.array([1, 2, 3], dtype=np.float64), "dtype is float64"),
+        (vec(1, 2), r"shape is \(2,\)"),
+        (vec(1, np.nan, 3), "NaN or Inf"),
+        (vec(1, np.inf, 3), "NaN or Inf"),
+        (np.ones((3, 1), dtype=np.float32), r"shape is \(3, 1\)"),
+    ],
+)
+def test_bad_update_is_rejected_and_state_untouched(update: np.ndarray, reason: str) -> None:
+    state = aggregate.add(aggregate.empty(3), vec(1, 1, 1), 1)
+    with pytest.raises(UpdateRejected, match=reason):
+        aggregate.add(state, update, 1)
+    np.testing.assert_array_equal(state.total, [1, 1, 1])
+    assert state.count == 1
+
+
+@pytest.mark.parametrize("weight", [0, -1, float("nan"), float("inf")])
+def test_bad_weight_is_rejected(weight: float) -> None:
+    with pytest.raises(UpdateRejected, match="weight"):
+        aggregate.add(aggregate.empty(2), vec(1, 1), weight)
+
+
+def test_memory_is_one_model_whatever_the_number_of_updates() -> None:
+    state = aggregate.empty(1000)
+    state = aggregate.add(state, np.ones(1000, np.float32), 2.0)
+    buffers = {id(state.total), id(state.scratch)}
+    for _ in range(50):
+        state = aggregate.add(state, np.ones(1000, np.float32), 2.0)
+    assert {id(state.total), id(state.scratch)} == buffers
+    np.testing.assert_allclose(aggregate.finalize(state), np.ones(1000))
