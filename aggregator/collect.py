@@ -26,13 +26,13 @@ class Outstanding:
     by_message: Mapping[str, int]
 
 
-def push(grid: Grid, contents: Mapping[int, RecordDict], message_type: str, round_: int,
+def push(grid: Grid, contents: Mapping[int, RecordDict], message_type: str, server_round: int,
          ttl: float | None = None) -> Outstanding:
     """Send one message per node; returns what is owed."""
     nodes = list(contents)
-    messages = [grid.create_message(contents[n], message_type, n, str(round_), ttl=ttl) for n in nodes]
+    messages = [grid.create_message(contents[n], message_type, n, str(server_round), ttl=ttl) for n in nodes]
     ids = list(grid.push_messages(messages))
-    return Outstanding(dict(zip(ids, nodes)))
+    return Outstanding(dict(zip(ids, nodes, strict=True)))
 
 
 def collect(grid: Grid, owed: Outstanding, deadline_s: float,

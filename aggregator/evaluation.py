@@ -13,6 +13,7 @@ from flwr.serverapp import Grid
 from aggregator.collect import collect, push
 from core.errors import UpdateRejected
 from core.messages import TrainConfig, parse_eval_reply, train_instruction
+from core.weighting import WeightPolicy
 
 __all__ = ["EvalSummary", "federated_evaluate", "ServerEvaluator"]
 
@@ -29,7 +30,12 @@ class EvalSummary:
 
 def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, config: TrainConfig,
                        deadline_s: float) -> EvalSummary:
-    """Ask ``nodes`` to evaluate ``params``; example-weighted mean of what comes back."""
+    """Ask ``nodes`` to evaluate ``params``; the weighted mean of what comes back.
+
+    Replies are range-checked (:func:`core.messages.parse_eval_reply`) and each
+    client's example count is capped at 3x the median (:class:`WeightPolicy`),
+    so no client that claims a huge test set decides the federated score.
+    """
     content = {n: train_instruction(params, config) for n in nodes}
     results: dict[int, tuple[float, float, int]] = {}
     train: list[tuple[float, int]] = []
@@ -48,10 +54,15 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
     if not results:
         return EvalSummary(None, None, None, {})
-    losses, accs, counts = zip(*results.values())
-    train_loss = float(np.average([l for l, _ in train], weights=[n for _, n in train])) if train else None
-    return EvalSummary(float(np.average(losses, weights=counts)), float(np.average(accs, weights=counts)),
+    losses, accs, counts = zip(*results.values(), strict=True)
+    weights = _ROBUST.weights(counts)
+    train_loss = (float(np.average([loss for loss, _ in train], weights=_ROBUST.weights([n for _, n in train])))
+                  if train else None)
+    return EvalSummary(float(np.average(losses, weights=weights)), float(np.average(accs, weights=weights)),
                        train_loss, results)
+
+
+_ROBUST = WeightPolicy("median", median_cap=3.0)
 
 
 class ServerEvaluator:

@@ -11,7 +11,7 @@ same shape (``privacy.secagg``), so the round loop has no ``if secagg:``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from core.fit import FitOutcome, FitRequest, accumulate
 from core.messages import content_bytes, parse_train_reply, train_instruction
 from core.records import ClientRecord
 from core.strategy import Strategy
+from core.weighting import WeightPolicy
 
 __all__ = ["PlainFit"]
 
@@ -33,7 +34,21 @@ def _label(node: int) -> str:
 
 
 class PlainFit:
-    """Send ``train`` instructions, validate and fold replies as they arrive."""
+    """Send ``train`` instructions, validate and fold replies as they arrive.
+
+    Parameters
+    ----------
+    weighting : WeightPolicy
+        How much each accepted update counts (``[federation] weighting``); a
+        rule that needs the round's median folds once every reply is in.
+    max_update_ratio : float
+        An update whose L2 norm exceeds ``max_update_ratio * max(1, |model|)``
+        is rejected (a finite update of 3e38s would overflow the sum).
+    """
+
+    def __init__(self, weighting: WeightPolicy | None = None, max_update_ratio: float = 10.0) -> None:
+        self.weighting = weighting or WeightPolicy()
+        self.max_update_ratio = max_update_ratio
 
     def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome:
         content = train_instruction(request.state.params, request.config)
@@ -42,20 +57,23 @@ class PlainFit:
         outcome.bytes_out = content_bytes(content) * len(request.nodes)
         started = time.monotonic()
         losses: list[tuple[float, int]] = []
-        fold = _Folder(strategy, request, outcome, losses, started)
-        missing = collect(grid, push(grid, contents, "train", request.round), request.deadline_s, fold)
+        bound = self.max_update_ratio * max(1.0, float(np.linalg.norm(request.state.params)))
+        fold = _FoldEachReply(strategy, request, outcome, losses, started, self.weighting, bound)
+        missing = collect(grid, push(grid, contents, "train", request.server_round), request.deadline_s, fold)
         for node in sorted(missing):
             outcome.clients.append(ClientRecord(client=_label(node), outcome="dropped", stage="train",
                                                 reason=f"no reply within {request.deadline_s:g} s"))
+        fold.flush()
         if outcome.aggregate is not None and outcome.aggregate.count == 0:
             outcome.aggregate = None
         if losses:
-            outcome.train_loss = float(np.average([l for l, _ in losses], weights=[n for _, n in losses]))
+            weights = self.weighting.weights([n for _, n in losses])
+            outcome.train_loss = float(np.average([loss for loss, _ in losses], weights=weights))
         return outcome
 
 
 @dataclass
-class _Folder:
+class _FoldEachReply:
     """Per-reply callback: validate, fold, record (one bad client never kills a round)."""
 
     strategy: Strategy
@@ -63,6 +81,9 @@ class _Folder:
     outcome: FitOutcome
     losses: list[tuple[float, int]]
     started: float
+    weighting: WeightPolicy = field(default_factory=WeightPolicy)
+    max_norm: float = float("inf")
+    pending: list[tuple[int, np.ndarray, int]] = field(default_factory=list)
 
     def __call__(self, node: int, reply: Message) -> None:
         elapsed = time.monotonic() - self.started
@@ -75,8 +96,7 @@ class _Folder:
         try:
             size = self.outcome.aggregate.size  # model size, plus what the strategy appends (DP's count bit)
             parsed = parse_train_reply(reply.content, size, self.request.max_update_bytes)
-            self.outcome.aggregate = accumulate(self.strategy, self.outcome.aggregate, parsed.delta,
-                                                parsed.num_examples, parsed.metrics)
+            self._fold(node, parsed.delta, parsed.num_examples)
         except UpdateRejected as exc:
             self.outcome.clients.append(ClientRecord(client=_label(node), outcome="rejected", stage="train",
                                                      reason=str(exc), duration_s=elapsed, bytes_in=nbytes))
@@ -88,6 +108,31 @@ class _Folder:
             client=_label(node), outcome="ok", num_examples=parsed.num_examples, train_loss=loss,
             duration_s=_finite(parsed.metrics.get("duration-s")) or elapsed, bytes_in=nbytes,
             metrics={k: v for k, v in parsed.metrics.items() if isinstance(v, (int, float))}))
+
+
+    def _fold(self, node: int, delta: np.ndarray, num_examples: int) -> None:
+        """Fold now when the weight is known; else keep the (zero-copy) update for :meth:`flush`."""
+        with np.errstate(over="ignore"):
+            norm = float(np.sqrt(np.dot(delta, delta)))
+        if not norm <= self.max_norm:
+            raise UpdateRejected(f"update norm {norm:.4g} exceeds the bound {self.max_norm:.4g} "
+                                 "(max_update_ratio x model norm)")
+        if not self.weighting.streams:
+            self.pending.append((node, delta, num_examples))
+            return
+        self.outcome.aggregate = accumulate(self.strategy, self.outcome.aggregate, delta,
+                                            self.weighting.weight(num_examples), {})
+
+    def flush(self) -> None:
+        """Fold the updates kept back, weighted now that the round's counts are all known."""
+        weights = self.weighting.weights([n for _, _, n in self.pending])
+        for (node, delta, _), weight in zip(self.pending, weights, strict=True):
+            try:
+                self.outcome.aggregate = accumulate(self.strategy, self.outcome.aggregate, delta, weight, {})
+            except UpdateRejected as exc:
+                self.outcome.clients = [replace(c, outcome="rejected", stage="train", reason=str(exc))
+                                        if c.client == _label(node) else c for c in self.outcome.clients]
+        self.pending.clear()
 
 
 def _finite(value: Any) -> float | None:

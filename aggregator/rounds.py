@@ -11,27 +11,23 @@ starts, never after it has spent privacy.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 from flwr.serverapp import Grid
 
 from aggregator.evaluation import ServerEvaluator, federated_evaluate
+from aggregator.step import SKIPPED, advance, train_config
 from aggregator.store import RunStore
-from aggregator.strategies.fedavg import FedAvg
-from core.fit import FitOutcome, FitRequest, FitWorkflow
+from core.aggregate import step_problem
+from core.fit import FitOutcome, FitRequest, FitWorkflow, marked_clients
 from core.messages import TrainConfig
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState, Strategy
 from scenarios.schema import Scenario
 
-__all__ = ["RoundLoop", "sample_clients", "LoopResult"]
-
-
-def sample_clients(node_ids: Sequence[int], k: int, seed: int, round_: int) -> list[int]:
-    """Choose ``k`` of ``node_ids`` for ``round_``; a pure function of (seed, round)."""
-    return FedAvg().sample(node_ids, k, seed, round_)
+__all__ = ["RoundLoop", "LoopResult"]
 
 
 @dataclass(frozen=True)
@@ -57,63 +53,72 @@ class RoundLoop:
     def run(self, grid: Grid, state: ServerState) -> LoopResult:
         last = None
         while state.round < self.scenario.rounds:
-            stop = getattr(self.strategy, "would_exceed_budget", None)
-            if stop is not None and stop(state):
+            if self.strategy.would_exceed_budget(state):
                 self.store.log(self.run_id, f"privacy budget reached before round {state.round + 1}; stopping")
                 return LoopResult(state, "stopped_budget", last)
             state, last = self.run_round(grid, state)
         return LoopResult(state, "finished", last)
 
     def run_round(self, grid: Grid, state: ServerState) -> tuple[ServerState, RoundRecord]:
-        round_ = state.round + 1
+        server_round = state.round + 1
         started, t0 = time.time(), time.monotonic()
         fed = self.scenario.federation
         strategy = self.strategy.for_round(state)
-        nodes = strategy.sample(list(grid.get_node_ids()), fed.per_round, self.scenario.seed, round_)
-        request = FitRequest(round=round_, nodes=nodes, state=state,
-                             config=self._train_config(strategy, round_),
+        nodes = strategy.sample(list(grid.get_node_ids()), fed.per_round, self.scenario.seed, server_round)
+        request = FitRequest(server_round=server_round, nodes=nodes, state=state,
+                             config=self._train_config(strategy, server_round),
                              deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20))
         outcome = self.fit(grid, request, strategy)
-        state, status = self._apply(strategy, state, outcome, round_)
-        record = self._evaluate_and_record(grid, state, outcome, nodes, round_, started, t0, status)
+        state, status = self._apply(strategy, state, outcome, server_round)
+        state, status, reason = self._guard(request.state, state, status, server_round)
+        record = self._evaluate_and_record(grid, state, outcome, nodes, server_round, started, t0, status)
+        if reason is not None:
+            record = replace(record, metrics={**(record.metrics or {}), "reason": reason})
         self.store.commit_round(self.run_id, record, state)
         if self.on_round is not None:
             self.on_round(record)
         return state, record
 
-    def _train_config(self, strategy: Strategy | None, round_: int) -> TrainConfig:
-        t = self.scenario.training
-        extra = strategy.client_config(round_) if strategy is not None else {}
-        return TrainConfig(round=round_, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
-                           momentum=t.momentum, seed=self.scenario.seed,
-                           proximal_mu=float(extra.pop("proximal-mu", 0.0)), extra=extra)
+    def _train_config(self, strategy: Strategy | None, server_round: int) -> TrainConfig:
+        return train_config(self.scenario, strategy, server_round)
 
     def _apply(self, strategy: Strategy, state: ServerState, outcome: FitOutcome,
-               round_: int) -> tuple[ServerState, str]:
-        agg = outcome.aggregate
-        answered = agg.count if agg is not None else 0
-        if answered < self.scenario.federation.min_clients and strategy.skip_when_short:
-            self.store.log(self.run_id, f"round {round_}: {answered} usable updates, fewer than "
-                           f"min_clients = {self.scenario.federation.min_clients}; model unchanged", "warning")
-            return replace(state, round=round_), "skipped"
-        if agg is None:
-            agg = strategy.new_aggregate(state.params.size)
-        mean_delta = strategy.finalize(agg, strategy.round_rng(self.scenario.seed, round_))
-        new = strategy.apply(state, mean_delta)
-        return replace(new, round=round_), "ok" if answered else "empty"
+               server_round: int) -> tuple[ServerState, str]:
+        min_clients = self.scenario.federation.min_clients
+        new, status = advance(strategy, state, outcome.aggregate, min_clients=min_clients, server_round=server_round,
+                              mean_of=lambda agg: strategy.finalize(agg, strategy.round_rng(self.scenario.seed,
+                                                                                             server_round)))
+        if status == SKIPPED:
+            answered = outcome.aggregate.count if outcome.aggregate is not None else 0
+            self.store.log(self.run_id, f"round {server_round}: {answered} usable updates, fewer than "
+                           f"min_clients = {min_clients}; model unchanged", "warning")
+        return new, status
+
+    def _guard(self, before: ServerState, after: ServerState, status: str,
+               server_round: int) -> tuple[ServerState, str, str | None]:
+        """Refuse a non-finite or exploding step: the model stays as it was, the reason is logged.
+
+        The accounting state (``extra``: a DP accountant) is kept: the round ran.
+        """
+        problem = step_problem(before.params, after.params, self.scenario.federation.max_update_ratio)
+        if problem is None:
+            return after, status, None
+        self.store.log(self.run_id, f"round {server_round}: aggregate rejected: {problem}; model unchanged",
+                       "warning")
+        return replace(before, round=server_round, extra=after.extra), "rejected", problem
 
     def _evaluate_and_record(self, grid: Grid, state: ServerState, outcome: FitOutcome, nodes: list[int],
-                             round_: int, started: float, t0: float, status: str) -> RoundRecord:
+                             server_round: int, started: float, t0: float, status: str) -> RoundRecord:
         ev = self.scenario.evaluation
         fed_loss = fed_acc = srv_loss = srv_acc = None
         train_loss = outcome.train_loss
-        clients = list(outcome.clients)
-        if round_ % ev.every == 0 or round_ == self.scenario.rounds:
+        clients = marked_clients(outcome)  # what a robust rule did to each update
+        if server_round % ev.every == 0 or server_round == self.scenario.rounds:
             if ev.federated:
                 ok = [n for n in nodes if any(c.client == str(n) and c.outcome == "ok" for c in clients)]
                 targets = sorted(grid.get_node_ids()) if ev.clients == "all" else (ok or nodes)
                 summary = federated_evaluate(grid, targets, state.params,
-                                             self._train_config(None, round_), self.eval_deadline_s)
+                                             self._train_config(None, server_round), self.eval_deadline_s)
                 fed_loss, fed_acc = summary.loss, summary.accuracy
                 train_loss = summary.train_loss if summary.train_loss is not None else train_loss
                 clients = [_with_eval(c, summary.per_client) for c in clients]
@@ -121,7 +126,7 @@ class RoundLoop:
                 srv_loss, srv_acc = self.server_eval(state.params)
         epsilon = _epsilon(self.strategy, state)
         return RoundRecord(
-            round=round_, started_at=started, duration_s=time.monotonic() - t0, sampled=len(nodes),
+            round=server_round, started_at=started, duration_s=time.monotonic() - t0, sampled=len(nodes),
             clients=clients, train_loss=train_loss, fed_loss=fed_loss, fed_accuracy=fed_acc,
             server_loss=srv_loss, server_accuracy=srv_acc, bytes_in=outcome.bytes_in,
             bytes_out=outcome.bytes_out, epsilon=epsilon,
@@ -140,8 +145,5 @@ def _with_eval(record: ClientRecord, per_client: dict[int, tuple[float, float, i
 
 def _epsilon(strategy: Strategy, state: ServerState) -> float | None:
     """The privacy spent so far, for strategies that account it (finite values only)."""
-    epsilon = getattr(strategy, "epsilon", None)
-    if epsilon is None:
-        return None
-    value = float(epsilon(state))
-    return value if np.isfinite(value) else None
+    value = strategy.epsilon(state)
+    return float(value) if value is not None and np.isfinite(value) else None

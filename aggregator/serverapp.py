@@ -22,17 +22,20 @@ from aggregator.evaluation import ServerEvaluator
 from aggregator.fit import PlainFit
 from aggregator.rounds import LoopResult, RoundLoop
 from aggregator.store import RunStore, default_db_url
-from aggregator.strategies import FedAdam, FedAvg, FedAvgM, FedProx, FedYogi, Strategy
+from aggregator.strategies import (CenteredClipping, FedAdam, FedAvg, FedAvgM, FedMedian, FedProx, FedTrimmedMean,
+                                   FedYogi, Krum, Strategy)
 from core.fit import FitWorkflow
 from core.records import RoundRecord
+from core.weighting import WeightPolicy
 from learning.federation import cached_federation
 from learning.models import build_model, get_flat
 from privacy.dp import make_dp_strategy
 from privacy.secagg.fit import SecAggFit
+from scenarios.errors import ScenarioError
 from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario
 
-__all__ = ["app", "build_strategy", "build_fit", "run_federation", "RunHandle"]
+__all__ = ["app", "build_strategy", "build_fit", "run_federation", "RunHandle", "final_status"]
 
 
 def build_strategy(scenario: Scenario) -> Strategy:
@@ -44,6 +47,11 @@ def build_strategy(scenario: Scenario) -> Strategy:
         "fedavgm": lambda: FedAvgM(server_lr=s.server_lr, momentum=s.momentum),
         "fedadam": lambda: FedAdam(server_lr=s.server_lr, beta1=s.beta1, beta2=s.beta2, tau=s.tau),
         "fedyogi": lambda: FedYogi(server_lr=s.server_lr, beta1=s.beta1, beta2=s.beta2, tau=s.tau),
+        "centered_clipping": lambda: CenteredClipping(clip_radius=s.clip_radius, bucket_size=s.bucket_size,
+                                                      momentum=s.momentum, server_lr=s.server_lr),
+        "median": lambda: FedMedian(server_lr=s.server_lr),
+        "trimmed_mean": lambda: FedTrimmedMean(server_lr=s.server_lr, beta=s.trim_fraction),
+        "krum": lambda: Krum(server_lr=s.server_lr, num_byzantine=s.num_byzantine, num_selected=s.num_selected),
     }[s.name]()
     if not scenario.dp.enabled:
         return base
@@ -54,7 +62,9 @@ def build_strategy(scenario: Scenario) -> Strategy:
 def build_fit(scenario: Scenario) -> FitWorkflow:
     """Plain fit, or the secure-aggregation workflow when ``[secagg]`` is enabled."""
     if not scenario.secagg.enabled:
-        return PlainFit()
+        fed = scenario.federation
+        policy = WeightPolicy(fed.weighting, median_cap=fed.median_cap, max_examples=fed.max_examples)
+        return PlainFit(policy, max_update_ratio=fed.max_update_ratio)
     # DP-FedAvg weighs every client 1: no weight cap above 1 is needed, and a
     # larger one would cost quantisation precision.
     spec = replace(scenario.secagg, max_weight=1.0) if scenario.dp.enabled else scenario.secagg
@@ -100,22 +110,57 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
                    resume_id: str | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
                    on_start: Callable[[str], None] | None = None) -> tuple[str, LoopResult]:
-    """Run (or resume) a federation over ``grid``; returns the run id and how it ended."""
-    strategy = build_strategy(scenario)
-    run_id, state, factory, test = open_run(store, scenario, strategy, engine, resume_id)
-    if on_start is not None:
-        on_start(run_id)
-    evaluator = ServerEvaluator(factory, test) if test is not None and scenario.evaluation.server else None
-    loop = RoundLoop(scenario=scenario, strategy=strategy, fit=build_fit(scenario), store=store,
-                     run_id=run_id, server_eval=evaluator, on_round=on_round)
+    """Run (or resume) a federation over ``grid``; returns the run id and how it ended.
+
+    Configuration errors of the strategy or the fit workflow surface (as
+    :class:`ScenarioError`) before a run row exists; anything that fails once it
+    exists marks the run ``failed`` with the message, so no row stays ``running``.
+    """
     try:
+        strategy, fit = build_strategy(scenario), build_fit(scenario)
+    except ValueError as exc:  # SecAggConfigError, DPConfigError: a setting the schema let through
+        raise ScenarioError(f"{scenario.name}: {exc}") from None
+    run_id, state, factory, test = open_run(store, scenario, strategy, engine, resume_id)
+    try:
+        if on_start is not None:
+            on_start(run_id)
+        evaluator = ServerEvaluator(factory, test) if test is not None and scenario.evaluation.server else None
+        loop = RoundLoop(scenario=scenario, strategy=strategy, fit=fit, store=store,
+                         run_id=run_id, server_eval=evaluator, on_round=on_round)
         result = loop.run(grid, state)
     except BaseException as exc:
         store.set_status(run_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
                          error=f"{type(exc).__name__}: {exc}")
         raise
-    store.set_status(run_id, result.status)
-    return run_id, result
+    status, error = final_status(store, run_id, result.status)
+    store.set_status(run_id, status, error=error)
+    return run_id, replace(result, status=status)
+
+
+#: Round statuses in which no client update reached the model.
+NOT_LEARNED = ("skipped", "rejected", "empty")
+
+
+def final_status(store: RunStore, run_id: str, loop_status: str) -> tuple[str, str | None]:
+    """How a run that ran to its end really ended: ``finished``, ``degraded`` or ``failed``.
+
+    ``failed`` when no committed round took a client update into the model
+    (all skipped, rejected or empty); ``degraded``, with the count, when some
+    did not; ``finished`` when every round did. Other endings (a spent privacy
+    budget) are kept as the loop reported them.
+    """
+    if loop_status != "finished":
+        return loop_status, None
+    statuses = [(r.round, (r.metrics or {}).get("status", "ok"), (r.metrics or {}).get("reason"))
+                for r in store.rounds(run_id)]
+    idle = [(n, status, reason) for n, status, reason in statuses if status in NOT_LEARNED]
+    if not statuses or not idle:
+        return "finished", None
+    last, status, reason = idle[-1]
+    why = f"round {last} {status}" + (f": {reason}" if reason else "")
+    if len(idle) == len(statuses):
+        return "failed", f"no round changed the model: all {len(statuses)} rounds skipped or rejected ({why})"
+    return "degraded", f"{len(idle)} of {len(statuses)} rounds skipped or rejected ({why})"
 
 
 def wait_for_nodes(grid: Grid, expected: int, timeout_s: float, poll_s: float = 0.5) -> int:
@@ -139,5 +184,5 @@ def main(grid: Grid, context: Context) -> None:
         scenario = scenario.with_overrides(**overrides)
     db = str(config.get("db") or os.environ.get("QUORUM_DB") or default_db_url())
     resume = str(config.get("resume", "")) or None
-    wait_for_nodes(grid, scenario.federation.clients, float(config.get("wait-nodes-s", 60)))
+    wait_for_nodes(grid, scenario.federation.clients, float(config.get("wait-clients-s", 60)))
     run_federation(grid, scenario, RunStore(db), engine=str(config.get("engine", "flower")), resume_id=resume)

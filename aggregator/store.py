@@ -24,6 +24,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from core.errors import RunNotFound, StoreError
+from core.messages import MAX_EXAMPLES, clean_metrics
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState
 
@@ -206,11 +207,11 @@ class RunStore:
         with self.session() as s:
             return list(s.scalars(select(Round).where(Round.run_id == run_id).order_by(Round.round)).all())
 
-    def client_results(self, run_id: str, round_: int | None = None) -> list[ClientResult]:
+    def client_results(self, run_id: str, server_round: int | None = None) -> list[ClientResult]:
         with self.session() as s:
             query = select(ClientResult).where(ClientResult.run_id == run_id)
-            if round_ is not None:
-                query = query.where(ClientResult.round == round_)
+            if server_round is not None:
+                query = query.where(ClientResult.round == server_round)
             return list(s.scalars(query.order_by(ClientResult.round, ClientResult.id)).all())
 
     def events(self, run_id: str) -> list[Event]:
@@ -218,23 +219,27 @@ class RunStore:
             return list(s.scalars(select(Event).where(Event.run_id == run_id).order_by(Event.id)).all())
 
     # -- checkpoints ------------------------------------------------------
-    def _write_checkpoint(self, run_id: str, round_: int, state: ServerState) -> Path:
+    def _write_checkpoint(self, run_id: str, server_round: int, state: ServerState) -> Path:
         folder = self.checkpoint_dir / run_id
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"round-{round_:05d}.safetensors"
+        path = folder / f"round-{server_round:05d}.safetensors"
         tmp = path.with_suffix(".tmp")
         tensors = {"params": state.params, **{f"slot.{k}": v for k, v in state.slots.items()}}
+        bad = [k for k, v in tensors.items() if not np.isfinite(v).all()]
+        if bad:  # the round loop refuses such a step; this keeps any other writer honest
+            raise StoreError(f"refusing to save round {server_round} of run {run_id}: "
+                             f"{', '.join(bad)} hold NaN or Inf values")
         meta = {"round": str(state.round), "extra": json.dumps(state.extra)}
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata=meta)
         tmp.replace(path)
         return path
 
-    def load_state(self, run_id: str, round_: int | None = None) -> ServerState | None:
-        """The server state committed with ``round_`` (default: the last one)."""
+    def load_state(self, run_id: str, server_round: int | None = None) -> ServerState | None:
+        """The server state committed with ``server_round`` (default: the last one)."""
         with self.session() as s:
             query = select(Round).where(Round.run_id == run_id)
-            if round_ is not None:
-                query = query.where(Round.round == round_)
+            if server_round is not None:
+                query = query.where(Round.round == server_round)
             row = s.scalars(query.order_by(Round.round.desc()).limit(1)).first()
         if row is None:
             return None
@@ -256,6 +261,16 @@ def read_checkpoint(path: str | Path) -> ServerState:
                        extra=json.loads(meta.get("extra", "{}")))
 
 
+def _count(value: Any, high: int = MAX_EXAMPLES) -> int:
+    """A count bounded to ``[0, high]``: no client figure overflows a column or a SUM over it."""
+    return min(max(int(value), 0), high) if isinstance(value, (int, float)) and np.isfinite(value) else 0
+
+
+def _real(value: Any) -> float | None:
+    """A finite float, else ``None`` (SQLite stores NaN as NULL, JSON pages choke on Inf)."""
+    return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else None
+
+
 def _round_row(run_id: str, r: RoundRecord, checkpoint: str) -> Round:
     return Round(run_id=run_id, round=r.round, started_at=r.started_at, duration_s=r.duration_s,
                  sampled=r.sampled, answered=r.count("ok"), dropped=r.count("dropped"),
@@ -269,7 +284,8 @@ def _client_rows(run_id: str, r: RoundRecord) -> Iterable[ClientResult]:
     now = time.time()
     for c in r.clients:
         yield ClientResult(run_id=run_id, round=r.round, client=c.client, outcome=c.outcome,
-                           stage=c.stage, reason=c.reason, num_examples=c.num_examples,
-                           train_loss=c.train_loss, eval_loss=c.eval_loss,
-                           eval_accuracy=c.eval_accuracy, duration_s=c.duration_s,
-                           bytes_in=c.bytes_in, metrics=c.metrics or {}, finished_at=now)
+                           stage=c.stage, reason=c.reason, num_examples=_count(c.num_examples),
+                           train_loss=_real(c.train_loss), eval_loss=_real(c.eval_loss),
+                           eval_accuracy=_real(c.eval_accuracy), duration_s=_real(c.duration_s),
+                           bytes_in=_count(c.bytes_in, 2**53), metrics=clean_metrics(c.metrics or {}),
+                           finished_at=now)

@@ -86,7 +86,8 @@ def _bench_main(grid: Grid, context: Context) -> None:
         pulled: dict[int, float] = {}
         train_s: dict[int, float] = {}
 
-        def on_reply(node: int, reply: Message) -> None:
+        def on_reply(node: int, reply: Message, pulled: dict[int, float] = pulled,
+                     train_s: dict[int, float] = train_s) -> None:  # this round's dicts, bound now
             pulled[node] = time.time()
             train_s[node] = float(parse_train_reply(reply.content, params.size, 2**28).metrics["duration-s"])
 
@@ -98,7 +99,7 @@ def _bench_main(grid: Grid, context: Context) -> None:
         else:
             messages = [Message(content[n], dst_node_id=n, message_type="train", group_id=str(r)) for n in nodes]
             replies = grid.send_and_receive(messages, timeout=120.0)
-            by_id = {m.metadata.message_id: n for m, n in zip(messages, nodes)}
+            by_id = {m.metadata.message_id: n for m, n in zip(messages, nodes, strict=True)}
             for reply in replies:
                 on_reply(by_id.get(reply.metadata.reply_to_message_id, -1), reply)
         rounds.append({"round": r, "pushed": pushed, "done": time.time(), "pulled": pulled, "train_s": train_s})

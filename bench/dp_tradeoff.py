@@ -77,7 +77,7 @@ def run(fed: Federation, z: float, args: argparse.Namespace) -> dict[str, Any]:
     from aggregator.strategies import FedAvgM
     from learning.models import build_model, get_flat, set_flat
     from learning.training import evaluate, train
-    from privacy.dp import ClientDPConfig, DPFedAvg, client_payload, sample_clients
+    from privacy.dp import DPFedAvg, client_payload, sample_clients
 
     n = len(fed.train)
     dp = DPFedAvg(FedAvgM(server_lr=args.server_lr, momentum=0.9), clip_norm=args.clip, noise_multiplier=z,
@@ -88,7 +88,7 @@ def run(fed: Federation, z: float, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     for r in range(1, args.rounds + 1):
         bound = dp.for_round(state)
-        config = ClientDPConfig.from_config(bound.client_config(r))
+        config = bound.client_dp_config()
         agg = bound.new_aggregate(state.params.size)
         for k in sample_clients(range(n), args.per_round, n, "poisson", rng):
             set_flat(model, state.params)

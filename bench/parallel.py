@@ -187,7 +187,7 @@ def _launch(args: argparse.Namespace) -> dict[str, Any]:
 
 def _figures(args: argparse.Namespace, raw: dict[str, Any]) -> dict[str, Any]:
     t, traffic = raw["throughput"], raw["traffic"]
-    ratios = [d / o for o, d in zip(t["ours_s"], t["ddp_s"])]  # (samples/ours_s) / (samples/ddp_s)
+    ratios = [d / o for o, d in zip(t["ours_s"], t["ddp_s"], strict=True)]  # (samples/ours_s) / (samples/ddp_s)
     ours_tp = t["samples_per_block"] / statistics.median(t["ours_s"])
     ddp_tp = t["samples_per_block"] / statistics.median(t["ddp_s"])
     sync_b, local_b = traffic["sync"]["bytes"], traffic["localsgd"]["bytes"]

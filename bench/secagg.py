@@ -109,7 +109,7 @@ def run_ours(inputs: Inputs, graph: str, degree: int | None) -> dict:
     config = SecAggConfig(graph=graph, degree=degree, max_weight=1000.0, stage_timeout_s=600.0)
     model = RecordDict({"model": ArrayRecord({"w": Array(np.zeros(inputs.params, np.float32))})})
     start, cpu = time.perf_counter(), time.process_time()
-    result = run_secagg(grid, inputs.nodes, model, config, round=1, rng=np.random.default_rng(0))
+    result = run_secagg(grid, inputs.nodes, model, config, server_round=1, rng=np.random.default_rng(0))
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     return _our_report(inputs, graph, result, seconds, grid) | {"cpu_s": cpu}
 

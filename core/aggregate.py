@@ -26,7 +26,7 @@ import numpy as np
 from core.errors import UpdateRejected
 
 __all__ = ["MeanState", "empty", "add", "merge", "finalize", "check_update", "all_finite", "scaled_add",
-           "block_scratch"]
+           "block_scratch", "step_problem"]
 
 # Updates are scaled and added block by block through a scratch this size (1 MiB of
 # float32): the scaled block is still in cache when it is added, so a fold streams
@@ -176,3 +176,21 @@ def finalize(state: MeanState) -> np.ndarray:
     if state.count == 0 or state.weight <= 0:
         raise ValueError("cannot finalize an empty aggregate: no update was added")
     return (state.total / np.float32(state.weight)).astype(np.float32, copy=False)
+
+
+def step_problem(before: np.ndarray, after: np.ndarray, max_ratio: float) -> str | None:
+    """Why a round's step ``before -> after`` must not be applied; ``None`` when it may.
+
+    Refused: a model holding NaN or Inf (an overflowed sum, a server optimiser
+    that blew up), and a step whose L2 norm exceeds
+    ``max_ratio * max(1, |before|)`` (an exploding aggregate).
+    """
+    if not all_finite(after):
+        return "the aggregated model holds NaN or Inf values"
+    with np.errstate(over="ignore", invalid="ignore"):
+        diff = np.subtract(after, before, dtype=np.float32)
+        step = float(np.sqrt(np.dot(diff, diff)))
+        bound = max_ratio * max(1.0, float(np.sqrt(np.dot(before, before))))
+    if not step <= bound:
+        return f"the round's step has norm {step:.4g}, over the bound {bound:.4g} (max_update_ratio x model norm)"
+    return None

@@ -1,4 +1,16 @@
-"""Errors of the aggregator side, in one flat module."""
+"""The error base, and the errors of the core layer, in one flat module.
+
+Every error Quorum raises on purpose derives from :class:`QuorumError`; each
+package keeps its own in one flat ``errors.py`` and derives them from here:
+
+- ``core``: :class:`UpdateRejected`, :class:`RunNotFound`, :class:`StoreError`;
+- ``scenarios.errors.ScenarioError``; ``learning.errors.DataError``;
+- ``privacy.dp.errors.DPError`` and ``privacy.secagg.errors.SecAggError`` (with their subclasses);
+- ``runtimes.parallel.errors.ParallelError``; ``deploy.errors.DeployError``;
+  ``dashboard.errors.DashboardError``.
+
+A client that drops out is data, not an error.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +18,7 @@ __all__ = ["QuorumError", "UpdateRejected", "RunNotFound", "StoreError"]
 
 
 class QuorumError(Exception):
-    """Base class of every error Quorum raises on purpose."""
+    """Base class of every error Quorum raises on purpose (see the module docstring for the list)."""
 
 
 class UpdateRejected(QuorumError):

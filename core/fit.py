@@ -10,25 +10,26 @@ workflow (``aggregator.fit``) and the secure-aggregation workflow
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 from flwr.serverapp import Grid
 
 from core.aggregate import MeanState
+from core.buffer import client_marks
 from core.messages import TrainConfig
 from core.records import ClientRecord
 from core.strategy import ServerState, Strategy
 
-__all__ = ["FitRequest", "FitOutcome", "FitWorkflow", "accumulate"]
+__all__ = ["FitRequest", "FitOutcome", "FitWorkflow", "accumulate", "marked_clients"]
 
 
 @dataclass(frozen=True)
 class FitRequest:
     """What a fit workflow needs for one round."""
 
-    round: int
+    server_round: int
     nodes: Sequence[int]
     state: ServerState
     config: TrainConfig
@@ -56,3 +57,25 @@ def accumulate(strategy: Strategy, agg: MeanState, delta: np.ndarray, num_exampl
                metrics: Mapping[str, Any]) -> MeanState:
     """Fold one decoded (hence already validated) update."""
     return strategy.accumulate(agg, delta, num_examples, checked=True)
+
+
+def marked_clients(outcome: FitOutcome) -> list[ClientRecord]:
+    """The round's client records with what a robust rule did to each update in their metrics.
+
+    A robust aggregate state (:mod:`core.buffer`) marks updates by arrival
+    index (``{"clipped": 1.0}``, ``{"rejected": 1.0}``, ``{"trimmed": f}``);
+    the n-th ``ok`` record is the n-th update folded, since a workflow
+    records a client as ``ok`` exactly when its update was folded.
+    """
+    marks = client_marks(outcome.aggregate)
+    if not marks:
+        return list(outcome.clients)
+    records, folded = [], 0
+    for record in outcome.clients:
+        if record.outcome == "ok":
+            mark = marks.get(folded)
+            folded += 1
+            if mark:
+                record = replace(record, metrics={**(record.metrics or {}), **mark})
+        records.append(record)
+    return records

@@ -22,14 +22,15 @@ from core.errors import UpdateRejected
 __all__ = [
     "TrainConfig", "TrainReply", "EvalReply", "encode_flat", "decode_flat",
     "train_instruction", "parse_instruction", "train_reply", "parse_train_reply",
-    "eval_reply", "parse_eval_reply", "content_bytes", "client_seed",
+    "eval_reply", "parse_eval_reply", "content_bytes", "client_seed", "clean_metrics", "MAX_EXAMPLES",
+    "MAX_LOSS",
 ]
 
 
-def client_seed(seed: int, round_: int, node: int) -> int:
-    """The training seed of ``node`` in ``round_``: independent streams per
+def client_seed(seed: int, server_round: int, node: int) -> int:
+    """The training seed of ``node`` in ``server_round``: independent streams per
     (run seed, round, node), so a resumed run trains exactly as an uninterrupted one."""
-    return int(np.random.SeedSequence([seed, round_, node]).generate_state(1)[0] & 0x7FFFFFFF)
+    return int(np.random.SeedSequence([seed, server_round, node]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 @dataclass(frozen=True)
@@ -148,28 +149,76 @@ def train_reply(delta: np.ndarray, num_examples: int, metrics: dict[str, float])
     })
 
 
+#: The most examples one client may claim: beyond it a reply is refused, so a
+#: count can neither overflow a float weight nor a 64-bit store column.
+MAX_EXAMPLES = 10**9
+#: The largest loss accepted from a client (finite and non-negative below it).
+MAX_LOSS = 1e9
+#: Client metrics kept per reply, and the magnitude a kept value may have.
+MAX_METRICS, MAX_METRIC_VALUE, MAX_KEY_CHARS = 32, 1e15, 64
+_BOUNDED = {"train-loss": (0.0, MAX_LOSS), "duration-s": (0.0, 1e7)}
+
+
 def _metrics(content: RecordDict) -> dict[str, Any]:
-    if "metrics" not in content:
+    record = content.get("metrics") if isinstance(content, RecordDict) else None
+    if record is None:
         raise UpdateRejected("reply has no 'metrics' record")
-    return dict(content["metrics"])
+    if not isinstance(record, MetricRecord):
+        raise UpdateRejected(f"reply 'metrics' is a {type(record).__name__}, expected a MetricRecord")
+    return dict(record)
 
 
-def _num_examples(metrics: dict[str, Any]) -> int:
-    n = metrics.get("num-examples")
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        raise UpdateRejected(f"num-examples must be a positive integer, got {n!r}")
+def _num_examples(metrics: dict[str, Any], key: str = "num-examples") -> int:
+    n = metrics.get(key)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_EXAMPLES:
+        raise UpdateRejected(f"{key} must be an integer in [1, {MAX_EXAMPLES}], got {n!r}")
     return n
 
 
+def _in_range(value: Any, low: float, high: float) -> bool:
+    """Whether ``value`` is a real number (not a bool) in ``[low, high]``; NaN never is."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+def clean_metrics(metrics: dict[str, Any]) -> dict[str, int | float]:
+    """The client metrics fit to store and show: numbers within bounds, short keys, a few of them.
+
+    Anything else (lists, NaN, infinities, huge values, a ``train-loss`` or
+    ``duration-s`` out of range) is dropped, so no client figure reaches
+    arithmetic, the store or a page unbounded.
+    """
+    kept: dict[str, int | float] = {}
+    for key, value in metrics.items():
+        low, high = _BOUNDED.get(key, (-MAX_METRIC_VALUE, MAX_METRIC_VALUE))
+        if len(kept) < MAX_METRICS and len(key) <= MAX_KEY_CHARS and _in_range(value, low, high):
+            kept[key] = value
+    return kept
+
+
+def _update_array(content: RecordDict) -> Array:
+    record = content.get("update")
+    if record is None:
+        raise UpdateRejected("reply has no 'update'/'delta' array")
+    if not isinstance(record, ArrayRecord):
+        raise UpdateRejected(f"reply 'update' is a {type(record).__name__}, expected an ArrayRecord")
+    array = record.get("delta")
+    if not isinstance(array, Array):
+        raise UpdateRejected("reply has no 'update'/'delta' array")
+    return array
+
+
 def parse_train_reply(content: RecordDict, size: int, max_bytes: int) -> TrainReply:
-    """Decode and validate a train reply (see :func:`decode_flat`)."""
+    """Decode and validate a train reply (see :func:`decode_flat`).
+
+    Raises
+    ------
+    UpdateRejected
+        A record of the wrong type, an example count outside ``[1, MAX_EXAMPLES]``,
+        or an update :func:`decode_flat` refuses. Metrics out of range are dropped.
+    """
     metrics = _metrics(content)
     n = _num_examples(metrics)
-    try:
-        array = content["update"]["delta"]
-    except KeyError:
-        raise UpdateRejected("reply has no 'update'/'delta' array") from None
-    return TrainReply(decode_flat(array, size, max_bytes), n, metrics)
+    return TrainReply(decode_flat(_update_array(content), size, max_bytes), n, clean_metrics(metrics))
 
 
 def eval_reply(loss: float, accuracy: float, num_examples: int, train_loss: float | None = None,
@@ -181,15 +230,25 @@ def eval_reply(loss: float, accuracy: float, num_examples: int, train_loss: floa
 
 
 def parse_eval_reply(content: RecordDict) -> EvalReply:
+    """Decode and validate an evaluate reply.
+
+    Raises
+    ------
+    UpdateRejected
+        Accuracy outside ``[0, 1]``, a loss that is not a finite number in
+        ``[0, MAX_LOSS]``, or a bad example count. A training loss out of range
+        is dropped (it is optional).
+    """
     metrics = _metrics(content)
     n = _num_examples(metrics)
     loss, acc = metrics.get("eval-loss"), metrics.get("eval-accuracy")
-    if not isinstance(loss, float) or not isinstance(acc, float) or not np.isfinite([loss, acc]).all():
-        raise UpdateRejected(f"eval metrics are not finite numbers: loss={loss!r} accuracy={acc!r}")
+    if not _in_range(loss, 0.0, MAX_LOSS) or not _in_range(acc, 0.0, 1.0):
+        raise UpdateRejected(f"eval metrics out of range (loss in [0, {MAX_LOSS:g}], accuracy in [0, 1]): "
+                             f"loss={loss!r} accuracy={acc!r}")
     train_loss, train_n = metrics.get("train-loss"), metrics.get("train-examples", 0)
-    if not isinstance(train_loss, float) or not np.isfinite(train_loss) or not isinstance(train_n, int):
+    if not _in_range(train_loss, 0.0, MAX_LOSS) or not _in_range(train_n, 1, MAX_EXAMPLES):
         train_loss, train_n = None, 0
-    return EvalReply(loss, acc, n, train_loss, train_n)
+    return EvalReply(float(loss), float(acc), n, None if train_loss is None else float(train_loss), int(train_n))
 
 
 def content_bytes(content: RecordDict) -> int:

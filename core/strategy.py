@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from core import aggregate
+from core.messages import TrainConfig
 
 __all__ = ["ServerState", "Strategy"]
 
@@ -79,9 +80,14 @@ class Strategy(ABC):
         """Return the state before round 1 for initial global ``params``."""
         return ServerState(params=params.astype(np.float32, copy=True))
 
-    def client_config(self, server_round: int) -> dict[str, Any]:
-        """Extra training settings sent to every client this round."""
-        return {}
+    def configure_train(self, config: TrainConfig) -> TrainConfig:
+        """The round's training instruction with this strategy's client settings added.
+
+        The round loop builds ``config`` from the scenario; a strategy that
+        needs something of the clients (FedProx's proximal term, DP's clipping)
+        returns a copy carrying it, so no loop knows any strategy's keys.
+        """
+        return config
 
     def new_aggregate(self, size: int) -> aggregate.MeanState:
         """Return an empty running aggregate for a model of ``size`` parameters."""
@@ -96,6 +102,14 @@ class Strategy(ABC):
         """
         return aggregate.add(agg, update, float(num_examples), checked=checked)
 
+    def merge(self, agg: aggregate.MeanState, partial: aggregate.MeanState) -> aggregate.MeanState:
+        """Fold a partial aggregate summed elsewhere (secure aggregation's sum, another worker's state).
+
+        A wrapper that checks what reaches the server overrides this as well as
+        :meth:`accumulate`, so its checks run whichever way the updates arrive.
+        """
+        return aggregate.merge(agg, partial)
+
     def finalize(self, agg: aggregate.MeanState, rng: np.random.Generator) -> np.ndarray:
         """Turn the running aggregate into the mean update (a delta)."""
         return aggregate.finalize(agg)
@@ -107,3 +121,11 @@ class Strategy(ABC):
     def describe(self) -> dict[str, Any]:
         """Settings worth recording with the run."""
         return {"name": self.name}
+
+    def epsilon(self, state: ServerState) -> float | None:
+        """Privacy spent up to ``state``; ``None`` for a strategy that makes no privacy claim."""
+        return None
+
+    def would_exceed_budget(self, state: ServerState) -> bool:
+        """Whether one more round would overspend a privacy budget (never, without one)."""
+        return False

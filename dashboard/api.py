@@ -7,7 +7,7 @@ import io
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Request
 from fastapi.responses import FileResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
@@ -17,13 +17,16 @@ from dashboard.queries import Reader
 from dashboard.schemas import ClientResultOut, ClientSummaryOut, EventOut, RoundOut, RunDetailOut, RunOut
 from dashboard.views import ROUND_CSV_FIELDS, client_result_data, client_summary_data, round_data, run_data
 
-__all__ = ["router", "metrics_router"]
+__all__ = ["router", "metrics_router", "MAX_INT", "RoundPath"]
 
 router = APIRouter(prefix="/api", tags=["api"])
 metrics_router = APIRouter(tags=["metrics"])
 
 StatusQuery = Annotated[str | None, Query(description="Only runs with this status.")]
 RunQuery = Annotated[str | None, Query(alias="run", description="Only this run.")]
+#: The largest number a query or path may carry: beyond it SQLite cannot bind it (a 4xx, never a 500).
+MAX_INT = 2**63 - 1
+RoundPath = Annotated[int, Path(ge=0, le=MAX_INT, description="The round number.")]
 
 
 def reader_of(request: Request) -> Reader:
@@ -39,7 +42,8 @@ def _found(value: Any, what: str) -> Any:
 @router.get("/runs", response_model=list[RunOut], summary="Every run, newest first")
 def list_runs(request: Request, status: StatusQuery = None,
               limit: Annotated[int | None, Query(ge=1, le=10_000, description="At most this many runs.")] = None,
-              offset: Annotated[int, Query(ge=0, description="Skip this many of the newest runs first.")] = 0,
+              offset: Annotated[int, Query(ge=0, le=MAX_INT, description="Skip this many of the newest runs first.")]
+              = 0,
               ) -> list[dict[str, Any]]:
     return [run_data(run, stats) for run, stats in reader_of(request).runs(status, limit, offset)]
 
@@ -52,7 +56,7 @@ def get_run(request: Request, run_id: str) -> dict[str, Any]:
 
 @router.get("/runs/{run_id}/rounds", response_model=list[RoundOut], summary="A run's committed rounds")
 def list_rounds(request: Request, run_id: str,
-                after: Annotated[int, Query(ge=0, description="Only rounds after this one.")] = 0
+                after: Annotated[int, Query(ge=0, le=MAX_INT, description="Only rounds after this one.")] = 0
                 ) -> list[dict[str, Any]]:
     reader = reader_of(request)
     _found(reader.head(run_id), f"run {run_id!r}")
@@ -60,13 +64,13 @@ def list_rounds(request: Request, run_id: str,
 
 
 @router.get("/runs/{run_id}/rounds/{number}", response_model=RoundOut, summary="One round")
-def get_round(request: Request, run_id: str, number: int) -> dict[str, Any]:
+def get_round(request: Request, run_id: str, number: RoundPath) -> dict[str, Any]:
     return round_data(_found(reader_of(request).round(run_id, number), f"round {number} in run {run_id!r}"))
 
 
 @router.get("/runs/{run_id}/rounds/{number}/clients", response_model=list[ClientResultOut],
             summary="Each sampled client's outcome in one round")
-def round_clients(request: Request, run_id: str, number: int) -> list[dict[str, Any]]:
+def round_clients(request: Request, run_id: str, number: RoundPath) -> list[dict[str, Any]]:
     reader = reader_of(request)
     _found(reader.round(run_id, number), f"round {number} in run {run_id!r}")
     return [client_result_data(c) for c in reader.round_clients(run_id, number)]
@@ -80,12 +84,12 @@ def run_log(request: Request, run_id: str) -> list[dict[str, Any]]:
 @router.get("/runs/{run_id}/events", response_class=EventSourceResponse,
             summary="Live: new rounds of a run as Server-Sent Events")
 async def run_stream(request: Request, run_id: str,
-                     after: Annotated[int, Query(ge=0, description="Send rounds after this one.")] = 0,
+                     after: Annotated[int, Query(ge=0, le=MAX_INT, description="Send rounds after this one.")] = 0,
                      last_event_id: Annotated[str | None, Header()] = None) -> AsyncIterator[ServerSentEvent]:
     """`round` events (data: `{"round": Round, "display": {...}}`, id: the round number) and
     `run` events (data: `{"run": Run, "display": {...}}`); the stream ends when the run does."""
     if last_event_id and last_event_id.isdigit():
-        after = max(after, int(last_event_id))
+        after = max(after, min(int(last_event_id), MAX_INT))
     async for event in run_events(reader_of(request), run_id, after):
         yield event
 
@@ -118,8 +122,8 @@ def rounds_csv(request: Request, run_id: str) -> Response:
             response_class=FileResponse,
             responses={200: {"content": {"application/octet-stream": {}}}, 404: {"description": "none"}})
 def checkpoint(request: Request, run_id: str,
-               round_: Annotated[int | None, Query(alias="round", ge=1)] = None) -> FileResponse:
-    number, path = _found(reader_of(request).checkpoint(run_id, round_), "checkpoint file for that round")
+               server_round: Annotated[int | None, Query(alias="round", ge=1, le=MAX_INT)] = None) -> FileResponse:
+    number, path = _found(reader_of(request).checkpoint(run_id, server_round), "checkpoint file for that round")
     return FileResponse(path, media_type="application/octet-stream",
                         filename=f"{run_id}-round-{number:05d}.safetensors")
 

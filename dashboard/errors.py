@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from core.errors import QuorumError
+
 __all__ = ["DashboardError", "InsecureBind"]
 
 
-class DashboardError(Exception):
+class DashboardError(QuorumError):
     """Base class for dashboard errors."""
 
 

@@ -69,7 +69,7 @@ def _status_counts(runs: list[tuple[Run, RunStats]]) -> GaugeMetricFamily:
     counts: dict[str, int] = {}
     for run, _ in runs:
         counts[run.status] = counts.get(run.status, 0) + 1
-    for status in sorted({"running", "finished", "failed", "stopped_budget", "interrupted", *counts}):
+    for status in sorted({"running", "finished", "degraded", "failed", "stopped_budget", "interrupted", *counts}):
         family.add_metric([status], counts.get(status, 0))
     return family
 

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from dashboard.api import MAX_INT, RoundPath
 from dashboard.queries import Reader
 from dashboard.views import (
     client_result_data,
@@ -24,7 +25,7 @@ from dashboard.views import (
 __all__ = ["router", "STATUSES"]
 
 router = APIRouter(include_in_schema=False)
-STATUSES = ("running", "finished", "failed", "stopped_budget", "interrupted")
+STATUSES = ("running", "finished", "degraded", "failed", "stopped_budget", "interrupted")
 PER_PAGE = 50
 
 
@@ -46,7 +47,7 @@ def _run_or_404(reader: Reader, run_id: str) -> tuple[dict[str, Any], dict[str, 
 
 @router.get("/", response_class=HTMLResponse)
 def runs_page(request: Request, status: Annotated[str | None, Query()] = None,
-               page: Annotated[int, Query(ge=1)] = 1,
+               page: Annotated[int, Query(ge=1, le=MAX_INT)] = 1,
                per_page: Annotated[int, Query(ge=1, le=500)] = PER_PAGE) -> HTMLResponse:
     reader = _reader(request)
     since = reader.last_update()  # before the rows: a change while they are read is streamed again
@@ -84,7 +85,7 @@ def run_page(request: Request, run_id: str) -> HTMLResponse:
 
 
 @router.get("/runs/{run_id}/rounds/{number}", response_class=HTMLResponse)
-def round_page(request: Request, run_id: str, number: int) -> HTMLResponse:
+def round_page(request: Request, run_id: str, number: RoundPath) -> HTMLResponse:
     reader = _reader(request)
     run, display, _ = _run_or_404(reader, run_id)
     row = reader.round(run_id, number)

@@ -22,7 +22,7 @@ __all__ = ["Reader", "RunStats", "RunHead", "ClientSummary", "Participation", "T
 
 # Accuracy of a round: the server's held-out score when it has one, else the federated one.
 ACCURACY = func.coalesce(Round.server_accuracy, Round.fed_accuracy)
-TERMINAL = frozenset({"finished", "failed", "stopped_budget", "interrupted"})
+TERMINAL = frozenset({"finished", "degraded", "failed", "stopped_budget", "interrupted"})
 RECENT = 30  # participations shown per client on the clients page
 
 

@@ -13,7 +13,7 @@ __all__ = ["RunOut", "RunDetailOut", "RoundOut", "ClientResultOut", "ClientSumma
 class RunOut(BaseModel):
     id: str
     name: str = Field(description="The scenario's name.")
-    status: str = Field(description="running | finished | failed | stopped_budget | interrupted")
+    status: str = Field(description="running | finished | degraded | failed | stopped_budget | interrupted")
     strategy: str
     engine: str
     seed: int

@@ -192,7 +192,7 @@ def _read_csv(path: Path, label_column: str) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{path}: no feature columns besides {label_column!r}")
     if len(rows) == 1:
         raise DataError(f"{path}: no data rows after the header")
-    for line, row in zip(lines[1:], rows[1:]):
+    for line, row in zip(lines[1:], rows[1:], strict=True):
         if len(row) != len(header):
             raise DataError(f"{path}: line {line} has {len(row)} values, the header has {len(header)}")
     table = _numeric_table(path, header, lines[1:], rows[1:])
@@ -230,7 +230,7 @@ def _numeric_table(path: Path, header: list[str], lines: list[int], rows: list[l
 
 
 def _first_non_numeric(lines: list[int], rows: list[list[str]]) -> tuple[int, int, str]:
-    for line, row in zip(lines, rows):
+    for line, row in zip(lines, rows, strict=True):
         for column, cell in enumerate(row):
             try:
                 float(cell)

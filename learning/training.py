@@ -110,7 +110,7 @@ class _Step:
         loss.backward()
         if self.anchor is not None:
             with torch.no_grad():
-                for p, p0 in zip(self.params, self.anchor):
+                for p, p0 in zip(self.params, self.anchor, strict=True):
                     if p.grad is None:  # a parameter the loss does not reach
                         p.grad = torch.zeros_like(p)
                     p.grad.add_(p - p0, alpha=self.mu)

@@ -27,6 +27,7 @@ app = typer.Typer(help="Quorum: federated learning with secure aggregation, diff
 console = Console(stderr=True)
 
 DbOption = Annotated[str, typer.Option("--db", help="Run store: an SQLAlchemy URL.", envvar="QUORUM_DB")]
+DEFAULT_DB = default_db_url()  # runs/quorum.db under the working directory
 
 
 def _fail(message: str) -> None:
@@ -39,7 +40,7 @@ def simulate(
     scenario: Annotated[Path, typer.Argument(help="Scenario TOML file, e.g. scenarios/quickstart.toml.")],
     rounds: Annotated[int | None, typer.Option(help="Override the scenario's number of rounds.")] = None,
     seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
-    db: DbOption = default_db_url(),
+    db: DbOption = DEFAULT_DB,
     engine: Annotated[str, typer.Option(help="inprocess (default, no Ray) or ray (needs quorum[simulation]).")]
     = "inprocess",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the live display.")]
@@ -65,7 +66,7 @@ def simulate(
 @app.command()
 def resume(
     run_id: Annotated[str, typer.Argument(help="The run to continue (its id, or a unique part of it).")],
-    db: DbOption = default_db_url(),
+    db: DbOption = DEFAULT_DB,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Continue a run whose process died, from its last committed round."""
@@ -98,7 +99,7 @@ def _print_summary(summary, json_out: bool) -> None:
 
 @app.command()
 def runs(
-    db: DbOption = default_db_url(),
+    db: DbOption = DEFAULT_DB,
     status: Annotated[str | None, typer.Option(help="Only runs with this status.")] = None,
 ) -> None:
     """List the runs in the store, newest first."""
@@ -118,7 +119,7 @@ def runs(
 @app.command()
 def report(
     run_id: Annotated[str, typer.Argument(help="The run (its id, or a unique part of it).")],
-    db: DbOption = default_db_url(),
+    db: DbOption = DEFAULT_DB,
     out: Annotated[Path | None, typer.Option(help="Output folder (default runs/reports/RUN).")] = None,
 ) -> None:
     """Write PNG plots per round and a JSON summary of a run."""
@@ -137,7 +138,7 @@ def report(
 @app.command()
 def demo(
     scenario: Annotated[Path, typer.Argument(help="Scenario to run.")] = Path("scenarios/quickstart.toml"),
-    db: DbOption = default_db_url(),
+    db: DbOption = DEFAULT_DB,
     host: Annotated[str, typer.Option(help="Dashboard address (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Dashboard port.")] = 8000,
     keep_serving: Annotated[bool, typer.Option(help="Keep the dashboard up after the run (Ctrl-C stops).")]

@@ -22,11 +22,19 @@ from scenarios.errors import ScenarioError
 
 __all__ = [
     "DataSpec", "ModelSpec", "FederationSpec", "TrainingSpec", "StrategySpec",
-    "EvaluationSpec", "FaultSpec", "SecAggSpec", "DPSpec", "Scenario",
+    "EvaluationSpec", "FaultSpec", "ByzantineSpec", "SecAggSpec", "DPSpec", "Scenario",
     "load_scenario", "loads_scenario", "scenario_from_dict", "FAULT_STAGES",
 ]
 
+# Bounds that keep every count well inside a 64-bit store column and a sane run.
+MAX_ROUNDS = 1_000_000
+MAX_CLIENTS = 1_000_000
 FAULT_STAGES = ("train", "advertise_keys", "share_keys", "masked_input", "unmask")
+ROBUST_STRATEGIES = ("centered_clipping", "median", "trimmed_mean", "krum")
+#: Byzantine behaviours: corrupt replies the aggregator must reject, then attacks
+#: with valid-looking updates that robust aggregation must survive (runtimes.attacks).
+CORRUPTIONS = ("nan", "wrong_shape", "oversized", "garbage")
+ATTACKS = ("alie", "ipm", "signflip", "labelflip", "scaling", "mimic", "weight_inflation")
 
 
 @dataclass(frozen=True)
@@ -45,8 +53,10 @@ class DataSpec:
     def _check(self) -> None:
         _positive("alpha", self.alpha)
         _positive("shards_per_client", self.shards_per_client)
-        _fraction("server_test_fraction", self.server_test_fraction, allow_zero=True)
-        _fraction("client_test_fraction", self.client_test_fraction, allow_zero=True)
+        _at_most("shards_per_client", self.shards_per_client, 10_000)
+        # a test split of 1.0 leaves nothing to train on
+        _fraction("server_test_fraction", self.server_test_fraction, allow_zero=True, allow_one=False)
+        _fraction("client_test_fraction", self.client_test_fraction, allow_zero=True, allow_one=False)
         _non_negative("synthetic_alpha", self.synthetic_alpha)
         _non_negative("synthetic_beta", self.synthetic_beta)
         if self.dataset == "file" and not self.path:
@@ -66,16 +76,32 @@ class FederationSpec:
     min_clients: int = 1
     deadline_s: float = 120.0
     max_update_mb: float = 256.0
+    # How much a client's update counts (core.weighting): "median" caps each example
+    # count at median_cap x the round's median, "capped" at max_examples, "uniform" is 1.
+    weighting: Literal["median", "capped", "uniform"] = "median"
+    median_cap: float = 3.0
+    max_examples: int = 100_000
+    # A client update, or the round's step, longer than this x max(1, |model|) is rejected.
+    max_update_ratio: float = 10.0
 
     def _check(self) -> None:
         _positive("clients", self.clients)
+        _at_most("clients", self.clients, MAX_CLIENTS)
         _fraction("fraction", self.fraction)
         _non_negative("clients_per_round", self.clients_per_round)
         if self.clients_per_round > self.clients:
             raise _Bad("clients_per_round", self.clients_per_round, f"exceeds clients = {self.clients}")
         _positive("min_clients", self.min_clients)
         _positive("deadline_s", self.deadline_s)
+        _at_most("deadline_s", self.deadline_s, 7 * 86_400.0)
         _positive("max_update_mb", self.max_update_mb)
+        _at_most("max_update_mb", self.max_update_mb, 65_536.0)
+        _at_least("median_cap", self.median_cap, 1.0)
+        _at_most("median_cap", self.median_cap, 1e6)
+        _positive("max_examples", self.max_examples)
+        _at_most("max_examples", self.max_examples, 10**9)
+        _positive("max_update_ratio", self.max_update_ratio)
+        _at_most("max_update_ratio", self.max_update_ratio, 1e6)
 
     @property
     def per_round(self) -> int:
@@ -94,20 +120,31 @@ class TrainingSpec:
 
     def _check(self) -> None:
         _positive("local_epochs", self.local_epochs)
+        _at_most("local_epochs", self.local_epochs, 10_000)
         _positive("batch_size", self.batch_size)
+        _at_most("batch_size", self.batch_size, 1_000_000)
         _positive("lr", self.lr)
+        _at_most("lr", self.lr, 100.0)
         _fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
 
 
 @dataclass(frozen=True)
 class StrategySpec:
-    name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox"] = "fedavg"
+    name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox",
+                  "centered_clipping", "median", "trimmed_mean", "krum"] = "fedavg"
     server_lr: float = 1.0
     momentum: float = 0.9
     beta1: float = 0.9
     beta2: float = 0.99
     tau: float = 1e-3
     mu: float = 0.01
+    # Robust aggregation (aggregator/strategies): centered clipping's radius and bucket
+    # size, the trimmed mean's cut per end, Krum's assumed Byzantine count and Multi-Krum's m.
+    clip_radius: float = 1.0
+    bucket_size: int = 2
+    trim_fraction: float = 0.2
+    num_byzantine: int = 0
+    num_selected: int = 1
 
     def _check(self) -> None:
         _positive("server_lr", self.server_lr)
@@ -116,6 +153,18 @@ class StrategySpec:
         _fraction("beta2", self.beta2, allow_zero=True, allow_one=False)
         _positive("tau", self.tau)
         _non_negative("mu", self.mu)
+        _positive("clip_radius", self.clip_radius)
+        _positive("bucket_size", self.bucket_size)
+        _fraction("trim_fraction", self.trim_fraction, allow_zero=True, allow_one=False)
+        if not self.trim_fraction < 0.5:
+            raise _Bad("trim_fraction", self.trim_fraction, "must be < 0.5 (a cut at each end)")
+        _non_negative("num_byzantine", self.num_byzantine)
+        _positive("num_selected", self.num_selected)
+
+    @property
+    def robust(self) -> bool:
+        """Whether the rule needs to see every client's update (no secure aggregation)."""
+        return self.name in ROBUST_STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -127,6 +176,35 @@ class EvaluationSpec:
 
     def _check(self) -> None:
         _positive("every", self.every)
+        _at_most("every", self.every, MAX_ROUNDS)
+
+
+@dataclass(frozen=True)
+class ByzantineSpec:
+    """``[faults] byzantine = { fraction = 0.2, attack = "alie" }``: who attacks, and how.
+
+    ``scale`` multiplies the update for ``scaling``; ``epsilon`` is IPM's
+    (Xie et al., UAI 2020) factor on the honest mean; ``z`` is ALIE's (Baruch
+    et al., NeurIPS 2019) shift in standard deviations, derived from the
+    number of clients and attackers when not given; ``inflated_examples`` is
+    the example count ``weight_inflation`` reports.
+    """
+
+    fraction: float = 0.0
+    attack: Literal["nan", "wrong_shape", "oversized", "garbage",
+                    "alie", "ipm", "signflip", "labelflip", "scaling", "mimic", "weight_inflation"] = "nan"
+    scale: float = 10.0
+    epsilon: float = 0.5
+    z: float | None = None
+    inflated_examples: int = 10**12
+
+    def _check(self) -> None:
+        _fraction("fraction", self.fraction, allow_zero=True, allow_one=False)
+        _positive("scale", self.scale)
+        _positive("epsilon", self.epsilon)
+        if self.z is not None:
+            _positive("z", self.z)
+        _positive("inflated_examples", self.inflated_examples)
 
 
 @dataclass(frozen=True)
@@ -134,8 +212,16 @@ class FaultSpec:
     dropouts: Mapping[str, float] = field(default_factory=dict)
     stragglers: float = 0.0
     straggler_delay_s: float = 0.0
-    byzantine: float = 0.0
+    # A fraction (with the legacy byzantine_kind), or a ByzantineSpec table.
+    byzantine: float | ByzantineSpec = 0.0
     byzantine_kind: Literal["nan", "wrong_shape", "oversized", "garbage"] = "nan"
+
+    @property
+    def byzantine_spec(self) -> ByzantineSpec:
+        """The Byzantine clients, whichever way the file wrote them."""
+        if isinstance(self.byzantine, ByzantineSpec):
+            return self.byzantine
+        return ByzantineSpec(fraction=self.byzantine, attack=self.byzantine_kind)
 
     def _check(self) -> None:
         for stage, frac in self.dropouts.items():
@@ -145,7 +231,10 @@ class FaultSpec:
                 raise _Bad(f"dropouts.{stage}", frac, "must be a fraction in [0, 1)")
         _fraction("stragglers", self.stragglers, allow_zero=True, allow_one=False)
         _non_negative("straggler_delay_s", self.straggler_delay_s)
-        _fraction("byzantine", self.byzantine, allow_zero=True, allow_one=False)
+        if not isinstance(self.byzantine, ByzantineSpec):
+            _fraction("byzantine", self.byzantine, allow_zero=True, allow_one=False)
+        elif self.byzantine_kind != "nan":
+            raise _Bad("byzantine_kind", self.byzantine_kind, "give the attack inside the byzantine table instead")
 
 
 @dataclass(frozen=True)
@@ -218,9 +307,14 @@ class Scenario:
 
     def _check(self) -> None:
         _positive("rounds", self.rounds)
+        _at_most("rounds", self.rounds, MAX_ROUNDS)
+        _at_least("seed", self.seed, 0)
+        _at_most("seed", self.seed, 2**63 - 1)
         if self.federation.min_clients > self.federation.per_round:
             raise _Bad("federation.min_clients", self.federation.min_clients,
                        f"exceeds the {self.federation.per_round} clients sampled per round")
+        if self.strategy.robust:
+            _check_robust(self)
 
     def with_overrides(self, **changes: Any) -> Scenario:
         """Return a copy with top-level values replaced (e.g. rounds, seed), re-validated."""
@@ -230,12 +324,41 @@ class Scenario:
         return dataclasses.asdict(self)
 
 
+def _check_robust(scenario: Scenario) -> None:
+    """Refuse what a robust aggregator cannot be combined with, naming both keys."""
+    name = scenario.strategy.name
+    if scenario.secagg.enabled:
+        raise _Bad("strategy.name", name, "a robust aggregator must see every client's update, and "
+                   "[secagg] enabled = true shows the server only their sum; choose one")
+    if scenario.dp.enabled:
+        raise _Bad("strategy.name", name, "[dp] enabled = true replaces the strategy's fold with DP-FedAvg's "
+                   "clipped sum, so the robust rule would not run (and a rule that ranks or selects "
+                   "updates has no sensitivity bound the DP noise is calibrated to); choose one")
+    if name == "krum":
+        f, n = scenario.strategy.num_byzantine, scenario.federation.per_round
+        if n <= 2 * f + 2:
+            raise _Bad("strategy.num_byzantine", f, f"Krum needs more than 2 f + 2 clients per round, got {n}")
+        if scenario.strategy.num_selected > n - f:
+            raise _Bad("strategy.num_selected", scenario.strategy.num_selected,
+                       f"exceeds clients per round minus num_byzantine ({n - f})")
+
+
 class _Bad(Exception):
     """Internal: a bad value, before the file and section are known."""
 
     def __init__(self, key: str, value: Any, why: str) -> None:
         super().__init__(key, value, why)
         self.key, self.value, self.why = key, value, why
+
+
+def _at_most(key: str, value: float, high: float) -> None:
+    if not value <= high:
+        raise _Bad(key, value, f"must be <= {high:,}")
+
+
+def _at_least(key: str, value: float, low: float) -> None:
+    if not value >= low:
+        raise _Bad(key, value, f"must be >= {low:g}")
 
 
 def _positive(key: str, value: float) -> None:
@@ -269,6 +392,8 @@ def load_scenario(path: str | Path) -> Scenario:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read scenario file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     return loads_scenario(text, source=str(path))
 
 
@@ -276,7 +401,7 @@ def loads_scenario(text: str, source: str = "<string>") -> Scenario:
     """Parse and validate scenario TOML text; ``source`` names it in errors."""
     try:
         raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:  # ValueError: an int of >4300 digits
         raise ScenarioError(f"{source}: not valid TOML: {exc}") from None
     return scenario_from_dict(raw, source=source)
 
@@ -288,7 +413,16 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str = "<dict>") -> Scenar
     try:
         return _build(Scenario, raw, prefix="")
     except _Bad as bad:
-        raise ScenarioError(f"{source}: {bad.key} = {bad.value!r}: {bad.why}") from None
+        raise ScenarioError(f"{source}: {bad.key} = {_show(bad.value)}: {bad.why}") from None
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to one short line (a huge integer has no repr past 4300 digits)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        text = f"<integer of about {value.bit_length() * 0.30103:.0f} digits>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:
@@ -320,12 +454,18 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         return _build(hint, value, key + ".")
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:
-        if value not in args or isinstance(value, bool) != isinstance(args[0], bool):
+        # by type as well: 32.0 == 32, but bits = 32.0 is not one of the choices
+        if not any(type(value) is type(a) and value == a for a in args):
             raise _Bad(key, value, f"must be one of {', '.join(repr(a) for a in args)}")
         return value
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        return None if value is None else _coerce(inner[0], value, key)
+        # a table picks the dataclass member of the union (byzantine = 0.2 | { ... })
+        tables = [a for a in inner if dataclasses.is_dataclass(a)]
+        if tables and (isinstance(value, Mapping) or dataclasses.is_dataclass(value)):
+            return _coerce(tables[0], value, key)
+        plain = [a for a in inner if not dataclasses.is_dataclass(a)] or inner
+        return None if value is None else _coerce(plain[0], value, key)
     if origin in (Mapping, dict) or hint is Mapping:
         if not isinstance(value, Mapping):
             raise _Bad(key, value, "must be a table")
@@ -341,11 +481,19 @@ def _scalar(hint: Any, value: Any, key: str) -> Any:
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise _Bad(key, value, "must be an integer")
+        if not -(2**63) <= value < 2**63:
+            raise _Bad(key, value, "is out of range (a 64-bit integer)")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _Bad(key, value, "must be a number")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond ~1.8e308
+            raise _Bad(key, value, "is out of range (too large for a float)") from None
+        if number != number or number in (float("inf"), float("-inf")):
+            raise _Bad(key, value, "must be a finite number")
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise _Bad(key, value, "must be a string")

@@ -14,15 +14,25 @@ from scenarios.schema import Scenario, scenario_from_dict
 REPO = Path(__file__).resolve().parents[1]
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, poll_s: float = 0.05) -> object:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
+def wait_for(predicate: Callable[[], object], timeout: float, what: str | Callable[[], str],
+             poll_s: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy, and return that value.
+
+    The one way a test waits: it never returns on a timeout, it fails naming
+    ``what`` (a string, or a callable asked only then, e.g. for process logs).
+    The predicate is asked once more at the deadline, so a slow poll cannot
+    make a condition that did come true look like a timeout.
+    """
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
         if value:
             return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+    detail = what() if callable(what) else what
+    pytest.fail(f"timed out after {timeout:g} s waiting for {detail}")
 
 
 def tiny_scenario(**sections: Any) -> Scenario:

@@ -7,10 +7,11 @@ The server side is FedAvg; the difference is the proximal term
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aggregator.strategies.fedavg import FedAvg
+from core.messages import TrainConfig
 
 __all__ = ["FedProx"]
 
@@ -22,8 +23,9 @@ class FedProx(FedAvg):
     mu: float = 0.01
     name: str = "fedprox"
 
-    def client_config(self, server_round: int) -> dict[str, Any]:
-        return {"proximal-mu": float(self.mu)}
+    def configure_train(self, config: TrainConfig) -> TrainConfig:
+        """Clients add the proximal term ``mu/2 ||w - w_t||^2`` (Li et al., MLSys 2020)."""
+        return replace(config, proximal_mu=float(self.mu))
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "mu": self.mu}

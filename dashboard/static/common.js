@@ -2,7 +2,7 @@
 "use strict";
 
 window.Quorum = (function () {
-  const TERMINAL = new Set(["finished", "failed", "stopped_budget", "interrupted"]);
+  const TERMINAL = new Set(["finished", "degraded", "failed", "stopped_budget", "interrupted"]);
 
   /** Create an element; `text` becomes its textContent, never markup. */
   function el(tag, attrs, text) {

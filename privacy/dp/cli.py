@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -26,7 +26,7 @@ app = typer.Typer(help="Differential privacy planning (client-level DP-FedAvg, R
                   no_args_is_help=True, add_completion=False)
 
 
-class SamplingChoice(str, Enum):
+class SamplingChoice(StrEnum):
     poisson = "poisson"
     fixed = "fixed"
 

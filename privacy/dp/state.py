@@ -36,12 +36,18 @@ class DPState:
     below_fraction : float | None
         Last round's privatised fraction of clients under the clip norm
         (adaptive clipping only).
+    server_history : tuple[RoundEvent, ...]
+        What the aggregator itself saw (distributed placement): one unsampled
+        Gaussian event per round with the noise of the clients who actually
+        contributed, ``z sqrt(contributors / sampled)``; rounds nobody
+        contributed to are absent (they showed the server nothing).
     """
 
     clip: float
     history: tuple[RoundEvent, ...] = ()
     epsilon: float = 0.0
     below_fraction: float | None = None
+    server_history: tuple[RoundEvent, ...] = ()
 
     @property
     def rounds(self) -> int:
@@ -49,21 +55,19 @@ class DPState:
         return sum(e.rounds for e in self.history)
 
     def recorded(self, event: RoundEvent, *, clip: float, epsilon: float,
-                 below_fraction: float | None) -> DPState:
-        """Return the state after one more accounted round ``event``."""
-        history = self.history
-        if history and history[-1].same_mechanism(event):
-            history = history[:-1] + (replace(history[-1], rounds=history[-1].rounds + event.rounds),)
-        else:
-            history = history + (event,)
-        return DPState(clip=clip, history=history, epsilon=epsilon, below_fraction=below_fraction)
+                 below_fraction: float | None, server_event: RoundEvent | None = None) -> DPState:
+        """Return the state after one more accounted round ``event`` (and the server's view of it)."""
+        server = self.server_history if server_event is None else _appended(self.server_history, server_event)
+        return DPState(clip=clip, history=_appended(self.history, event), epsilon=epsilon,
+                       below_fraction=below_fraction, server_history=server)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for ``ServerState.extra``; an infinite epsilon is written as ``None``."""
         return {"version": STATE_VERSION, "clip": self.clip,
                 "history": [e.to_json() for e in self.history],
                 "epsilon": self.epsilon if math.isfinite(self.epsilon) else None,
-                "below_fraction": self.below_fraction}
+                "below_fraction": self.below_fraction,
+                "server_history": [e.to_json() for e in self.server_history]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DPState:
@@ -81,6 +85,14 @@ class DPState:
             below = data.get("below_fraction")
             return cls(clip=float(data["clip"]),
                        history=tuple(RoundEvent.from_json(e) for e in data["history"]),
-                       epsilon=eps, below_fraction=None if below is None else float(below))
+                       epsilon=eps, below_fraction=None if below is None else float(below),
+                       server_history=tuple(RoundEvent.from_json(e) for e in data.get("server_history", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise DPStateError(f"unreadable DP state: {exc}") from None
+
+
+def _appended(history: tuple[RoundEvent, ...], event: RoundEvent) -> tuple[RoundEvent, ...]:
+    """``history`` with ``event`` added, run-length encoded (consecutive equal mechanisms merge)."""
+    if history and history[-1].same_mechanism(event):
+        return history[:-1] + (replace(history[-1], rounds=history[-1].rounds + event.rounds),)
+    return history + (event,)

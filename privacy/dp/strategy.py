@@ -9,7 +9,7 @@ only the privatised mean, so everything it does is post-processing.
 A round, as the round loop drives it::
 
     dp = strategy.for_round(state)          # binds this round's clip norm
-    config = dp.client_config(r)            # dp-* keys for the clients
+    config = dp.configure_train(config)     # dp-* keys for the clients
     agg = dp.new_aggregate(size)            # model size (+1 with adaptive clipping)
     agg = dp.accumulate(agg, update, n)     # per reply (central: clips here)
     mean = dp.finalize(agg, secure_rng())   # noise, fixed denominator
@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 
 from core import aggregate
+from core.errors import UpdateRejected
+from core.messages import TrainConfig
 from core.strategy import ServerState, Strategy
 from privacy.dp import adaptive as adapt
 from privacy.dp.accountant import RoundEvent, Sampling, epsilon_of, noise_for_epsilon
@@ -94,7 +96,7 @@ class DPFedAvg(Strategy):
     placement: Placement = "central"
     adaptive: adapt.AdaptiveClipConfig | None = None
     target_epsilon: float | None = None
-    bound: bool = False
+    bound_to_round: bool = False  # set by for_round(): the clip norm of one round is fixed
     name: str = "dp-fedavg"
     skip_when_short = False  # every round is accounted, even one with too few answers
 
@@ -140,7 +142,7 @@ class DPFedAvg(Strategy):
     def for_round(self, state: ServerState) -> DPFedAvg:
         """This strategy with the clip norm of ``state`` bound, for one round."""
         clip = self.dp_state(state).clip if self.adaptive is not None else self.clip_norm
-        return replace(self, clip_norm=clip, bound=True)
+        return replace(self, clip_norm=clip, bound_to_round=True)
 
     def dp_state(self, state: ServerState) -> DPState:
         """The DP state carried in ``state`` (fresh before the first round).
@@ -159,7 +161,7 @@ class DPFedAvg(Strategy):
         return DPState.from_json(data)
 
     def _require_bound(self) -> None:
-        if self.adaptive is not None and not self.bound:
+        if self.adaptive is not None and not self.bound_to_round:
             raise DPStateError("adaptive clipping moves the clip norm every round: call "
                                "strategy.for_round(state) and use the result for the round")
 
@@ -169,9 +171,10 @@ class DPFedAvg(Strategy):
         state = self.inner.init_state(params)
         return replace(state, extra={**state.extra, STATE_KEY: DPState(clip=self.clip_norm).to_json()})
 
-    def client_config(self, server_round: int) -> dict[str, Any]:
+    def configure_train(self, config: TrainConfig) -> TrainConfig:
         """The inner strategy's settings plus the ``dp-*`` keys of :class:`ClientDPConfig`."""
-        return {**self.inner.client_config(server_round), **self.client_dp_config().to_config()}
+        inner = self.inner.configure_train(config)
+        return replace(inner, extra={**inner.extra, **self.client_dp_config().to_config()})
 
     def client_dp_config(self) -> ClientDPConfig:
         """What each client must do this round (see :func:`privacy.dp.client_payload`)."""
@@ -208,6 +211,21 @@ class DPFedAvg(Strategy):
         if self.placement == "distributed":
             return aggregate.add(agg, update, 1.0, checked=True)
         return _fold_clipped(agg, update, self.clip_norm, self.tail)
+
+    def merge(self, agg: aggregate.MeanState, partial: aggregate.MeanState) -> aggregate.MeanState:
+        """Fold a securely summed partial aggregate.
+
+        Under secure aggregation the server sees no single update, so it cannot
+        clip: the clients clipped (and, distributed, noised) their own updates
+        as :meth:`configure_train` told them. Each client weighs 1, so the sum's
+        weight must equal its count; anything else is refused.
+        """
+        self._require_bound()
+        if partial.size != agg.size or abs(partial.weight - partial.count) > 0.5:
+            raise UpdateRejected(f"secure sum of size {partial.size}, weight {partial.weight} for "
+                               f"{partial.count} clients: expected size {agg.size} and weight 1 per client")
+        aggregate.check_update(partial.total, agg.size)
+        return aggregate.merge(agg, partial)
 
     def finalize(self, agg: aggregate.MeanState, rng: np.random.Generator) -> np.ndarray:
         """Add the Gaussian noise and divide by the fixed denominator ``m``.

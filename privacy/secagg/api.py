@@ -17,6 +17,7 @@ from privacy.secagg.client import client_step
 from privacy.secagg.codec import wire_size
 from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggCryptoError, SecAggProtocolError
+from privacy.secagg.identity import MALICIOUS, ClientPolicy, IdentityDirectory, enrol
 from privacy.secagg.messages import Request
 from privacy.secagg.result import SecureSumResult, ServerTimer, StageStats
 from privacy.secagg.server import ServerRound
@@ -37,16 +38,25 @@ def request_bytes(requests: Mapping[int, Request]) -> int:
     return sum(sizes[id(m)] for m in requests.values())
 
 
+def _policies(config: SecAggConfig, n: int,
+              entropy: Callable[[int], bytes]) -> tuple[dict[int, ClientPolicy], IdentityDirectory | None]:
+    """Each simulated client's policy; in the malicious model, a freshly enrolled identity each."""
+    if config.threat_model != MALICIOUS:
+        return {u: ClientPolicy(config.threat_model) for u in range(n)}, None
+    keys, directory = enrol(range(n), entropy)
+    return {u: ClientPolicy(MALICIOUS, keys[u], directory) for u in range(n)}, directory
+
+
 def _run_stage(server: ServerRound, stage: Stage, clients: dict[int, ClientState], drop: set[int],
-               vectors: Sequence[np.ndarray], weights: Sequence[float],
+               vectors: Sequence[np.ndarray], weights: Sequence[float], policies: Mapping[int, ClientPolicy],
                rng: np.random.Generator, entropy: Callable[[int], bytes], clock: Clock) -> StageStats:
     start, timer = clock(), ServerTimer(clock)
     requests: Mapping[int, Request] = timer.run(server.requests)  # type: ignore[assignment]
     up = 0
     for node in sorted(requests.keys() - drop):
         try:
-            state, reply = client_step(clients.get(node), node, requests[node], entropy=entropy,
-                                       rng=rng, train=lambda n=node: (vectors[n], weights[n]))
+            state, reply = client_step(clients.get(node), node, requests[node], entropy=entropy, rng=rng,
+                                       train=lambda n=node: (vectors[n], weights[n]), policy=policies[node])
         except (SecAggProtocolError, SecAggCryptoError, ValueError):
             continue  # the client refuses: to the server, a dropout
         clients[node] = state
@@ -62,7 +72,7 @@ def _run_stage(server: ServerRound, stage: Stage, clients: dict[int, ClientState
 
 def secure_sum(vectors: Sequence[np.ndarray], weights: Sequence[float], config: SecAggConfig, *,
                dropouts: Mapping[Stage, set[int]] | None = None, rng: np.random.Generator,
-               round: int = 1, entropy: Callable[[int], bytes] = os.urandom,
+               server_round: int = 1, entropy: Callable[[int], bytes] = os.urandom,
                clock: Clock = time.perf_counter) -> SecureSumResult:
     """Securely sum ``w_i x_i`` over clients ``0..n-1``, all simulated in-process.
 
@@ -84,7 +94,7 @@ def secure_sum(vectors: Sequence[np.ndarray], weights: Sequence[float], config: 
         Clients that vanish at a stage: they never answer it (nor later ones).
     rng : np.random.Generator
         Source of the stochastic-rounding noise (never of key material).
-    round : int
+    server_round : int
         Round number, bound into every derived key.
     entropy : Callable[[int], bytes]
         Source of key material (``os.urandom``; inject for known answers).
@@ -106,12 +116,13 @@ def secure_sum(vectors: Sequence[np.ndarray], weights: Sequence[float], config: 
     lengths = {np.shape(v) for v in vectors}
     if len(lengths) != 1 or len(next(iter(lengths))) != 1:
         raise ValueError("vectors must be 1-D and all the same length")
-    server = ServerRound(range(len(vectors)), config, round_id=round, entropy=entropy,
-                         vector_length=len(vectors[0]) + 1)
+    policies, directory = _policies(config, len(vectors), entropy)
+    server = ServerRound(range(len(vectors)), config, round_id=server_round, entropy=entropy,
+                         vector_length=len(vectors[0]) + 1, directory=directory)
     clients: dict[int, ClientState] = {}
     stages = []
     while (stage := server.stage) is not None:
         drop = set((dropouts or {}).get(stage, set()))
-        stages.append(_run_stage(server, stage, clients, drop, vectors, weights, rng, entropy, clock))
+        stages.append(_run_stage(server, stage, clients, drop, vectors, weights, policies, rng, entropy, clock))
     total, weight = server.result()
     return SecureSumResult(total, weight, server.survivors, tuple(stages), server.error_bound())

@@ -1,10 +1,14 @@
-"""The client side of the protocol as four pure steps: state in, new state and reply out.
+"""The client side of the protocol as pure steps: state in, new state and reply out.
 
-Follows Bonawitz et al., CCS 2017, Fig. 4 (client rounds 0-4, without the
-optional consistency-check round of the actively secure variant), on the
-neighbour graph of Bell et al., CCS 2020. A client that sees the server (or
-a peer) deviate raises :class:`SecAggProtocolError` or
-:class:`SecAggCryptoError` and sends nothing; to the server that is a dropout.
+Follows Bonawitz et al., CCS 2017, Fig. 4 (client rounds 0-4), on the
+neighbour graph of Bell et al., CCS 2020. In a ``"malicious"`` round (the
+actively secure variant, Sec. 6) key advertisements are signed with enrolled
+identity keys and checked against the enrolment directory, and no share is
+revealed before ``t`` neighbours have signed the same survivor set. What a
+client accepts is its own :class:`~privacy.secagg.identity.ClientPolicy`,
+never the server's word. A client that sees the server (or a peer) deviate
+raises :class:`SecAggProtocolError` or :class:`SecAggCryptoError` and sends
+nothing; to the server that is a dropout.
 """
 
 from __future__ import annotations
@@ -17,8 +21,17 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from privacy.secagg.aead import open_share, seal_share, share_aad
 from privacy.secagg.codec import setup_digest
-from privacy.secagg.errors import SecAggProtocolError
+from privacy.secagg.config import is_majority
+from privacy.secagg.errors import SecAggCryptoError, SecAggProtocolError
 from privacy.secagg.graph import neighbours
+from privacy.secagg.identity import (
+    MALICIOUS,
+    ClientPolicy,
+    IdentityDirectory,
+    advertisement_message,
+    sign,
+    survivors_message,
+)
 from privacy.secagg.keys import (
     PublicKeys,
     agree,
@@ -30,6 +43,8 @@ from privacy.secagg.keys import (
     session_digest,
 )
 from privacy.secagg.messages import (
+    ConsistencyReply,
+    ConsistencyRequest,
     EncryptedShare,
     KeyAdvertisement,
     KeyDirectory,
@@ -53,6 +68,7 @@ __all__ = [
     "Trainer",
     "advertise_keys",
     "client_step",
+    "consistency_check",
     "masked_input",
     "normalised_weight",
     "share_keys",
@@ -61,6 +77,7 @@ __all__ = [
 
 Entropy = Callable[[int], bytes]
 Trainer = Callable[[], tuple[np.ndarray, float]]
+_STRICT = ClientPolicy()
 
 
 def _expect(state: ClientState, *allowed: Stage) -> None:
@@ -70,7 +87,28 @@ def _expect(state: ClientState, *allowed: Stage) -> None:
         )
 
 
-def _check_setup(node: int, setup: RoundSetup) -> None:
+def _enrolment(node: int, policy: ClientPolicy) -> tuple[bytes, IdentityDirectory]:
+    if policy.identity is None or policy.directory is None:
+        raise SecAggProtocolError(f"client {node}: no identity key or enrolment directory")
+    return policy.identity, policy.directory
+
+
+def _check_threat_model(node: int, setup: RoundSetup, policy: ClientPolicy) -> None:
+    """The client's own policy decides: no downgrade, and a strict majority unless it allows less."""
+    if policy.threat_model == MALICIOUS and setup.threat_model != MALICIOUS:
+        raise SecAggProtocolError(f"client {node}: refusing a round without signed keys")
+    strict = MALICIOUS in (policy.threat_model, setup.threat_model)
+    if strict and not is_majority(setup.threshold, setup.degree + 1):
+        raise SecAggProtocolError(
+            f"client {node}: threshold {setup.threshold} is no strict majority of {setup.degree + 1}"
+        )
+    if setup.threat_model == MALICIOUS:
+        _, directory = _enrolment(node, policy)
+        if not all(u in directory for u in setup.participants):
+            raise SecAggProtocolError(f"client {node}: participants missing from the enrolment directory")
+
+
+def _check_setup(node: int, setup: RoundSetup, policy: ClientPolicy) -> None:
     ids = setup.participants
     if node not in ids or len(set(ids)) != len(ids) or list(ids) != sorted(ids):
         raise SecAggProtocolError(f"client {node}: malformed participant list")
@@ -80,14 +118,20 @@ def _check_setup(node: int, setup: RoundSetup) -> None:
         )
     if setup.bits not in (32, 64) or not setup.clip_range > 0 or not setup.max_weight > 0:
         raise SecAggProtocolError(f"client {node}: malformed quantisation parameters")
+    _check_threat_model(node, setup, policy)
 
 
-def advertise_keys(node: int, setup: RoundSetup, entropy: Entropy) -> tuple[ClientState, KeyAdvertisement]:
-    """Round 0: make two fresh X25519 key pairs and advertise the public halves."""
-    _check_setup(node, setup)
+def advertise_keys(node: int, setup: RoundSetup, entropy: Entropy,
+                   policy: ClientPolicy = _STRICT) -> tuple[ClientState, KeyAdvertisement]:
+    """Round 0: make two fresh X25519 key pairs and advertise the public halves (signed if malicious)."""
+    _check_setup(node, setup, policy)
     cipher, mask = generate_keypair(entropy), generate_keypair(entropy)
     state = ClientState(node, setup, Stage.ADVERTISE_KEYS, cipher, mask)
-    return state, KeyAdvertisement(cipher.public, mask.public)
+    signature = b""
+    if setup.threat_model == MALICIOUS:
+        identity, _ = _enrolment(node, policy)
+        signature = sign(identity, advertisement_message(setup_digest(setup), node, cipher.public, mask.public))
+    return state, KeyAdvertisement(cipher.public, mask.public, signature)
 
 
 def _check_directory(state: ClientState, directory: KeyDirectory) -> dict[int, PublicKeys]:
@@ -112,6 +156,23 @@ def _holders(state: ClientState, live: Mapping[int, PublicKeys]) -> list[int]:
     return holders
 
 
+def _verify_advertisements(state: ClientState, directory: KeyDirectory, holders: list[int],
+                           policy: ClientPolicy) -> None:
+    """Every key this client will use is signed by its owner's enrolled identity (opaque if not)."""
+    if state.setup.threat_model != MALICIOUS:
+        return
+    _, enrolled = _enrolment(state.node, policy)
+    if len(directory.signatures) != len(directory.entries):
+        raise SecAggCryptoError()
+    signed = {e.owner: (e, sig) for e, sig in zip(directory.entries, directory.signatures, strict=True)}
+    digest = setup_digest(state.setup)
+    for v in holders:
+        entry, signature = signed[v]
+        if v != state.node and not enrolled.verify(
+                v, signature, advertisement_message(digest, v, entry.cipher, entry.mask)):
+            raise SecAggCryptoError()
+
+
 def _x_coordinates(setup: RoundSetup, nodes: list[int]) -> list[int]:
     index = {u: i + 1 for i, u in enumerate(setup.participants)}
     return [index[u] for u in nodes]
@@ -133,14 +194,15 @@ def _seal_all(state: ClientState, holders: list[int], b: list[int],
     return tuple(out), inbox
 
 
-def share_keys(state: ClientState, directory: KeyDirectory,
-               entropy: Entropy) -> tuple[ClientState, ShareKeysReply]:
+def share_keys(state: ClientState, directory: KeyDirectory, entropy: Entropy,
+               policy: ClientPolicy = _STRICT) -> tuple[ClientState, ShareKeysReply]:
     """Round 1: Shamir-share ``b_u`` and the mask private key to the live neighbours."""
     _expect(state, Stage.ADVERTISE_KEYS)
     live = _check_directory(state, directory)
     setup = state.setup
     session = session_digest(setup.round, setup_digest(setup), directory.entries)
     holders = _holders(state, live)
+    _verify_advertisements(state, directory, holders, policy)
     seed = entropy(32)
     xs = _x_coordinates(setup, holders)
     b = split(seed, setup.threshold, xs, entropy)
@@ -225,13 +287,58 @@ def _check_unmask(state: ClientState, survivors: set[int], dropped: set[int]) ->
         raise SecAggProtocolError(f"client {node}: only {len(survivors)} survivors, threshold {t}")
 
 
-def unmask(state: ClientState, request: UnmaskRequest) -> tuple[ClientState, UnmaskReply]:
-    """Round 3: reveal ``b_v`` shares of survivors and ``s_v`` shares of dropped clients.
+def consistency_check(state: ClientState, request: ConsistencyRequest,
+                      policy: ClientPolicy = _STRICT) -> tuple[ClientState, ConsistencyReply]:
+    """Round 3 of the actively secure variant: sign the survivor set ``U3`` the server announced."""
+    _expect(state, Stage.MASKED_INPUT)
+    node, setup, survivors = state.node, state.setup, request.survivors
+    if setup.threat_model != MALICIOUS:
+        raise SecAggProtocolError(f"client {node}: no consistency check in a semi-honest round")
+    if list(survivors) != sorted(set(survivors)) or not set(survivors) <= set(setup.participants):
+        raise SecAggProtocolError(f"client {node}: malformed survivor set")
+    if node not in survivors:
+        raise SecAggProtocolError(f"client {node}: the server claims this client dropped")
+    if len(set(survivors) & state.held.keys()) < setup.threshold:
+        raise SecAggProtocolError(f"client {node}: too few survivors, threshold {setup.threshold}")
+    identity, _ = _enrolment(node, policy)
+    signature = sign(identity, survivors_message(state.session, survivors))
+    return replace(state, stage=Stage.CONSISTENCY_CHECK, consistency=survivors), ConsistencyReply(signature)
+
+
+def _check_consistency(state: ClientState, request: UnmaskRequest, policy: ClientPolicy) -> None:
+    """Reveal nothing unless ``t`` live neighbours signed the survivor set this client signed."""
+    node, agreed = state.node, set(state.consistency)
+    if not set(request.survivors) <= agreed or set(request.dropped) & agreed:
+        raise SecAggProtocolError(f"client {node}: unmask request contradicts the survivor set it signed")
+    _, enrolled = _enrolment(node, policy)
+    message = survivors_message(state.session, state.consistency)
+    signers: set[int] = set()
+    for signed in request.signatures:
+        v = signed.signer
+        if v in signers or v not in agreed or v not in state.directory:
+            raise SecAggProtocolError(f"client {node}: survivor signature from an unexpected client {v}")
+        if not enrolled.verify(v, signed.signature, message):
+            raise SecAggCryptoError()
+        signers.add(v)
+    if len(signers) < state.setup.threshold:
+        raise SecAggProtocolError(
+            f"client {node}: {len(signers)} neighbours confirmed the survivors, threshold {state.setup.threshold}"
+        )
+
+
+def unmask(state: ClientState, request: UnmaskRequest,
+           policy: ClientPolicy = _STRICT) -> tuple[ClientState, UnmaskReply]:
+    """Round 4: reveal ``b_v`` shares of survivors and ``s_v`` shares of dropped clients.
 
     Never both for one peer (Bonawitz et al., Sec. 4): with both, the server
-    could strip every mask off that peer's input.
+    could strip every mask off that peer's input. In a malicious round, only
+    after the consistency check (Sec. 6) and only as the signed set says.
     """
-    _expect(state, Stage.MASKED_INPUT, Stage.UNMASK)
+    if state.setup.threat_model == MALICIOUS:
+        _expect(state, Stage.CONSISTENCY_CHECK, Stage.UNMASK)
+        _check_consistency(state, request, policy)
+    else:
+        _expect(state, Stage.MASKED_INPUT, Stage.UNMASK)
     survivors, dropped = set(request.survivors), set(request.dropped)
     _check_unmask(state, survivors, dropped)
     revealed = dict(state.revealed)
@@ -245,20 +352,23 @@ def unmask(state: ClientState, request: UnmaskRequest) -> tuple[ClientState, Unm
 
 
 def client_step(state: ClientState | None, node: int, request: Request, *, entropy: Entropy,
-                rng: np.random.Generator, train: Trainer | None = None) -> tuple[ClientState, Reply]:
+                rng: np.random.Generator, train: Trainer | None = None,
+                policy: ClientPolicy = _STRICT) -> tuple[ClientState, Reply]:
     """Dispatch one request to its step; ``train`` supplies ``(update, weight)``."""
     if isinstance(request, RoundSetup):
-        return advertise_keys(node, request, entropy)
+        return advertise_keys(node, request, entropy, policy)
     if state is None:
         raise SecAggProtocolError(f"client {node}: no round in progress")
     if isinstance(request, KeyDirectory):
-        return share_keys(state, request, entropy)
+        return share_keys(state, request, entropy, policy)
+    if isinstance(request, ConsistencyRequest):
+        return consistency_check(state, request, policy)
     if isinstance(request, MaskedInputRequest):
         if train is None:
             raise ValueError("the masked-input stage needs a trainer")
         _expect(state, Stage.SHARE_KEYS)  # before spending a training run
         return masked_input(state, request, *train(), rng)
     if isinstance(request, UnmaskRequest):
-        return unmask(state, request)
+        return unmask(state, request, policy)
     raise SecAggProtocolError(f"client {node}: unknown request {type(request).__name__}")
 

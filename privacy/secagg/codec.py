@@ -19,6 +19,8 @@ import numpy as np
 from privacy.secagg.errors import SecAggProtocolError
 from privacy.secagg.keys import KEY_BYTES, PublicKeys
 from privacy.secagg.messages import (
+    ConsistencyReply,
+    ConsistencyRequest,
     EncryptedShare,
     KeyAdvertisement,
     KeyDirectory,
@@ -27,6 +29,7 @@ from privacy.secagg.messages import (
     RevealedShare,
     RoundSetup,
     ShareKeysReply,
+    SignedSurvivors,
     UnmaskReply,
     UnmaskRequest,
 )
@@ -46,6 +49,8 @@ __all__ = [
 
 _VERSION = 1
 _GRAPHS = ("complete", "kregular")
+_THREATS = ("semi-honest", "malicious")
+_SIG = 64
 T = TypeVar("T")
 
 
@@ -132,6 +137,7 @@ def _w_setup(w: Writer, m: RoundSetup) -> None:
     w.pack("Q", m.round).ids(m.participants)
     w.pack("IBI", m.threshold, _GRAPHS.index(m.graph), m.degree)
     w.raw(m.graph_seed, 32).pack("dBd", m.clip_range, m.bits, m.max_weight)
+    w.pack("B", _THREATS.index(m.threat_model))
 
 
 def _r_setup(r: Reader) -> RoundSetup:
@@ -141,16 +147,19 @@ def _r_setup(r: Reader) -> RoundSetup:
         raise SecAggProtocolError(f"unknown graph code {graph}")
     seed = r.raw(32)
     clip, bits, max_weight = r.unpack("dBd")
+    threat = r.one("B")
+    if threat >= len(_THREATS):
+        raise SecAggProtocolError(f"unknown threat model code {threat}")
     return RoundSetup(round_id, participants, threshold, _GRAPHS[graph], degree, seed,
-                      clip, bits, max_weight)
+                      clip, bits, max_weight, _THREATS[threat])
 
 
 def _w_adv(w: Writer, m: KeyAdvertisement) -> None:
-    w.raw(m.cipher, KEY_BYTES).raw(m.mask, KEY_BYTES)
+    w.raw(m.cipher, KEY_BYTES).raw(m.mask, KEY_BYTES).blob(m.signature)
 
 
 def _r_adv(r: Reader) -> KeyAdvertisement:
-    return KeyAdvertisement(r.raw(KEY_BYTES), r.raw(KEY_BYTES))
+    return KeyAdvertisement(r.raw(KEY_BYTES), r.raw(KEY_BYTES), r.blob())
 
 
 _ENTRY = f"Q{KEY_BYTES}s{KEY_BYTES}s"
@@ -168,11 +177,15 @@ def read_entries(r: Reader) -> tuple[PublicKeys, ...]:
 
 
 def _w_dir(w: Writer, m: KeyDirectory) -> None:
+    if m.signatures and len(m.signatures) != len(m.entries):
+        raise SecAggProtocolError("a key directory needs one signature per entry, or none")
     write_entries(w, m.entries)
+    w.records(f"{_SIG}s", [(s,) for s in m.signatures])
 
 
 def _r_dir(r: Reader) -> KeyDirectory:
-    return KeyDirectory(read_entries(r))
+    entries = read_entries(r)
+    return KeyDirectory(entries, tuple(s for (s,) in r.records(f"{_SIG}s")))
 
 
 def _w_shares(w: Writer, shares: tuple[EncryptedShare, ...]) -> None:
@@ -216,10 +229,12 @@ def _r_masked(r: Reader) -> MaskedInput:
 
 def _w_unmask_req(w: Writer, m: UnmaskRequest) -> None:
     w.ids(m.survivors).ids(m.dropped)
+    w.records(f"Q{_SIG}s", [(s.signer, s.signature) for s in m.signatures])
 
 
 def _r_unmask_req(r: Reader) -> UnmaskRequest:
-    return UnmaskRequest(r.ids(), r.ids())
+    survivors, dropped = r.ids(), r.ids()
+    return UnmaskRequest(survivors, dropped, tuple(SignedSurvivors(*row) for row in r.records(f"Q{_SIG}s")))
 
 
 _REVEALED = f"Q{SHARE_BYTES}s"
@@ -252,6 +267,8 @@ _CODECS: dict[type, tuple[int, Callable[[Writer, Any], None], Callable[[Reader],
     MaskedInput: (6, _w_masked, _r_masked),
     UnmaskRequest: (7, _w_unmask_req, _r_unmask_req),
     UnmaskReply: (8, _w_unmask, _r_unmask),
+    ConsistencyRequest: (9, lambda w, m: w.ids(m.survivors), lambda r: ConsistencyRequest(r.ids())),
+    ConsistencyReply: (10, lambda w, m: w.raw(m.signature, _SIG), lambda r: ConsistencyReply(r.raw(_SIG))),
 }
 
 

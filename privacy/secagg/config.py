@@ -14,9 +14,26 @@ from dataclasses import dataclass
 
 from privacy.secagg.errors import SecAggConfigError
 
-__all__ = ["GRAPH_KINDS", "SecAggConfig"]
+__all__ = ["GRAPH_KINDS", "THREAT_MODELS", "SecAggConfig", "is_majority", "majority_threshold"]
 
 GRAPH_KINDS = ("complete", "kregular")
+THREAT_MODELS = ("semi-honest", "malicious")
+
+
+def majority_threshold(size: int) -> int:
+    """The smallest strict majority ``floor(m/2) + 1`` of a neighbourhood of ``size`` clients."""
+    return size // 2 + 1
+
+
+def is_majority(threshold: int, size: int) -> bool:
+    """``2t > m``: the one rule the server (config) and every client (setup check) apply.
+
+    Below it a server that tells half a neighbourhood that ``u`` survived and
+    the other half that ``u`` dropped collects ``t`` shares of both of ``u``'s
+    secrets and unmasks ``u``'s input (Bell et al., CCS 2020, require
+    ``t > k/2`` against a malicious server).
+    """
+    return 2 * threshold > size
 
 
 def _is_int(value: object) -> bool:
@@ -38,7 +55,8 @@ class SecAggConfig:
         is used as is; a ``float`` in (0, 1] is a fraction of the
         neighbourhood size (``t = max(2, ceil(f * m))``); ``None`` means a
         strict majority ``floor(m/2) + 1``. ``m`` is ``n`` for the complete
-        graph and ``degree + 1`` for the k-regular one.
+        graph and ``degree + 1`` for the k-regular one. A ``t`` with
+        ``2t <= m`` is refused unless ``threat_model = "semi-honest"``.
     graph : {"complete", "kregular"}
         Who shares secrets and masks with whom: everyone (Bonawitz et al.) or
         a random k-regular Harary graph (Bell et al., SecAgg+).
@@ -63,6 +81,12 @@ class SecAggConfig:
         duration) in clear next to the masked vector. ``False``: the server
         learns the weighted sum, the sum of weights and who took part, and
         nothing per client.
+    threat_model : {"malicious", "semi-honest"}
+        ``"malicious"`` (default): signed key advertisements checked against
+        an enrolment directory, and a consistency-check round before any
+        share is revealed (Bonawitz et al., CCS 2017, Sec. 6); thresholds
+        must be a strict majority. ``"semi-honest"``: neither, and any
+        threshold ``>= 2`` is allowed.
     """
 
     threshold: int | float | None = None
@@ -73,6 +97,7 @@ class SecAggConfig:
     max_weight: float = 1000.0
     stage_timeout_s: float = 60.0
     client_metrics: bool = True
+    threat_model: str = "malicious"
 
     def __post_init__(self) -> None:
         self._check_threshold()
@@ -87,6 +112,11 @@ class SecAggConfig:
         self._check_positive("stage_timeout_s", self.stage_timeout_s)
         if not isinstance(self.client_metrics, bool):
             raise SecAggConfigError("client_metrics", self.client_metrics, "must be true or false")
+        if self.threat_model not in THREAT_MODELS:
+            raise SecAggConfigError("threat_model", self.threat_model, f"must be one of {THREAT_MODELS}")
+        if isinstance(self.threshold, float) and self.threshold <= 0.5 and self.threat_model != "semi-honest":
+            raise SecAggConfigError("threshold", self.threshold,
+                                    "a fraction <= 0.5 is no strict majority; needs threat_model='semi-honest'")
 
     def _check_threshold(self) -> None:
         value = self.threshold
@@ -123,7 +153,7 @@ class SecAggConfig:
         size = self.degree_for(participants) + 1
         value = self.threshold
         if value is None:
-            t = size // 2 + 1
+            t = majority_threshold(size)
         elif isinstance(value, float):
             t = max(2, math.ceil(value * size))
         else:
@@ -132,5 +162,11 @@ class SecAggConfig:
             raise SecAggConfigError(
                 "threshold", value,
                 f"t={t} exceeds the neighbourhood size {size} for {participants} participants",
+            )
+        if not is_majority(t, size) and self.threat_model != "semi-honest":
+            raise SecAggConfigError(
+                "threshold", value,
+                f"t={t} is not a strict majority of the neighbourhood size {size} "
+                f"({participants} participants); a lower threshold needs threat_model='semi-honest'",
             )
         return t

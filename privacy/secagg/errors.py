@@ -10,6 +10,7 @@ longer finish (:class:`SecAggAborted`), for a peer that breaks the protocol
 
 from __future__ import annotations
 
+from core.errors import QuorumError
 from privacy.secagg.stage import Stage
 
 __all__ = [
@@ -22,7 +23,7 @@ __all__ = [
 ]
 
 
-class SecAggError(Exception):
+class SecAggError(QuorumError):
     """Base class of every secure-aggregation error."""
 
 

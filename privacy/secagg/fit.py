@@ -16,6 +16,7 @@ import numpy as np
 from flwr.serverapp import Grid
 
 from core import aggregate
+from core.errors import UpdateRejected
 from core.fit import FitOutcome, FitRequest
 from core.messages import content_bytes, train_instruction
 from core.records import ClientRecord
@@ -45,12 +46,13 @@ class SecAggFit:
 
     def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome:
         content = train_instruction(request.state.params, request.config)
-        rng = np.random.default_rng([request.config.seed, request.round, 0x5EC])
+        rng = np.random.default_rng([request.config.seed, request.server_round, 0x5EC])
         try:
-            result = run_secagg(grid, list(request.nodes), content, self.config, round=request.round, rng=rng)
+            result = run_secagg(grid, list(request.nodes), content, self.config, server_round=request.server_round,
+                                rng=rng)
         except SecAggAborted as exc:
             return _aborted(request, exc)
-        return _outcome(request, result, content_bytes(content))
+        return _outcome(request, result, content_bytes(content), strategy)
 
 
 def _stage_table(result: SecureSumResult) -> list[dict[str, Any]]:
@@ -58,22 +60,33 @@ def _stage_table(result: SecureSumResult) -> list[dict[str, Any]]:
              "bytes_down": s.bytes_down, "seconds": round(s.seconds, 4)} for s in result.stages]
 
 
-def _outcome(request: FitRequest, result: SecureSumResult, model_bytes: int) -> FitOutcome:
+def _outcome(request: FitRequest, result: SecureSumResult, model_bytes: int, strategy: Strategy) -> FitOutcome:
     survivors = set(result.survivors)
-    agg = None
-    if survivors:
-        total = result.total.astype(np.float32)
-        agg = aggregate.MeanState(total=total, weight=float(result.total_weight), count=len(survivors))
     clients = [_client_record(node, result, survivors) for node in request.nodes]
+    agg, refused = _fold_sum(request, result, strategy)
     losses = [(m.get("train-loss"), m.get("num-examples", 0)) for m in result.client_metrics.values()]
-    losses = [(float(l), int(n)) for l, n in losses if isinstance(l, (int, float)) and n]
-    train_loss = float(np.average([l for l, _ in losses], weights=[n for _, n in losses])) if losses else None
+    losses = [(float(loss), int(n)) for loss, n in losses if isinstance(loss, (int, float)) and n]
+    train_loss = float(np.average([loss for loss, _ in losses], weights=[n for _, n in losses])) if losses else None
     return FitOutcome(
         aggregate=agg, clients=clients, train_loss=train_loss,
         bytes_in=sum(s.bytes_up for s in result.stages),
         bytes_out=sum(s.bytes_down for s in result.stages) + model_bytes * len(request.nodes),
         secagg={"stages": _stage_table(result), "survivors": len(survivors),
-                "error_bound": float(result.error_bound)})
+                "error_bound": float(result.error_bound), **({"refused": refused} if refused else {})})
+
+
+def _fold_sum(request: FitRequest, result: SecureSumResult,
+              strategy: Strategy) -> tuple[aggregate.MeanState | None, str | None]:
+    """Fold the secure sum through the strategy, as the plain path folds each reply:
+    the strategy's server-side checks run on what the server actually received."""
+    if not result.survivors:
+        return None, None
+    partial = aggregate.MeanState(total=result.total.astype(np.float32), weight=float(result.total_weight),
+                                  count=len(result.survivors))
+    try:
+        return strategy.merge(strategy.new_aggregate(request.state.params.size), partial), None
+    except UpdateRejected as exc:
+        return None, f"secure sum refused: {exc}"
 
 
 def _client_record(node: int, result: SecureSumResult, survivors: set[int]) -> ClientRecord:

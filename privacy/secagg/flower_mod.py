@@ -7,6 +7,12 @@ are answered by the mod itself; at MASKED_INPUT it runs the ordinary training
 al., CCS 2017; Bell et al., CCS 2020) and replies with the masked vector in
 place of ``"update"``, keeping ``"metrics"`` unless the request's header
 asks for none (``[secagg] client_metrics = false``).
+
+What the node accepts comes from its own node config, never from the
+server: ``secagg-threat-model`` (default ``"malicious"``), its enrolled
+identity key (``secagg-identity-key`` hex, or ``secagg-identity-key-file``)
+and the enrolment directory (``secagg-directory`` path, or
+``secagg-directory-json`` inline); see :mod:`privacy.secagg.identity`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from flwr.common.constant import ErrorCode
 
 from privacy.secagg.client import client_step
 from privacy.secagg.errors import SecAggError
+from privacy.secagg.identity import policy_from_node_config
 from privacy.secagg.flower_records import (
     RECORD,
     STATE_RECORD,
@@ -116,8 +123,9 @@ def secagg_mod(message: Message, context: Context, call_next: ClientAppCallable)
     try:
         stage, round_id, request = read_request(message.content)
         state = None if stage is Stage.ADVERTISE_KEYS else _load_state(context, round_id)
-        state, reply = client_step(state, message.metadata.dst_node_id, request,
-                                   entropy=os.urandom, rng=np.random.default_rng(), train=train)
+        state, reply = client_step(state, message.metadata.dst_node_id, request, entropy=os.urandom,
+                                   rng=np.random.default_rng(), train=train,
+                                   policy=policy_from_node_config(context.node_config))
     except _TrainingFailed as failed:
         return Message(failed.reply.error, reply_to=message)
     except (SecAggError, ValueError) as exc:

@@ -23,6 +23,7 @@ from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggCryptoError, SecAggProtocolError
 from privacy.secagg.flower_mod import METRICS_RECORD
 from privacy.secagg.flower_records import content_bytes, read_reply, record_of, request_content
+from privacy.secagg.identity import IdentityDirectory
 from privacy.secagg.messages import Request
 from privacy.secagg.result import SecureSumResult, ServerTimer, StageStats
 from privacy.secagg.server import ServerRound
@@ -99,9 +100,10 @@ def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
 
 
 def run_secagg(grid: Grid, node_ids: Sequence[int], train_content: RecordDict, config: SecAggConfig,
-               *, round: int, rng: np.random.Generator,
+               *, server_round: int, rng: np.random.Generator,
                clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-               entropy: Callable[[int], bytes] = os.urandom) -> SecureSumResult:
+               entropy: Callable[[int], bytes] = os.urandom,
+               directory: IdentityDirectory | None = None) -> SecureSumResult:
     """Run one secure-aggregation round over ``grid`` and return the unmasked sum.
 
     Parameters
@@ -116,13 +118,16 @@ def run_secagg(grid: Grid, node_ids: Sequence[int], train_content: RecordDict, c
         messages, whose replies carry the training metrics back.
     config : SecAggConfig
         Protocol parameters; ``stage_timeout_s`` is each stage's deadline.
-    round : int
+    server_round : int
         The FL round, bound into every key (and the messages' ``group_id``).
     rng : np.random.Generator
         Accepted for symmetry with the other aggregators; the server draws no
         randomness but the graph seed, which comes from ``entropy``.
     clock, sleep, entropy
         Injected time and randomness sources (tests).
+    directory : IdentityDirectory | None
+        The enrolment directory, if the server has it (malicious model): a
+        client whose signature does not verify then drops out at once.
 
     Returns
     -------
@@ -136,11 +141,11 @@ def run_secagg(grid: Grid, node_ids: Sequence[int], train_content: RecordDict, c
         Too few clients survived a stage.
     """
     del rng
-    server = ServerRound(node_ids, config, round_id=round, entropy=entropy)
+    server = ServerRound(node_ids, config, round_id=server_round, entropy=entropy, directory=directory)
     metrics: dict[int, dict] = {}
     stages = []
     while (stage := server.stage) is not None:
-        stages.append(_run_stage(grid, server, stage, round, train_content, config, metrics, clock, sleep))
+        stages.append(_run_stage(grid, server, stage, server_round, train_content, config, metrics, clock, sleep))
     total, weight = server.result()
     survivors = server.survivors
     return SecureSumResult(total, weight, survivors, tuple(stages), server.error_bound(),

@@ -8,8 +8,13 @@ stage              server -> client             client -> server
 ADVERTISE_KEYS     :class:`RoundSetup`          :class:`KeyAdvertisement`
 SHARE_KEYS         :class:`KeyDirectory`        :class:`ShareKeysReply`
 MASKED_INPUT       :class:`MaskedInputRequest`  :class:`MaskedInput`
+CONSISTENCY_CHECK  :class:`ConsistencyRequest`  :class:`ConsistencyReply`
 UNMASK             :class:`UnmaskRequest`       :class:`UnmaskReply`
 =================  ===========================  =========================
+
+CONSISTENCY_CHECK and the signatures run only when the round's
+``threat_model`` is ``"malicious"`` (Bonawitz et al., Sec. 6); otherwise the
+signature fields are empty.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from privacy.secagg.stage import Stage
 __all__ = [
     "REPLY_TYPES",
     "REQUEST_TYPES",
+    "ConsistencyReply",
+    "ConsistencyRequest",
     "EncryptedShare",
     "KeyAdvertisement",
     "KeyDirectory",
@@ -34,6 +41,7 @@ __all__ = [
     "Request",
     "RevealedShare",
     "RoundSetup",
+    "SignedSurvivors",
     "ShareKeysReply",
     "UnmaskReply",
     "UnmaskRequest",
@@ -57,6 +65,7 @@ class RoundSetup:
     clip_range: float
     bits: int
     max_weight: float
+    threat_model: str = "malicious"
 
     def x_of(self, node: int) -> int:
         """Shamir x-coordinate of ``node``."""
@@ -65,17 +74,27 @@ class RoundSetup:
 
 @dataclass(frozen=True)
 class KeyAdvertisement:
-    """A client's two fresh X25519 public keys."""
+    """A client's two fresh X25519 public keys, signed with its enrolled identity key.
+
+    ``signature`` covers the round setup's digest, the client id and both
+    keys (empty in a semi-honest round).
+    """
 
     cipher: bytes
     mask: bytes
+    signature: bytes = b""
 
 
 @dataclass(frozen=True)
 class KeyDirectory:
-    """The public keys of every client that advertised (broadcast)."""
+    """The public keys of every client that advertised (broadcast).
+
+    ``signatures[i]`` is ``entries[i].owner``'s advertisement signature
+    (none in a semi-honest round).
+    """
 
     entries: tuple[PublicKeys, ...]
+    signatures: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,11 +129,39 @@ class MaskedInput:
 
 
 @dataclass(frozen=True)
+class ConsistencyRequest:
+    """The survivor set ``U3``: every client whose masked input is in the sum."""
+
+    survivors: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ConsistencyReply:
+    """The client's signature of the survivor set it was told."""
+
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class SignedSurvivors:
+    """``signer``'s signature of the survivor set, relayed by the server."""
+
+    signer: int
+    signature: bytes
+
+
+@dataclass(frozen=True)
 class UnmaskRequest:
-    """Which neighbours survived (reveal ``b``) and which dropped (reveal ``s_sk``)."""
+    """Which neighbours survived (reveal ``b``) and which dropped (reveal ``s_sk``).
+
+    In a malicious-model round it also carries the neighbours' signatures of
+    the survivor set: the client reveals nothing unless ``t`` of them signed
+    the set it signed.
+    """
 
     survivors: tuple[int, ...]
     dropped: tuple[int, ...]
+    signatures: tuple[SignedSurvivors, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -133,18 +180,20 @@ class UnmaskReply:
     mask_key_shares: tuple[RevealedShare, ...]
 
 
-Request = RoundSetup | KeyDirectory | MaskedInputRequest | UnmaskRequest
-Reply = KeyAdvertisement | ShareKeysReply | MaskedInput | UnmaskReply
+Request = RoundSetup | KeyDirectory | MaskedInputRequest | ConsistencyRequest | UnmaskRequest
+Reply = KeyAdvertisement | ShareKeysReply | MaskedInput | ConsistencyReply | UnmaskReply
 
 REQUEST_TYPES: dict[Stage, type] = {
     Stage.ADVERTISE_KEYS: RoundSetup,
     Stage.SHARE_KEYS: KeyDirectory,
     Stage.MASKED_INPUT: MaskedInputRequest,
+    Stage.CONSISTENCY_CHECK: ConsistencyRequest,
     Stage.UNMASK: UnmaskRequest,
 }
 REPLY_TYPES: dict[Stage, type] = {
     Stage.ADVERTISE_KEYS: KeyAdvertisement,
     Stage.SHARE_KEYS: ShareKeysReply,
     Stage.MASKED_INPUT: MaskedInput,
+    Stage.CONSISTENCY_CHECK: ConsistencyReply,
     Stage.UNMASK: UnmaskReply,
 }

@@ -8,7 +8,11 @@ memory is O(model), not O(clients x model). Liveness follows Bonawitz et al.
 (CCS 2017) on the graph of Bell et al. (CCS 2020): before any input is
 committed, a client whose live closed neighbourhood falls below ``t`` is
 excluded (it could never be unmasked); afterwards too few share holders
-ends the round with :class:`SecAggAborted`.
+ends the round with :class:`SecAggAborted`. In a ``"malicious"`` round the
+server relays signed key advertisements and runs the consistency check
+(Bonawitz et al., Sec. 6); given the enrolment directory it also drops
+clients whose signatures do not verify, so one bad client cannot make every
+honest one abort.
 """
 
 from __future__ import annotations
@@ -22,8 +26,17 @@ from privacy.secagg.codec import setup_digest
 from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggAborted, SecAggCryptoError, SecAggProtocolError
 from privacy.secagg.graph import build_graph, closed
+from privacy.secagg.identity import (
+    MALICIOUS,
+    SIGNATURE_BYTES,
+    IdentityDirectory,
+    advertisement_message,
+    survivors_message,
+)
 from privacy.secagg.keys import KEY_BYTES, PublicKeys, session_digest
 from privacy.secagg.messages import (
+    ConsistencyReply,
+    ConsistencyRequest,
     KeyAdvertisement,
     KeyDirectory,
     MaskedInput,
@@ -32,6 +45,7 @@ from privacy.secagg.messages import (
     Request,
     RoundSetup,
     ShareKeysReply,
+    SignedSurvivors,
     UnmaskReply,
     UnmaskRequest,
 )
@@ -61,17 +75,27 @@ class ServerRound:
         Source of the graph seed.
     vector_length : int | None
         Expected length of a masked input (update length + 1), if known.
+    directory : IdentityDirectory | None
+        The enrolment directory, if the server has it: then signatures that
+        do not verify are that client dropping out (clients check anyway).
     """
 
     def __init__(self, participants: Sequence[int], config: SecAggConfig, *, round_id: int,
-                 entropy: Callable[[int], bytes] = os.urandom, vector_length: int | None = None) -> None:
+                 entropy: Callable[[int], bytes] = os.urandom, vector_length: int | None = None,
+                 directory: IdentityDirectory | None = None) -> None:
         ids = tuple(sorted(set(participants)))
         if len(ids) != len(participants):
             raise ValueError("participant ids must be distinct")
         n = len(ids)
         self.setup = RoundSetup(round_id, ids, config.threshold_for(n), config.graph,
                                 config.degree_for(n), entropy(32), config.clip_range,
-                                config.bits, config.max_weight)
+                                config.bits, config.max_weight, config.threat_model)
+        self.malicious = config.threat_model == MALICIOUS
+        self._order = STAGE_ORDER if self.malicious else tuple(
+            s for s in STAGE_ORDER if s is not Stage.CONSISTENCY_CHECK)
+        self._directory = directory
+        self._advert_sigs: dict[int, bytes] = {}
+        self._survivor_sigs: dict[int, bytes] = {}
         self.graph = build_graph(config.graph, ids, self.setup.degree, self.setup.graph_seed)
         self.quantizer = Quantizer(config.bits, config.clip_range, n)
         self.stage: Stage | None = Stage.ADVERTISE_KEYS
@@ -102,10 +126,15 @@ class ServerRound:
         if stage is Stage.ADVERTISE_KEYS:
             return {u: self.setup for u in self.live}
         if stage is Stage.SHARE_KEYS:
-            directory = KeyDirectory(tuple(self._keys[u] for u in sorted(self.live)))
+            ids = sorted(self.live)
+            sigs = tuple(self._advert_sigs[u] for u in ids) if self.malicious else ()
+            directory = KeyDirectory(tuple(self._keys[u] for u in ids), sigs)
             return {u: directory for u in self.live}
         if stage is Stage.MASKED_INPUT:
             return self._forward_shares()
+        if stage is Stage.CONSISTENCY_CHECK:
+            announced = ConsistencyRequest(tuple(sorted(self._inputs)))
+            return {u: announced for u in self.live}
         self._requests = {u: self._unmask_request(u) for u in self.live}
         return dict(self._requests)
 
@@ -115,7 +144,8 @@ class ServerRound:
         if node not in self.live or node in self._answered:
             raise SecAggProtocolError(f"unexpected or duplicate reply from client {node}")
         check = {Stage.ADVERTISE_KEYS: self._check_keys, Stage.SHARE_KEYS: self._check_shares,
-                 Stage.MASKED_INPUT: self._fold_input, Stage.UNMASK: self._check_unmask}[stage]
+                 Stage.MASKED_INPUT: self._fold_input, Stage.CONSISTENCY_CHECK: self._check_signed,
+                 Stage.UNMASK: self._check_unmask}[stage]
         check(node, reply)
         self._answered.add(node)
 
@@ -124,11 +154,12 @@ class ServerRound:
         stage = self._require_stage()
         answered = frozenset(self._answered)
         {Stage.ADVERTISE_KEYS: self._close_keys, Stage.SHARE_KEYS: self._close_shares,
-         Stage.MASKED_INPUT: self._close_inputs, Stage.UNMASK: self._close_unmask}[stage](answered)
+         Stage.MASKED_INPUT: self._close_inputs, Stage.CONSISTENCY_CHECK: self._close_signed,
+         Stage.UNMASK: self._close_unmask}[stage](answered)
         self.completed[stage] = tuple(sorted(answered))
         self._answered = set()
-        index = STAGE_ORDER.index(stage)
-        self.stage = STAGE_ORDER[index + 1] if index + 1 < len(STAGE_ORDER) else None
+        index = self._order.index(stage)
+        self.stage = self._order[index + 1] if index + 1 < len(self._order) else None
 
     def result(self) -> tuple[np.ndarray, float]:
         """``(sum_i w_i x_i, sum_i w_i)`` over :attr:`survivors`, in the caller's weight units."""
@@ -158,8 +189,18 @@ class ServerRound:
             raise SecAggProtocolError(f"client {node}: malformed key advertisement")
         if reply.cipher in self._seen_keys or reply.mask in self._seen_keys:
             raise SecAggProtocolError(f"client {node}: reused public key")
+        if self.malicious:
+            self._check_advert_signature(node, reply)
         self._seen_keys |= {reply.cipher, reply.mask}
         self._keys[node] = PublicKeys(node, reply.cipher, reply.mask)
+
+    def _check_advert_signature(self, node: int, reply: KeyAdvertisement) -> None:
+        if len(reply.signature) != SIGNATURE_BYTES:
+            raise SecAggProtocolError(f"client {node}: unsigned key advertisement")
+        message = advertisement_message(setup_digest(self.setup), node, reply.cipher, reply.mask)
+        if self._directory is not None and not self._directory.verify(node, reply.signature, message):
+            raise SecAggProtocolError(f"client {node}: key advertisement signature does not verify")
+        self._advert_sigs[node] = reply.signature
 
     def _prune(self, stage: Stage, answered: frozenset[int]) -> None:
         """Keep the clients whose live closed neighbourhood still reaches ``t``."""
@@ -227,9 +268,26 @@ class ServerRound:
                                 sampled=len(self.setup.participants),
                                 detail=f"client {thinnest[1]} has {thinnest[0]} live share holders")
 
+    def _check_signed(self, node: int, reply: Reply) -> None:
+        if not isinstance(reply, ConsistencyReply) or len(reply.signature) != SIGNATURE_BYTES:
+            raise SecAggProtocolError(f"client {node}: malformed consistency reply")
+        message = survivors_message(self._session, self._inputs)
+        if self._directory is not None and not self._directory.verify(node, reply.signature, message):
+            raise SecAggProtocolError(f"client {node}: survivor signature does not verify")
+        self._survivor_sigs[node] = reply.signature
+
+    def _close_signed(self, answered: frozenset[int]) -> None:
+        needed = self._inputs | {v for v in self._dropped if self.graph[v] & self._inputs}
+        self._require_holders(Stage.CONSISTENCY_CHECK, needed, answered)
+        self.live = answered
+        self._survivor_sigs = {u: self._survivor_sigs[u] for u in answered}
+
     def _unmask_request(self, u: int) -> UnmaskRequest:
         around = closed(self.graph, u)
-        return UnmaskRequest(tuple(sorted(around & self._inputs)), tuple(sorted(around & self._dropped)))
+        # A client needs t signatures from its neighbourhood; more would only cost it time.
+        signers = sorted(around & self._survivor_sigs.keys())[:self.threshold]
+        signed = tuple(SignedSurvivors(v, self._survivor_sigs[v]) for v in signers)
+        return UnmaskRequest(tuple(sorted(around & self._inputs)), tuple(sorted(around & self._dropped)), signed)
 
     def _check_unmask(self, node: int, reply: Reply) -> None:
         request = self._requests[node]

@@ -51,6 +51,8 @@ class ClientState:
         The neighbours this client masked its input with.
     revealed : Mapping[int, str]
         ``owner -> "self" | "key"``: which of ``owner``'s secrets were revealed.
+    consistency : tuple[int, ...]
+        The survivor set this client signed at CONSISTENCY_CHECK (malicious model).
     """
 
     node: int
@@ -65,6 +67,7 @@ class ClientState:
     held: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     peers: tuple[int, ...] = ()
     revealed: Mapping[int, str] = field(default_factory=dict)
+    consistency: tuple[int, ...] = ()
 
 
 def _w_head(w: Writer, s: ClientState) -> None:
@@ -80,6 +83,7 @@ def _w_body(w: Writer, s: ClientState) -> None:
     w.records(f"Q{SHARE_BYTES}s{SHARE_BYTES}s",
               [(o, b.to_bytes(SHARE_BYTES, "big"), k.to_bytes(SHARE_BYTES, "big")) for o, (b, k) in s.held.items()])
     w.ids(s.peers).records("QB", [(o, _REVEAL_CODES.index(kind)) for o, kind in s.revealed.items()])
+    w.ids(s.consistency)
 
 
 def state_to_bytes(state: ClientState) -> bytes:
@@ -112,8 +116,9 @@ def state_from_bytes(data: bytes) -> ClientState:
         held = _r_held(r)
         peers = r.ids()
         revealed = {o: _REVEAL_CODES[code] for o, code in r.records("QB")}
+        consistency = r.ids()
         state = ClientState(node, setup, STAGE_ORDER[stage], cipher, mask, session,
-                            directory, seed, inbox, held, peers, revealed)
+                            directory, seed, inbox, held, peers, revealed, consistency)
     except (IndexError, ValueError) as exc:
         raise SecAggProtocolError("corrupt secure-aggregation client state") from exc
     r.finish()

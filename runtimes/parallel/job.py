@@ -19,13 +19,14 @@ import torch
 from torch import nn
 
 from aggregator.serverapp import build_strategy
+from aggregator.step import train_config
 from core.strategy import ServerState, Strategy
 from learning.datasets import Federation, build_federation
 from learning.models import build_model, get_flat, set_flat
 from learning.training import evaluate
 from runtimes.parallel.comm import Comm
 from runtimes.parallel.errors import ParallelError
-from runtimes.parallel.localsgd import finish_round, local_updates, owned_nodes, round_nodes, train_config
+from runtimes.parallel.localsgd import finish_round, local_updates, owned_nodes, round_nodes
 from runtimes.parallel.mode import Mode
 from runtimes.parallel.shards import assign_clients, epoch_order, shard_sizes, steps_per_epoch, union
 from runtimes.parallel.sync import SyncSGD, run_epoch
@@ -135,7 +136,7 @@ def adopt(job: Job, state: ServerState) -> None:
         job.trainer.load_momentum(momentum)
 
 
-def run_round(job: Job, state: ServerState, round_: int) -> RoundResult:
+def run_round(job: Job, state: ServerState, server_round: int) -> RoundResult:
     """Train one round, evaluate it federatedly, and share the per-client table.
 
     Federated evaluation follows the round loop: the clients that trained (or
@@ -145,60 +146,60 @@ def run_round(job: Job, state: ServerState, round_: int) -> RoundResult:
     """
     sent, table = job.comm.bytes_sent, np.zeros((job.rows, len(COLUMNS)))
     if job.spec.mode is Mode.SYNC:
-        state, status = _sync_round(job, round_, table), "ok"
+        state, status = _sync_round(job, server_round, table), "ok"
         t = job.scenario.training
         steps = t.local_epochs * steps_per_epoch(job.sizes, t.batch_size)
         evals = {job.comm.rank: job.clients}
     else:
-        state, status, evals = _local_round(job, state, round_, table)
+        state, status, evals = _local_round(job, state, server_round, table)
         steps = 0
-    if _evaluates(job.scenario, round_):
+    if _evaluates(job.scenario, server_round):
         _evaluate_rows(job, state, evals, table)
-    job.comm.where = f"round {round_} metrics"
+    job.comm.where = f"round {server_round} metrics"
     tensor = torch.from_numpy(table)
     job.comm.sum_(tensor)
     return RoundResult(state, status, table, job.comm.bytes_sent - sent, steps)
 
 
-def _sync_round(job: Job, round_: int, table: np.ndarray) -> ServerState:
+def _sync_round(job: Job, server_round: int, table: np.ndarray) -> ServerState:
     t, comm, trainer = job.scenario.training, job.comm, job.trainer
     x, y = job.shard
     steps = steps_per_epoch(job.sizes, t.batch_size)
     started, loss = time.monotonic(), 0.0
     for k in range(t.local_epochs):
-        epoch = (round_ - 1) * t.local_epochs + k + 1
+        epoch = (server_round - 1) * t.local_epochs + k + 1
         order = epoch_order(len(y), job.scenario.seed, epoch, comm.rank)
-        loss = run_epoch(trainer, x, y, order, steps, label=f"round {round_} epoch {k + 1}")
+        loss = run_epoch(trainer, x, y, order, steps, label=f"round {server_round} epoch {k + 1}")
     row = table[comm.rank]
     row[[_C["present"], _C["examples"], _C["loss_sum"]]] = 1, len(y), loss  # loss of the last epoch
     row[_C["duration_s"]] = time.monotonic() - started
     momentum = trainer.momentum()
     slots = {} if momentum is None else {"sgd_momentum": momentum}
-    return ServerState(params=get_flat(job.model), slots=slots, round=round_)
+    return ServerState(params=get_flat(job.model), slots=slots, round=server_round)
 
 
-def _local_round(job: Job, state: ServerState, round_: int,
+def _local_round(job: Job, state: ServerState, server_round: int,
                  table: np.ndarray) -> tuple[ServerState, str, dict[int, list[int]]]:
     comm, scenario = job.comm, job.scenario
     strategy = job.strategy.for_round(state)
-    comm.where = f"round {round_} sampling"
-    nodes = comm.broadcast_json(round_nodes(strategy, scenario, round_) if comm.rank == 0 else None)
+    comm.where = f"round {server_round} sampling"
+    nodes = comm.broadcast_json(round_nodes(strategy, scenario, server_round) if comm.rank == 0 else None)
     mine = owned_nodes(nodes, comm.rank, comm.world)
-    config = train_config(scenario, strategy, round_)
+    config = train_config(scenario, strategy, server_round)
     agg, runs = local_updates(job.model, job.fed, strategy, state, mine, config, job.spec.local_steps)
     for run in runs:
         table[run.node - 1, [_C["present"], _C["examples"], _C["loss_sum"], _C["duration_s"]]] = (
             1, run.num_examples, run.loss * run.num_examples, run.duration_s)
-    comm.where = f"round {round_} model averaging"
-    new, status = finish_round(comm, strategy, state, comm.merge(agg), scenario, round_)
+    comm.where = f"round {server_round} model averaging"
+    new, status = finish_round(comm, strategy, state, comm.merge(agg), scenario, server_round)
     if scenario.evaluation.clients == "all":
         mine = owned_nodes(range(1, job.fed.num_clients + 1), comm.rank, comm.world)
     return new, status, {n - 1: [n - 1] for n in mine}
 
 
-def _evaluates(scenario: Scenario, round_: int) -> bool:
+def _evaluates(scenario: Scenario, server_round: int) -> bool:
     ev = scenario.evaluation
-    return ev.federated and (round_ % ev.every == 0 or round_ == scenario.rounds)
+    return ev.federated and (server_round % ev.every == 0 or server_round == scenario.rounds)
 
 
 def _evaluate_rows(job: Job, state: ServerState, evals: dict[int, list[int]], table: np.ndarray) -> None:

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from aggregator.step import advance
 from core import aggregate
 from core.fit import accumulate
 from core.messages import TrainConfig, client_seed
@@ -42,13 +43,13 @@ from core.strategy import ServerState, Strategy
 from learning.datasets import ArrayDataset, Federation
 from learning.models import get_flat, set_flat
 from learning.training import TrainResult, train
+from privacy.dp import ClientDPConfig, client_payload, secure_rng
 from runtimes.parallel.comm import Comm
 from runtimes.parallel.errors import ParallelError
 from runtimes.parallel.shards import owner
 from scenarios.schema import Scenario
 
-__all__ = ["ClientRun", "round_nodes", "owned_nodes", "train_config", "train_steps", "local_updates",
-           "finish_round"]
+__all__ = ["ClientRun", "round_nodes", "owned_nodes", "train_steps", "local_updates", "finish_round"]
 
 
 @dataclass(frozen=True)
@@ -61,24 +62,15 @@ class ClientRun:
     duration_s: float
 
 
-def round_nodes(strategy: Strategy, scenario: Scenario, round_: int) -> list[int]:
+def round_nodes(strategy: Strategy, scenario: Scenario, server_round: int) -> list[int]:
     """The node ids ``strategy`` (bound to the round) samples, as the federated round loop asks it."""
     nodes = list(range(1, scenario.federation.clients + 1))
-    return [int(n) for n in strategy.sample(nodes, scenario.federation.per_round, scenario.seed, round_)]
+    return [int(n) for n in strategy.sample(nodes, scenario.federation.per_round, scenario.seed, server_round)]
 
 
 def owned_nodes(nodes: Sequence[int], rank: int, world: int) -> list[int]:
     """The nodes among ``nodes`` that ``rank`` trains."""
     return [n for n in nodes if owner(n - 1, world) == rank]
-
-
-def train_config(scenario: Scenario, strategy: Strategy, round_: int) -> TrainConfig:
-    """The round's training settings, as ``RoundLoop`` builds them (``seed`` is the run's)."""
-    t = scenario.training
-    extra = strategy.client_config(round_)
-    return TrainConfig(round=round_, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
-                       momentum=t.momentum, seed=scenario.seed,
-                       proximal_mu=float(extra.pop("proximal-mu", 0.0)), extra=extra)
 
 
 def train_steps(model: nn.Module, data: ArrayDataset, *, steps: int, batch_size: int, lr: float,
@@ -120,7 +112,7 @@ def _sgd_step(model: nn.Module, optimizer: torch.optim.Optimizer, xb: torch.Tens
     loss.backward()
     if anchor is not None:
         with torch.no_grad():
-            for p, p0 in zip(params, anchor):
+            for p, p0 in zip(params, anchor, strict=True):
                 p.grad.add_(p - p0, alpha=mu)
     optimizer.step()
     return float(loss.item()) * len(yb)
@@ -139,8 +131,6 @@ def _privatize(delta: np.ndarray, config: TrainConfig) -> np.ndarray:
     """Client-side DP exactly as the ClientApp applies it (clip, noise share, clip bit)."""
     if not config.extra:
         return delta
-    from privacy.dp import ClientDPConfig, client_payload, secure_rng
-
     dp = ClientDPConfig.from_config(config.extra)
     return delta if dp is None else client_payload(delta, dp, secure_rng()).astype(np.float32, copy=False)
 
@@ -168,19 +158,17 @@ def local_updates(model: nn.Module, fed: Federation, strategy: Strategy, state: 
 
 
 def finish_round(comm: Comm, strategy: Strategy, state: ServerState, agg: aggregate.MeanState,
-                 scenario: Scenario, round_: int) -> tuple[ServerState, str]:
-    """Finalize the merged aggregate on rank 0, share the mean, apply the strategy everywhere.
+                 scenario: Scenario, server_round: int) -> tuple[ServerState, str]:
+    """The federated round step (:func:`aggregator.step.advance`) across ranks: rank 0
+    finalizes the merged aggregate and shares the mean, every rank applies it."""
 
-    The skip rule is ``RoundLoop._apply``'s: fewer than ``min_clients``
-    updates leave the model as it was unless the strategy must account every
-    round (DP).
-    """
-    if agg.count < scenario.federation.min_clients and strategy.skip_when_short:
-        return replace(state, round=round_), "skipped"
-    mean = torch.zeros(agg.size, dtype=torch.float32)
-    if comm.rank == 0:
-        mean.numpy()[:] = strategy.finalize(agg, strategy.round_rng(scenario.seed, round_))
-    comm.where = f"round {round_} mean update"
-    comm.broadcast_(mean)
-    new = strategy.apply(state, mean.numpy())
-    return replace(new, round=round_), "ok" if agg.count else "empty"
+    def shared_mean(merged: aggregate.MeanState) -> np.ndarray:
+        mean = torch.zeros(merged.size, dtype=torch.float32)
+        if comm.rank == 0:
+            mean.numpy()[:] = strategy.finalize(merged, strategy.round_rng(scenario.seed, server_round))
+        comm.where = f"round {server_round} mean update"
+        comm.broadcast_(mean)
+        return mean.numpy()
+
+    return advance(strategy, state, agg, min_clients=scenario.federation.min_clients, server_round=server_round,
+                   mean_of=shared_mean)

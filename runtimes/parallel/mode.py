@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 __all__ = ["Mode"]
 
 
-class Mode(str, Enum):
+class Mode(StrEnum):
     """How the ranks synchronise."""
 
     SYNC = "sync"          # gradients averaged every step

@@ -63,7 +63,7 @@ class RunWriter:
             self.store.log(self.run_id, error, "error")
 
 
-def round_record(job: Job, result: RoundResult, round_: int, started: float, duration_s: float,
+def round_record(job: Job, result: RoundResult, server_round: int, started: float, duration_s: float,
                  server: tuple[float, float] | None) -> RoundRecord:
     """The round as the run store keeps it, built from the all-reduced per-client table."""
     table, labels = result.table, job.row_labels()
@@ -75,7 +75,7 @@ def round_record(job: Job, result: RoundResult, round_: int, started: float, dur
         train_loss = _ratio(table[:, _C["loss_sum"]].sum(), examples)
     total_bytes = result.bytes_sent * job.comm.world
     return RoundRecord(
-        round=round_, started_at=started, duration_s=duration_s, sampled=len(present), clients=clients,
+        round=server_round, started_at=started, duration_s=duration_s, sampled=len(present), clients=clients,
         train_loss=train_loss,
         fed_loss=_ratio(table[:, _C["eval_loss_sum"]].sum(), evaluated),
         fed_accuracy=_ratio(table[:, _C["eval_correct"]].sum(), evaluated),
@@ -87,11 +87,10 @@ def round_record(job: Job, result: RoundResult, round_: int, started: float, dur
 
 def _epsilon(job: Job, state: ServerState) -> float | None:
     """The privacy spent so far, for strategies that account it (as the round loop records it)."""
-    epsilon = getattr(job.strategy, "epsilon", None)
-    if epsilon is None or job.spec.mode is Mode.SYNC:
+    value = job.strategy.epsilon(state)
+    if value is None or job.spec.mode is Mode.SYNC:
         return None
-    value = float(epsilon(state))
-    return value if np.isfinite(value) else None
+    return float(value) if np.isfinite(value) else None
 
 
 def _client(label: str, row: np.ndarray) -> ClientRecord:

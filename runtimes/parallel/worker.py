@@ -126,25 +126,24 @@ def train_rounds(job: Job, writer: RunWriter | None) -> tuple[ServerState, str]:
     state = job.comm.broadcast_state(start if job.comm.rank == 0 else None, start.params.size)
     adopt(job, state)
     evaluator = _evaluator(job) if writer is not None else None
-    stop = getattr(job.strategy, "would_exceed_budget", None)
-    for round_ in range(state.round + 1, job.scenario.rounds + 1):
-        if job.spec.mode is Mode.LOCALSGD and stop is not None and stop(state):
+    for server_round in range(state.round + 1, job.scenario.rounds + 1):
+        if job.spec.mode is Mode.LOCALSGD and job.strategy.would_exceed_budget(state):
             if writer is not None:
-                writer.store.log(writer.run_id, f"privacy budget reached before round {round_}; stopping")
+                writer.store.log(writer.run_id, f"privacy budget reached before round {server_round}; stopping")
             return state, "stopped_budget"
         started, t0 = time.time(), time.monotonic()
-        result = run_round(job, state, round_)
+        result = run_round(job, state, server_round)
         state = result.state
         if writer is not None:
-            server = evaluator(state.params) if evaluator is not None and _server_due(job, round_) else None
-            record = round_record(job, result, round_, started, time.monotonic() - t0, server)
+            server = evaluator(state.params) if evaluator is not None and _server_due(job, server_round) else None
+            record = round_record(job, result, server_round, started, time.monotonic() - t0, server)
             writer.commit(record, state)
             _progress(job, record)
     return state, "finished"
 
 
-def _server_due(job: Job, round_: int) -> bool:
-    return round_ % job.scenario.evaluation.every == 0 or round_ == job.scenario.rounds
+def _server_due(job: Job, server_round: int) -> bool:
+    return server_round % job.scenario.evaluation.every == 0 or server_round == job.scenario.rounds
 
 
 def _progress(job: Job, record) -> None:

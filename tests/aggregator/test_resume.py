@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import numpy as np
 from aggregator.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for
 
 SCENARIO = """
 name = "resume-test"
@@ -46,14 +45,14 @@ def quorum(*args: str) -> list[str]:
 
 
 def wait_for_rounds(store: RunStore, at_least: int, proc: subprocess.Popen, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def reached() -> str | None:
         runs = store.list_runs()
         if runs and runs[0].rounds_done >= at_least:
             return runs[0].id
         assert proc.poll() is None, "the run ended before it could be killed"
-        time.sleep(0.02)
-    raise AssertionError(f"no run reached round {at_least} within {timeout} s")
+        return None
+
+    return wait_for(reached, timeout, f"a run to reach round {at_least}", poll_s=0.02)
 
 
 def test_killed_run_resumes_to_the_same_model(tmp_path: Path) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggregator.rounds import sample_clients
 from aggregator.store import RunStore
+from aggregator.strategies import FedAvg
 from core.messages import client_seed
 from learning.datasets import build_federation
 from learning.models import build_model, get_flat, set_flat
@@ -94,6 +94,6 @@ def test_too_few_updates_skips_the_round_and_keeps_the_model(db_url: str) -> Non
 
 def test_sampling_is_a_pure_function_of_seed_and_round() -> None:
     nodes = list(range(1, 21))
-    assert sample_clients(nodes, 5, 1, 3) == sample_clients(list(reversed(nodes)), 5, 1, 3)
-    assert sample_clients(nodes, 5, 1, 3) != sample_clients(nodes, 5, 1, 4)
-    assert len(set(sample_clients(nodes, 5, 1, 3))) == 5
+    assert FedAvg().sample(nodes, 5, 1, 3) == FedAvg().sample(list(reversed(nodes)), 5, 1, 3)
+    assert FedAvg().sample(nodes, 5, 1, 3) != FedAvg().sample(nodes, 5, 1, 4)
+    assert len(set(FedAvg().sample(nodes, 5, 1, 3))) == 5

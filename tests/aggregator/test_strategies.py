@@ -1,9 +1,12 @@
 """Server optimisers, one step each, against hand-computed values."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from aggregator.strategies import FedAdam, FedAvg, FedAvgM, FedProx, FedYogi
+from core.messages import TrainConfig
 
 
 def vec(*values: float) -> np.ndarray:
@@ -46,7 +49,9 @@ def test_fedyogi_one_step() -> None:
 
 def test_fedprox_sends_mu_and_averages_like_fedavg() -> None:
     strategy = FedProx(mu=0.7)
-    assert strategy.client_config(3) == {"proximal-mu": 0.7}
+    base = TrainConfig(round=3, epochs=1, batch_size=8, lr=0.1, seed=0)
+    assert strategy.configure_train(base) == replace(base, proximal_mu=0.7)
+    assert FedAvg().configure_train(base) is base
     new = strategy.apply(strategy.init_state(vec(1)), vec(3))
     np.testing.assert_allclose(new.params, [4])
 

@@ -38,7 +38,7 @@ def test_decode_is_zero_copy_and_exact() -> None:
     [
         (train_reply(np.ones(3, np.float32), 5, {}), r"shape is \(3,\), expected \(4,\)"),
         (train_reply(np.full(4, np.inf, np.float32), 5, {}), "NaN or Inf"),
-        (train_reply(np.ones(4, np.float32), -1, {}), "num-examples must be a positive integer"),
+        (train_reply(np.ones(4, np.float32), -1, {}), r"num-examples must be an integer in \[1, 1000000000\]"),
         (RecordDict({"update": ArrayRecord({"delta": Array(np.ones(4, np.float64))}),
                      "metrics": MetricRecord({"num-examples": 3})}), "float64"),
         (RecordDict({"metrics": MetricRecord({"num-examples": 3})}), "no 'update'/'delta'"),

@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:  # the repo root is the import root when quorum is
     sys.path.insert(0, str(ROOT))
 
 from aggregator.store import RunStore  # noqa: E402 (after the path fix)
-from core.records import ClientRecord, RoundRecord
+from core.records import ClientRecord, RoundRecord  # noqa: E402
 from core.strategy import ServerState  # noqa: E402
 
 XSS_NAME = "<script>alert(1)</script>"

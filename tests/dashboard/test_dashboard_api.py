@@ -6,10 +6,11 @@ import asyncio
 import csv
 import io
 import json
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from dashboard_support import FilledStore, state
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,7 +19,8 @@ from aggregator.store import Round, RunStore
 from core.records import ClientRecord, RoundRecord
 from dashboard.app import create_app
 from dashboard.live import runs_events
-from dashboard.queries import Reader
+from dashboard.queries import Reader, RunHead
+from tests.conftest import wait_for
 
 
 def _accuracy(row: Round) -> float | None:
@@ -145,27 +147,40 @@ def test_event_stream_of_a_finished_run_sends_the_rest_and_ends(client: TestClie
     assert events[1][1]["run"]["status"] == "finished"
 
 
-def test_event_stream_pushes_a_round_committed_while_open(tmp_path: Path) -> None:
-    # Prepare: a running run in a store of its own; a writer commits round 1, then finishes the run
+def test_event_stream_pushes_a_round_committed_while_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a running run in a store of its own; a writer commits round 1 once the stream has
+    # polled the store, and finishes the run once the stream has seen round 1 (finishing always,
+    # so a failed wait cannot leave the stream open)
     url = f"sqlite:///{tmp_path / 'live.db'}"
     store = RunStore(url)
     run_id = store.create_run(name="live", scenario={"name": "live"}, seed=0, strategy="fedavg", rounds=1)
+    app = create_app(url)
+    heads: list[RunHead | None] = []
+    head = app.state.reader.head
+
+    def spy(rid: str) -> RunHead | None:
+        heads.append(head(rid))
+        return heads[-1]
+
+    monkeypatch.setattr(app.state.reader, "head", spy)
 
     def write() -> None:
-        time.sleep(0.3)
-        record = RoundRecord(round=1, started_at=time.time(), duration_s=0.1, sampled=1,
-                             clients=[ClientRecord(client="1", outcome="ok", num_examples=5)], fed_accuracy=0.25)
-        store.commit_round(run_id, record, state(1))
-        time.sleep(0.6)
-        store.set_status(run_id, "finished")
+        try:
+            wait_for(lambda: heads, 10, "the stream's first poll of the store")
+            record = RoundRecord(round=1, started_at=time.time(), duration_s=0.1, sampled=1,
+                                 clients=[ClientRecord(client="1", outcome="ok", num_examples=5)], fed_accuracy=0.25)
+            store.commit_round(run_id, record, state(1))
+            wait_for(lambda: any(h is not None and h.last_round >= 1 for h in heads), 10, "the stream to see round 1")
+        finally:
+            store.set_status(run_id, "finished")
 
-    writer = threading.Thread(target=write)
-    writer.start()
     # Execute
     started = time.monotonic()
-    with TestClient(create_app(url)) as client, client.stream("GET", f"/api/runs/{run_id}/events") as response:
-        text = "".join(response.iter_text())
-    writer.join()
+    with ThreadPoolExecutor(1) as pool:
+        writer = pool.submit(write)
+        with TestClient(app) as client, client.stream("GET", f"/api/runs/{run_id}/events") as response:
+            text = "".join(response.iter_text())
+        writer.result(timeout=30)
     # Assert
     events = _sse(text)
     rounds = [data["round"]["fed_accuracy"] for name, data in events if name == "round"]

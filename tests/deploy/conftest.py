@@ -9,7 +9,6 @@ that leaves a process behind fails.
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from aggregator.store import Run, RunStore
 from deploy.loopback import LoopbackFederation, Processes, write_device_data
 from deploy.pki import make_node_key
+from tests.conftest import wait_for
 
 DEVICES = ("dev0", "dev1", "dev2")
 
@@ -75,30 +75,27 @@ class Fed:
         return int(done.stdout.split("Flower run")[1].split()[0])
 
     def stored_run(self, flower_run: int, timeout_s: float = 60.0) -> Run:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for run in self.store.list_runs():
-                if (run.info or {}).get("flower_run_id") == flower_run:
-                    return run
-            time.sleep(0.2)
-        pytest.fail(f"Flower run {flower_run} opened no stored run in {timeout_s:g} s\n{self.logs()}")
+        def opened() -> Run | None:
+            runs = [r for r in self.store.list_runs() if (r.info or {}).get("flower_run_id") == flower_run]
+            return runs[0] if runs else None
+
+        return wait_for(opened, timeout_s, lambda: f"Flower run {flower_run} to open a stored run\n{self.logs()}",
+                        poll_s=0.2)
 
     def wait_rounds(self, run_id: str, rounds: int, timeout_s: float) -> Run:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def reached() -> Run | None:
             run = self.store.get_run(run_id)
-            if run.rounds_done >= rounds or run.status not in ("running", "interrupted"):
-                return run
-            time.sleep(0.2)
-        pytest.fail(f"run {run_id} did not reach round {rounds} in {timeout_s:g} s\n{self.logs()}")
+            return run if run.rounds_done >= rounds or run.status not in ("running", "interrupted") else None
+
+        return wait_for(reached, timeout_s, lambda: f"run {run_id} to reach round {rounds}\n{self.logs()}",
+                        poll_s=0.2)
 
     def wait_finished(self, run_id: str, timeout_s: float) -> Run:
-        deadline = time.monotonic() + timeout_s
-        run = self.store.get_run(run_id)
-        while run.status in ("running", "interrupted") and time.monotonic() < deadline:
-            time.sleep(0.2)
+        def ended() -> Run | None:
             run = self.store.get_run(run_id)
-        return run
+            return run if run.status not in ("running", "interrupted") else None
+
+        return wait_for(ended, timeout_s, lambda: f"run {run_id} to end\n{self.logs()}", poll_s=0.2)
 
     def final_params(self, run_id: str) -> np.ndarray:
         state = self.store.load_state(run_id)
@@ -121,7 +118,7 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fed]:
     try:
         fed = Fed(lb, {}, make_node_key(work / "stranger.key", "stranger").private)
         paths = write_device_data(fed.scenario("data"), work / "data")
-        fed.data = dict(zip(DEVICES, paths))
+        fed.data = dict(zip(DEVICES, paths, strict=True))
         lb.start_aggregator()
         for name in DEVICES:
             lb.enroll(name)
@@ -136,10 +133,8 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fed]:
 
 
 def _wait_connected(fed: Fed, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def connected() -> bool:
         logs = [fed.lb.supernode_log(n) for n in DEVICES]
-        if all(p.exists() and "SuperNode ID:" in p.read_text(errors="replace") for p in logs):
-            return
-        time.sleep(0.2)
-    pytest.fail(f"agents did not connect in {timeout_s:g} s\n{fed.logs()}")
+        return all(p.exists() and "SuperNode ID:" in p.read_text(errors="replace") for p in logs)
+
+    wait_for(connected, timeout_s, lambda: f"the agents to connect\n{fed.logs()}", poll_s=0.2)

@@ -11,7 +11,6 @@ import json
 import signal
 import ssl
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 
 from deploy.flower import bin_path, flower_env
 from deploy.loopback import free_ports
+from tests.conftest import wait_for
 from tests.deploy.conftest import DEVICES, Fed, needs_nginx
 
 pytestmark = needs_nginx
@@ -169,10 +169,8 @@ def test_a_client_killed_mid_round_is_recorded_as_dropped(fed: Fed) -> None:
     flower_run = fed.submit(fed.scenario("dropout", rounds=2, deadline=8.0))
 
     # Execute: kill dev2's agent (SIGKILL, its whole group) as soon as it receives a train message
-    deadline = time.monotonic() + 120
-    while log.read_text(errors="replace").count("Receiving: train message") <= seen:
-        assert time.monotonic() < deadline, f"{victim} never received the round\n{fed.logs()}"
-        time.sleep(0.02)
+    wait_for(lambda: log.read_text(errors="replace").count("Receiving: train message") > seen, 120,
+             lambda: f"{victim} to receive the round\n{fed.logs()}", poll_s=0.02)
     fed.lb.agents[victim].kill_group(signal.SIGKILL)
     run = fed.wait_finished(fed.stored_run(flower_run).id, timeout_s=120)
 

@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ from deploy.pki import ensure_tls, fingerprint, load_public_key, make_node_key, 
 from deploy.proxy import FLEET_RPCS, ProxySpec, render_nginx_conf
 from deploy.serverapp import LeasedRunStore, LeaseLost, wait_for_clients
 from deploy.supervisor import resumable_runs
+from tests.conftest import wait_for
 
 
 def test_server_certificate_names_every_address_and_chains_to_the_ca(tmp_path: Path) -> None:
@@ -174,13 +174,14 @@ def test_the_front_door_answers_503_past_the_rate_limit(tmp_path: Path) -> None:
     nginx = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
+
+        def answering() -> bool:
+            assert nginx.poll() is None, "nginx exited before it answered"
             with contextlib.suppress(httpx.TransportError):
-                httpx.get(f"{url}/health", timeout=2)
-                break
-            assert time.monotonic() < deadline and nginx.poll() is None, "nginx did not start"
-            time.sleep(0.1)
+                return httpx.get(f"{url}/health", timeout=2) is not None
+            return False
+
+        wait_for(answering, 20, "nginx to answer /health", poll_s=0.1)
         # Execute: ten Fleet requests at once from one address
         codes = [httpx.post(f"{url}/v1/fleet/pull-messages", content=b"", timeout=5).status_code
                  for _ in range(10)]

@@ -85,7 +85,7 @@ def test_synthetic_is_deterministic_per_seed() -> None:
     a = synthetic_devices(0.5, 0.5, 5, np.random.default_rng(3))
     b = synthetic_devices(0.5, 0.5, 5, np.random.default_rng(3))
     c = synthetic_devices(0.5, 0.5, 5, np.random.default_rng(4))
-    assert all(np.array_equal(p.x, q.x) and np.array_equal(p.y, q.y) for p, q in zip(a, b))
+    assert all(np.array_equal(p.x, q.x) and np.array_equal(p.y, q.y) for p, q in zip(a, b, strict=True))
     assert not np.array_equal(a[0].x[:50], c[0].x[:50])
 
 
@@ -130,8 +130,8 @@ def test_build_federation_is_deterministic_per_seed() -> None:
     spec = DataSpec(dataset="digits", partition="dirichlet", alpha=0.5)
     a, b, c = (build_federation(spec, 5, seed=s) for s in (4, 4, 5))
     assert all(np.array_equal(p.train.y, q.train.y) and np.array_equal(p.train.x, q.train.x)
-               for p, q in zip(a.clients, b.clients))
-    assert not all(np.array_equal(p.train.y, q.train.y) for p, q in zip(a.clients, c.clients))
+               for p, q in zip(a.clients, b.clients, strict=True))
+    assert not all(np.array_equal(p.train.y, q.train.y) for p, q in zip(a.clients, c.clients, strict=True))
 
 
 def test_build_federation_from_a_user_file(tmp_path) -> None:

@@ -31,8 +31,8 @@ def test_iid_is_a_seeded_shuffle() -> None:
     a = iid(TEN_BY_100, 4, np.random.default_rng(1))
     b = iid(TEN_BY_100, 4, np.random.default_rng(1))
     c = iid(TEN_BY_100, 4, np.random.default_rng(2))
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
     # 250 draws without replacement from 1,000: every client sees all 10 labels
     assert all(len(np.unique(TEN_BY_100[p])) == 10 for p in a)
 

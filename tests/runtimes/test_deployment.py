@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.store import RunStore
-from tests.conftest import REPO
+from aggregator.store import Run, RunStore
+from tests.conftest import REPO, wait_for
 from tests.runtimes.processes import VENV_BIN, Processes, Started, free_ports
 
 RUN_CONFIG_KEYS = ("scenario", "db")  # what this test passes with --run-config
@@ -131,36 +131,31 @@ def _flower_home(tmp_path: Path, port: int) -> Path:
 
 def _wait_healthy(link: Started, port: int, processes: Processes) -> None:
     """Until the SuperLink answers ``/health`` (an open port is not enough: start-up continues)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         if link.popen.poll() is not None:
             pytest.fail(f"the SuperLink exited with rc {link.popen.returncode}\n{processes.logs()}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
-                if reply.status == 200:
-                    return
+                return reply.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"the SuperLink was not healthy within {START_TIMEOUT_S:g} s\n{processes.logs()}")
+            return False
+
+    wait_for(healthy, START_TIMEOUT_S, lambda: f"the SuperLink to be healthy\n{processes.logs()}", poll_s=0.2)
 
 
 def _wait_for_log(started: Started, text: str, processes: Processes) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
+    def logged() -> bool:
         if started.popen.poll() is not None:
             pytest.fail(f"{started.name} exited with rc {started.popen.returncode}\n{processes.logs()}")
-        if text in started.log.read_text(errors="replace"):
-            return
-        time.sleep(0.2)
-    pytest.fail(f"{started.name} did not log {text!r} within {START_TIMEOUT_S:g} s\n{processes.logs()}")
+        return text in started.log.read_text(errors="replace")
+
+    wait_for(logged, START_TIMEOUT_S, lambda: f"{started.name} to log {text!r}\n{processes.logs()}", poll_s=0.2)
 
 
-def _wait_finished(store: RunStore, run_id: str, timeout_s: float = 30.0):
+def _wait_finished(store: RunStore, run_id: str, timeout_s: float = 30.0) -> Run:
     """The run row once it leaves ``running`` (``flwr run --stream`` may return a moment early)."""
-    deadline = time.monotonic() + timeout_s
-    run = store.get_run(run_id)
-    while run.status == "running" and time.monotonic() < deadline:
-        time.sleep(0.2)
+    def ended() -> Run | None:
         run = store.get_run(run_id)
-    return run
+        return run if run.status != "running" else None
+
+    return wait_for(ended, timeout_s, f"run {run_id} to leave 'running'", poll_s=0.2)

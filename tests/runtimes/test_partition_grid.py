@@ -22,7 +22,7 @@ from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.ray_engine import NODE_INFO, PartitionGrid, ScenarioClient
 from runtimes.simulation import simulate
-from tests.conftest import tiny_scenario
+from tests.conftest import tiny_scenario, wait_for
 
 
 def _flower_like_grid(scenario, seed: int = 5) -> InProcessGrid:
@@ -46,12 +46,9 @@ def test_partition_grid_names_nodes_by_partition() -> None:
         # Assert
         assert list(grid.get_node_ids()) == [1, 2, 3, 4, 5]
         ids = list(grid.push_messages([Message(RecordDict(), 3, NODE_INFO, group_id="1")]))
-        replies: list[Message] = []
-        deadline = time.monotonic() + 10
-        while not replies and time.monotonic() < deadline:
-            replies += list(grid.pull_messages(ids))
-            time.sleep(0.01)
-        assert replies and replies[0].metadata.src_node_id == 3
+        replies: list[Message] = wait_for(lambda: list(grid.pull_messages(ids)), 10, "the node-info reply",
+                                          poll_s=0.01)
+        assert replies[0].metadata.src_node_id == 3
         assert replies[0].content.config_records["node"]["partition-id"] == 2
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from aggregator.strategies import FedAvg, FedAvgM, ServerState
 from core.errors import UpdateRejected
-from privacy.dp import AdaptiveClipConfig, ClientDPConfig, DPFedAvg, client_payload, make_dp_strategy, plan_epsilon
+from privacy.dp import AdaptiveClipConfig, DPFedAvg, client_payload, make_dp_strategy, plan_epsilon
 from privacy.dp.errors import DPConfigError, DPStateError
 from scenarios.schema import DPSpec
 
@@ -30,7 +30,7 @@ def adaptive(**overrides: object) -> AdaptiveClipConfig:
 def _round(dp: DPFedAvg, state: ServerState, updates: list[np.ndarray], rng: np.random.Generator) -> ServerState:
     """One round as the loop drives it, with payloads built by the client helper."""
     bound = dp.for_round(state)
-    config = ClientDPConfig.from_config(bound.client_config(state.round + 1))
+    config = bound.client_dp_config()
     agg = bound.new_aggregate(state.params.size)
     for u in updates:
         agg = bound.accumulate(agg, client_payload(u, config, rng), 7)
@@ -71,7 +71,7 @@ def test_distributed_shares_add_up_to_the_central_noise(rng: np.random.Generator
                    placement="distributed")
     state = dist.init_state(np.zeros(size, np.float32))
     bound = dist.for_round(state)
-    config = ClientDPConfig.from_config(bound.client_config(1))
+    config = bound.client_dp_config()
     assert config is not None and config.noise_std == pytest.approx(z * clip / 5)
     agg = bound.new_aggregate(size)
     for _ in range(m):
@@ -180,7 +180,7 @@ def test_adaptive_raises_update_noise_and_accounts_effective_z() -> None:
 def test_adaptive_needs_the_round_binding(rng: np.random.Generator) -> None:
     dp = make_dp(adaptive=adaptive(count_noise_std=2.0))
     with pytest.raises(DPStateError, match="for_round"):
-        dp.client_config(1)
+        dp.client_dp_config()
     state = dp.init_state(np.zeros(2, np.float32))
     state = _round(dp, state, [np.ones(2, np.float32)], rng)
     stale = dp.for_round(dp.init_state(np.zeros(2, np.float32)))  # bound to round 0's clip

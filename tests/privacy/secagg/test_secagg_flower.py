@@ -20,6 +20,8 @@ from privacy.secagg.codec import decode, encode
 from privacy.secagg.flower_mod import secagg_mod
 from privacy.secagg.flower_workflow import run_secagg
 from privacy.secagg.messages import MaskedInputRequest
+from runtimes.faults import FaultPlan
+from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.syncgrid import SyncGrid
 
 NODES = list(range(101, 109))
@@ -61,7 +63,7 @@ def plain(survivors):
 
 
 def run(grid, config=CONFIG, **kw):
-    return run_secagg(grid, NODES, MODEL, config, round=3, rng=np.random.default_rng(0), **kw)
+    return run_secagg(grid, NODES, MODEL, config, server_round=3, rng=np.random.default_rng(0), **kw)
 
 
 @pytest.mark.parametrize("stage", list(Stage))
@@ -176,11 +178,9 @@ def test_messages_without_secagg_pass_through_the_mod():
 
 
 def test_round_over_the_platforms_threaded_grid_with_its_fault_injector():
-    inprocess = pytest.importorskip("runtimes.inprocess")
-    faults = pytest.importorskip("runtimes.faults")
-    plan = faults.FaultPlan(seed=1, dropouts={Stage.MASKED_INPUT.value: 0.25})
+    plan = FaultPlan(seed=1, dropouts={Stage.MASKED_INPUT.value: 0.25})
 
-    with inprocess.InProcessGrid(make_app(), [inprocess.NodeSpec(u) for u in NODES], {}, plan) as grid:
+    with InProcessGrid(make_app(), [NodeSpec(u) for u in NODES], {}, plan) as grid:
         result = run(grid)
 
     assert len(result.survivors) == len(NODES) - 2

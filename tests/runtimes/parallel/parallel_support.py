@@ -20,7 +20,7 @@ from tests.conftest import wait_for
 
 __all__ = ["ROOT", "Job", "wait_for", "reference_sync"]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Job:
@@ -64,11 +64,11 @@ def reference_sync(scenario, world: int) -> np.ndarray:
     for epoch in range(1, scenario.rounds * t.local_epochs + 1):
         seeds = [client_seed(scenario.seed, epoch, r + 1) for r in range(world)]
         orders = [torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-                  for (_, y), seed in zip(shards, seeds)]
+                  for (_, y), seed in zip(shards, seeds, strict=True)]
         parts = [torch.tensor_split(o, steps) for o in orders]  # S nearly equal batches per rank
         for step in range(steps):
-            xb = torch.cat([x[p[step]] for (x, _), p in zip(shards, parts)])
-            yb = torch.cat([y[p[step]] for (_, y), p in zip(shards, parts)])
+            xb = torch.cat([x[p[step]] for (x, _), p in zip(shards, parts, strict=True)])
+            yb = torch.cat([y[p[step]] for (_, y), p in zip(shards, parts, strict=True)])
             optimizer.zero_grad()
             F.cross_entropy(model(xb), yb).backward()
             optimizer.step()

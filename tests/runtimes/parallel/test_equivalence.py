@@ -61,7 +61,7 @@ def test_localsgd_equals_the_federated_simulation(start_job, scenario_file, db_u
     np.testing.assert_allclose(got.slots["momentum"], expected.slots["momentum"], rtol=0, atol=1e-5)
     sim_rounds, par_rounds = RunStore(sim.db).rounds(sim.run_id), store.rounds(run_id)
     assert [r.sampled for r in par_rounds] == [r.sampled for r in sim_rounds] == [2, 2, 2]
-    for ours, theirs in zip(par_rounds, sim_rounds):
+    for ours, theirs in zip(par_rounds, sim_rounds, strict=True):
         assert abs(ours.train_loss - theirs.train_loss) < 1e-5
         assert abs(ours.fed_accuracy - theirs.fed_accuracy) < 1e-9
         assert abs(ours.server_accuracy - theirs.server_accuracy) < 1e-9

@@ -19,7 +19,6 @@ import torch.distributed as dist
 from torch.nn import functional as F
 from typer.testing import CliRunner
 
-from aggregator.rounds import sample_clients
 from aggregator.strategies import FedAvg
 from core import aggregate
 from learning.datasets import build_federation
@@ -147,7 +146,7 @@ def test_clients_are_dealt_round_robin_and_too_many_workers_is_an_error():
 def test_local_sgd_samples_like_the_round_loop_and_splits_nodes_over_ranks(scenario_file):
     scenario = load_scenario(scenario_file(clients=6, fraction=0.5))
     nodes = round_nodes(FedAvg(), scenario, 4)
-    assert nodes == sample_clients([1, 2, 3, 4, 5, 6], 3, scenario.seed, 4)
+    assert nodes == FedAvg().sample([1, 2, 3, 4, 5, 6], 3, scenario.seed, 4)
     assert sorted(owned_nodes(nodes, 0, 2) + owned_nodes(nodes, 1, 2)) == nodes
     assert all((n - 1) % 2 == 1 for n in owned_nodes(nodes, 1, 2))
 

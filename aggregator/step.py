@@ -1,0 +1,56 @@
+"""One round's server step, shared by every loop that runs rounds.
+
+The federated :class:`~aggregator.rounds.RoundLoop` and the data-parallel
+local-SGD mode (``runtimes.parallel.localsgd``) both build the round's
+training instruction and turn a round's aggregate into the next server state
+here, so the skip rule, the strategy's client settings and the server update
+are written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from core.aggregate import MeanState
+from core.messages import TrainConfig
+from core.strategy import ServerState, Strategy
+from scenarios.schema import Scenario
+
+__all__ = ["train_config", "advance", "SKIPPED"]
+
+#: The status of a round that left the model untouched (too few usable updates).
+SKIPPED = "skipped"
+
+
+def train_config(scenario: Scenario, strategy: Strategy | None, server_round: int) -> TrainConfig:
+    """The round's training instruction: the scenario's settings, then the strategy's own.
+
+    ``strategy=None`` gives the plain settings (evaluation instructions carry
+    no strategy settings).
+    """
+    t = scenario.training
+    config = TrainConfig(round=server_round, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
+                         momentum=t.momentum, seed=scenario.seed)
+    return config if strategy is None else strategy.configure_train(config)
+
+
+def advance(strategy: Strategy, state: ServerState, agg: MeanState | None, *, min_clients: int,
+            server_round: int, mean_of: Callable[[MeanState], np.ndarray]) -> tuple[ServerState, str]:
+    """The state after ``server_round`` and the round's status (``ok``, ``empty`` or ``skipped``).
+
+    Fewer than ``min_clients`` usable updates leave the model as it was
+    unless the strategy must account every round (DP). ``mean_of`` turns the
+    aggregate into the mean update: ``strategy.finalize`` with the round's
+    generator in one process; in the parallel mode, rank 0's finalize shared
+    with every rank.
+    """
+    answered = agg.count if agg is not None else 0
+    if answered < min_clients and strategy.skip_when_short:
+        return replace(state, round=server_round), SKIPPED
+    if agg is None:
+        agg = strategy.new_aggregate(state.params.size)
+    new = strategy.apply(state, mean_of(agg))
+    return replace(new, round=server_round), "ok" if answered else "empty"

@@ -1,0 +1,52 @@
+"""The base of robust rules that need every update of a round at once.
+
+Coordinate-wise median, trimmed mean and Krum rank or compare the individual
+updates, so they cannot be folded into a running sum: their aggregate state is
+a :class:`core.buffer.UpdateBuffer` that holds the list (memory O(clients x
+model)), and :attr:`BufferedStrategy.needs_all_updates` says so in the type.
+The fit workflows still drive them through ``new_aggregate`` / ``accumulate``
+/ ``finalize``, so the round loop has no branch on the kind of strategy.
+
+Every update counts once: these rules were analysed with equal weights
+(Yin et al., ICML 2018; Blanchard et al., NeurIPS 2017), and a reported
+example count is exactly what a Byzantine client would inflate.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from aggregator.strategies.fedavg import FedAvg
+from core.buffer import UpdateBuffer, buffer_add, buffer_merge, empty_buffer
+
+__all__ = ["BufferedStrategy"]
+
+
+@dataclass(frozen=True)
+class BufferedStrategy(FedAvg):
+    """A robust rule over the buffered updates; the server step is FedAvg's ``x + server_lr * agg``."""
+
+    needs_all_updates: ClassVar[bool] = True
+
+    def new_aggregate(self, size: int) -> UpdateBuffer:  # type: ignore[override]
+        return empty_buffer(size)
+
+    def accumulate(self, agg: UpdateBuffer, update: np.ndarray, num_examples: int, *,  # type: ignore[override]
+                   checked: bool = False) -> UpdateBuffer:
+        return buffer_add(agg, update, float(num_examples), checked=checked)
+
+    def merge(self, agg: UpdateBuffer, partial: UpdateBuffer) -> UpdateBuffer:  # type: ignore[override]
+        return buffer_merge(agg, partial)
+
+    def finalize(self, agg: UpdateBuffer, rng: np.random.Generator) -> np.ndarray:  # type: ignore[override]
+        if agg.count == 0:
+            raise ValueError("cannot finalize an empty aggregate: no update was added")
+        return np.asarray(self.combine(agg), dtype=np.float32)
+
+    @abstractmethod
+    def combine(self, agg: UpdateBuffer) -> np.ndarray:
+        """The robust aggregate of ``agg.updates``; may record ``agg.marks``."""
