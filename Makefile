@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PORT   ?= 8000
 
-.PHONY: setup demo test system bench clean
+.PHONY: setup demo lint test system bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,13 @@ system:
 	@command -v chromium >/dev/null 2>&1 && command -v nginx >/dev/null 2>&1 || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium nginx-light >/dev/null; }
 
-test: setup system
+# The layers contract, the linters, then the suite.
+lint: setup
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: setup system lint
 	$(PY) -m pytest -q
 
 bench: setup

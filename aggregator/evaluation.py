@@ -14,6 +14,8 @@ from aggregator.collect import collect, push
 from core.errors import UpdateRejected
 from core.messages import TrainConfig, parse_eval_reply, train_instruction
 from core.weighting import WeightPolicy
+from learning.models import set_flat
+from learning.training import evaluate
 
 __all__ = ["EvalSummary", "federated_evaluate", "ServerEvaluator"]
 
@@ -69,15 +71,10 @@ class ServerEvaluator:
     """Scores flat parameters on the aggregator's held-out set."""
 
     def __init__(self, model_factory, test_set) -> None:
-        from learning.models import set_flat  # torch is imported only when evaluation is used
-
         self._model = model_factory()
-        self._set_flat = set_flat
         self._test = test_set
 
     def __call__(self, params: np.ndarray) -> tuple[float, float]:
-        from learning.training import evaluate
-
-        self._set_flat(self._model, params)
+        set_flat(self._model, params)
         result = evaluate(self._model, self._test)
         return float(result.loss), float(result.accuracy)

@@ -65,6 +65,7 @@ class RoundLoop:
         fed = self.scenario.federation
         strategy = self.strategy.for_round(state)
         nodes = strategy.sample(list(grid.get_node_ids()), fed.per_round, self.scenario.seed, server_round)
+        strategy = strategy.with_cohort(len(nodes))
         request = FitRequest(server_round=server_round, nodes=nodes, state=state,
                              config=self._train_config(strategy, server_round),
                              deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20))
@@ -130,7 +131,7 @@ class RoundLoop:
             clients=clients, train_loss=train_loss, fed_loss=fed_loss, fed_accuracy=fed_acc,
             server_loss=srv_loss, server_accuracy=srv_acc, bytes_in=outcome.bytes_in,
             bytes_out=outcome.bytes_out, epsilon=epsilon,
-            secagg=outcome.secagg, metrics={"status": status})
+            secagg=outcome.secagg, metrics={"status": status, **self.strategy.round_metrics(state)})
 
 
 def _with_eval(record: ClientRecord, per_client: dict[int, tuple[float, float, int]]) -> ClientRecord:

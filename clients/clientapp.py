@@ -10,7 +10,7 @@ and the data are loaded once per process and reused across rounds.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from clients.attacks import AttackMod, AttackPlan, flip_labels
 from core.messages import TrainConfig, client_seed, eval_reply, parse_instruction, train_reply
 from learning.datasets import ClientData, load_client_data
 from learning.federation import cached_federation
@@ -69,8 +70,45 @@ def _load_runtime(scenario: Scenario, node: dict[str, Any]) -> _Runtime:
 
 
 def client_mods() -> list[Any]:
-    """ClientApp mods: secure aggregation answers its own protocol stages."""
-    return [secagg_mod]
+    """ClientApp mods: secure aggregation answers its own protocol stages; the
+    attack harness (``[faults] byzantine``, off unless a scenario asks) forges
+    the train replies of its Byzantine nodes, before secure aggregation masks them."""
+    return [secagg_mod, AttackMod(honest=_honest_update, plan_of=_attack_plan)]
+
+
+def _attack_plan(context: Context) -> AttackPlan:
+    return AttackPlan.from_scenario(scenario_from_run_config(dict(context.run_config)))
+
+
+_HONEST: dict[tuple[Any, ...], tuple[np.ndarray, int, dict[str, float]]] = {}
+
+
+def _honest_update(partition: int, flip: bool, message: Message,
+                   context: Context) -> tuple[np.ndarray, int, dict[str, float]]:
+    """An honest copy of this round's training on simulated ``partition`` (labels flipped on request).
+
+    The attack harness's view of honest behaviour; cached per round and process,
+    since every colluding attacker asks for the same copies.
+    """
+    scenario = scenario_from_run_config(dict(context.run_config))
+    params, config = parse_instruction(message.content)
+    key = (id(scenario), config.round, partition, flip)
+    if key not in _HONEST:
+        if _HONEST and next(iter(_HONEST))[:2] != key[:2]:
+            _HONEST.clear()  # a new round: the old copies are stale
+        fed = cached_federation(scenario)
+        data = fed.clients[partition % len(fed.clients)].train
+        if flip:
+            data = replace(data, y=flip_labels(data.y, fed.num_classes))
+        model = _runtime(context).model
+        set_flat(model, params)
+        started = time.monotonic()
+        result = train(model, data, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
+                       momentum=config.momentum, proximal_mu=config.proximal_mu,
+                       seed=client_seed(config.seed, config.round, partition + 1))
+        metrics = {"train-loss": float(result.loss), "duration-s": time.monotonic() - started}
+        _HONEST[key] = (get_flat(model) - params, result.num_examples, metrics)
+    return _HONEST[key]
 
 
 app = ClientApp(mods=client_mods())

@@ -19,6 +19,7 @@ the hot path free of per-reply allocations.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -155,11 +156,10 @@ _BLAS_MIN = 1 << 20
 
 
 @functools.cache
-def _blas_saxpy():
-    try:
-        from scipy.linalg.blas import saxpy
-    except ImportError:  # pragma: no cover - scipy comes with scikit-learn
-        return None
+def _blas_saxpy() -> Callable[..., np.ndarray]:
+    from scipy.linalg import blas  # a dependency, imported on first use only (see _BLAS_MIN)
+
+    saxpy: Callable[..., np.ndarray] = blas.saxpy
     return saxpy
 
 

@@ -11,10 +11,11 @@ anything touches the running aggregate: a malformed reply raises
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app.typing import MetricRecordValues
 
 from core.aggregate import all_finite
 from core.errors import UpdateRejected
@@ -54,7 +55,7 @@ class TrainConfig:
 
     @classmethod
     def from_record(cls, record: ConfigRecord) -> TrainConfig:
-        data = dict(record)
+        data: dict[str, Any] = dict(record)
         extra = {k[2:]: data.pop(k) for k in list(data) if k.startswith("x.")}
         return cls(**data, extra=extra)
 
@@ -86,7 +87,7 @@ def encode_flat(vector: np.ndarray) -> Array:
     header = BytesIO()
     np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(flat))
     # one copy into bytes of the exact size (np.save into a BytesIO grows a buffer, then copies it)
-    data = b"".join((header.getvalue(), memoryview(flat).cast("B")))
+    data = b"".join((header.getvalue(), flat.data.cast("B")))
     return Array(dtype="float32", shape=(int(flat.shape[0]),), stype="numpy.ndarray", data=data)
 
 
@@ -138,8 +139,8 @@ def train_instruction(params: np.ndarray, config: TrainConfig) -> RecordDict:
 
 def parse_instruction(content: RecordDict) -> tuple[np.ndarray, TrainConfig]:
     """The global model and training config of a train or evaluate instruction."""
-    params = content["global"]["params"].numpy()
-    return params.astype(np.float32, copy=False), TrainConfig.from_record(content["config"])
+    params = content.array_records["global"]["params"].numpy()
+    return params.astype(np.float32, copy=False), TrainConfig.from_record(content.config_records["config"])
 
 
 def train_reply(delta: np.ndarray, num_examples: int, metrics: dict[str, float]) -> RecordDict:
@@ -175,7 +176,7 @@ def _num_examples(metrics: dict[str, Any], key: str = "num-examples") -> int:
     return n
 
 
-def _in_range(value: Any, low: float, high: float) -> bool:
+def _in_range(value: Any, low: float, high: float) -> TypeGuard[float]:
     """Whether ``value`` is a real number (not a bool) in ``[low, high]``; NaN never is."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
 
@@ -223,7 +224,8 @@ def parse_train_reply(content: RecordDict, size: int, max_bytes: int) -> TrainRe
 
 def eval_reply(loss: float, accuracy: float, num_examples: int, train_loss: float | None = None,
                train_examples: int = 0) -> RecordDict:
-    metrics = {"num-examples": int(num_examples), "eval-loss": float(loss), "eval-accuracy": float(accuracy)}
+    metrics: dict[str, MetricRecordValues] = {"num-examples": int(num_examples), "eval-loss": float(loss),
+                                              "eval-accuracy": float(accuracy)}
     if train_loss is not None:
         metrics.update({"train-loss": float(train_loss), "train-examples": int(train_examples)})
     return RecordDict({"metrics": MetricRecord(metrics)})

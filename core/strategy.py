@@ -65,6 +65,11 @@ class Strategy(ABC):
         """This strategy with per-round settings taken from ``state`` bound."""
         return self
 
+    def with_cohort(self, sampled: int) -> Strategy:
+        """This round's strategy told how many clients :meth:`sample` drew (a DP strategy sizes
+        each client's noise share by it); the loop calls it after sampling, before configuring."""
+        return self
+
     def sample(self, node_ids: Sequence[int], k: int, seed: int, server_round: int) -> list[int]:
         """Choose this round's clients: ``k`` of ``node_ids``, a pure function of (seed, round)."""
         ordered = sorted(node_ids)
@@ -129,3 +134,7 @@ class Strategy(ABC):
     def would_exceed_budget(self, state: ServerState) -> bool:
         """Whether one more round would overspend a privacy budget (never, without one)."""
         return False
+
+    def round_metrics(self, state: ServerState) -> dict[str, float]:
+        """Figures to record with the round that led to ``state`` (e.g. DP's server-view epsilon)."""
+        return {}

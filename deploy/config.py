@@ -25,7 +25,8 @@ from typing import Any
 
 from deploy.errors import ConfigError
 
-__all__ = ["AggregatorSpec", "DashboardSpec", "DeployConfig", "StatePaths", "load_config", "is_loopback"]
+__all__ = ["AggregatorSpec", "DashboardSpec", "DeployConfig", "StatePaths", "load_config", "is_loopback",
+           "APP_CONFIG"]
 
 
 def is_loopback(host: str) -> bool:
@@ -179,3 +180,10 @@ def load_config(path: Path | None) -> DeployConfig:
     return DeployConfig(aggregator=_section(AggregatorSpec, "aggregator", raw.get("aggregator", {})),
                         dashboard=_section(DashboardSpec, "dashboard", raw.get("dashboard", {})),
                         base=Path(path).resolve().parent)
+
+
+# The run_config keys `quorum aggregator run` may pass (Flower rejects undeclared keys).
+APP_CONFIG: dict[str, str | int | float] = {
+    "scenario": "", "scenario-json": "", "db": "", "resume": "", "overrides": "{}",
+    "wait-clients-s": 120.0, "devices": "{}", "state-dir": "",
+}

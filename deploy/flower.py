@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import deploy
-from deploy.config import DeployConfig
+from deploy.config import APP_CONFIG, DeployConfig
 from deploy.errors import DeployError
 from deploy.pki import TlsFiles
 
@@ -76,8 +76,6 @@ def write_app(config: DeployConfig) -> Path:
     The ServerApp and ClientApp are imported from each side's own Quorum
     installation, so a device runs only code it installed itself.
     """
-    from deploy.serverapp import APP_CONFIG
-
     app = config.state.app
     app.mkdir(parents=True, exist_ok=True)
     lines = [f"{json.dumps(k)} = {json.dumps(v)}" for k, v in APP_CONFIG.items()]

@@ -22,7 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from deploy.config import load_config
 from deploy.errors import ProcessFailed
+from learning.datasets import build_federation
+from scenarios.schema import load_scenario
 
 __all__ = ["Processes", "Started", "free_ports", "write_device_data", "LoopbackFederation", "TAG_ENV"]
 
@@ -122,9 +125,6 @@ class Processes:
 
 def write_device_data(scenario_path: Path, out_dir: Path) -> list[Path]:
     """Each simulated device's share of the scenario's data set, as its own ``.npz`` file."""
-    from learning.datasets import build_federation
-    from scenarios.schema import load_scenario
-
     spec = load_scenario(scenario_path)
     fed = build_federation(spec.data, spec.federation.clients, spec.seed)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,6 @@ class LoopbackFederation:
             f'[aggregator]\nname = "loopback"\naddress = "127.0.0.1"\nlisten = "127.0.0.1"\nport = {self.port}\n'
             f'internal_port = {self.internal_port}\nstate_dir = "state"\ninsecure = {str(self.insecure).lower()}\n'
             f'wait_clients_s = 60.0\n\n[dashboard]\nport = {self.dashboard_port}\n')
-        from deploy.config import load_config
 
         self.deploy = load_config(self.config)
 

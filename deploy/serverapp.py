@@ -24,31 +24,30 @@ and training seed stay the same as long as its key stays enrolled.
 
 from __future__ import annotations
 
+import atexit
+import faulthandler
 import json
 import os
+import signal
 import time
 import uuid
+from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from aggregator.serverapp import run_federation
 from aggregator.store import RunStore, default_db_url
 from core.errors import RunNotFound
 from core.records import RoundRecord
 from core.strategy import ServerState
 from deploy.errors import DeployError
+from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario
 
-__all__ = ["app", "LeasedRunStore", "LeaseLost", "wait_for_clients", "APP_CONFIG"]
+__all__ = ["app", "LeasedRunStore", "LeaseLost", "wait_for_clients"]
 
 ENGINE = "deployment"
-
-# The run_config keys `quorum aggregator run` may pass (Flower rejects undeclared keys).
-APP_CONFIG: dict[str, str | int | float] = {
-    "scenario": "", "scenario-json": "", "db": "", "resume": "", "overrides": "{}",
-    "wait-clients-s": 120.0, "devices": "{}", "state-dir": "",
-}
-
 
 class LeaseLost(DeployError):
     """Another ServerApp took over this run; this one must stop writing."""
@@ -106,8 +105,6 @@ def _find_run(store: RunStore, flower_run_id: int) -> str | None:
 
 
 def _scenario(config: dict) -> Scenario:
-    from scenarios.runconfig import scenario_from_run_config
-
     scenario = scenario_from_run_config(config)
     overrides = json.loads(str(config.get("overrides") or "{}"))
     return scenario.with_overrides(**overrides) if overrides else scenario
@@ -118,10 +115,6 @@ def _own_log(state_dir: str, flower_run: int) -> None:
     ``kill -USR1`` dump its stacks there, and leave a pid file the supervisor can check."""
     if not state_dir:
         return
-    import faulthandler
-    import signal
-    from pathlib import Path
-
     root = Path(state_dir)
     (root / "logs").mkdir(parents=True, exist_ok=True)
     log = open(root / "logs" / f"serverapp-{flower_run}.log", "ab", buffering=0)
@@ -131,8 +124,6 @@ def _own_log(state_dir: str, flower_run: int) -> None:
     (root / "serverapps").mkdir(exist_ok=True)
     pidfile = root / "serverapps" / f"{os.getpid()}.json"
     pidfile.write_text(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "flower_run": flower_run}))
-    import atexit
-
     atexit.register(pidfile.unlink, missing_ok=True)
 
 
@@ -142,8 +133,6 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point under a SuperLink (``quorum aggregator run``)."""
-    from aggregator.serverapp import run_federation
-
     config = dict(context.run_config)
     _own_log(str(config.get("state-dir") or ""), context.run_id)
     scenario = _scenario(config)

@@ -7,10 +7,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from aggregator.store import RunStore
 from deploy.config import DeployConfig
 from deploy.enroll import device_names
 from deploy.errors import DeployError
 from deploy.flower import submit_run
+from scenarios.schema import load_scenario
 
 __all__ = ["submit", "run_config"]
 
@@ -19,9 +21,6 @@ def run_config(config: DeployConfig, scenario: Path | None = None, resume: str |
                overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ServerApp's run_config: the scenario inline (the ServerApp may run elsewhere than
     the file), the store, and who is who."""
-    from aggregator.store import RunStore
-    from scenarios.schema import load_scenario
-
     if resume:
         stored = RunStore(config.db_url).get_run(resume)
         spec, resume = stored.scenario, stored.id

@@ -32,11 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aggregator.store import RunStore
 from deploy.config import DeployConfig
 from deploy.errors import DeployError, ProcessFailed
-from deploy.flower import flower_env, superlink_command, write_flower_home
+from deploy.flower import flower_env, stop_run, superlink_command, write_flower_home
 from deploy.pki import TlsFiles, ensure_tls, fingerprint
 from deploy.proxy import ProxySpec, nginx_command
+from deploy.submit import submit
 
 __all__ = ["Supervisor", "prepare", "health_url", "wait_healthy", "resumable_runs", "stop_leftover_serverapps"]
 
@@ -130,8 +132,6 @@ def stop_leftover_serverapps(state_root: Path, grace_s: float = 10.0) -> list[in
 
 def resumable_runs(db_url: str) -> list[str]:
     """Deployment runs a crash interrupted: unfinished, and not failed by an error of their own."""
-    from aggregator.store import RunStore
-
     store = RunStore(db_url)
     found = []
     for run in store.list_runs():
@@ -184,7 +184,6 @@ class Supervisor:
         if stopped:
             self.say(f"stopped {len(stopped)} ServerApp process(es) left by the previous aggregator: {stopped}")
         if self.resume:  # a ServerApp stopped just now wrote "failed: SystemExit": the run awaits its resume
-            from aggregator.store import RunStore
 
             for run_id in resumable_runs(cfg.db_url):
                 RunStore(cfg.db_url).set_status(run_id, "interrupted", "the aggregator stopped; resuming")
@@ -233,10 +232,6 @@ class Supervisor:
     # -- run --------------------------------------------------------------
     def resume_interrupted(self) -> list[str]:
         """Submit every run a crash interrupted again, with ``resume``."""
-        from aggregator.store import RunStore
-        from deploy.flower import stop_run
-        from deploy.submit import submit
-
         resumed = []
         for run_id in resumable_runs(self.config.db_url):
             # The restarted SuperLink still counts the crashed Flower run as running: a

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message
 
-from scenarios.schema import FaultSpec
+from scenarios.schema import CORRUPTIONS, FaultSpec
 
 __all__ = ["FaultPlan", "stage_of"]
 
@@ -51,9 +51,13 @@ class FaultPlan:
 
     @classmethod
     def from_spec(cls, spec: FaultSpec, seed: int) -> FaultPlan:
+        # Only corrupt replies are a transport fault; attacks with valid updates
+        # are forged by the ClientApp (clients.attacks), on every runtime.
+        byzantine = spec.byzantine_spec
+        corrupt = byzantine.attack in CORRUPTIONS
         return cls(seed=seed, dropouts=dict(spec.dropouts), stragglers=spec.stragglers,
-                   straggler_delay_s=spec.straggler_delay_s, byzantine=spec.byzantine,
-                   byzantine_kind=spec.byzantine_kind)
+                   straggler_delay_s=spec.straggler_delay_s, byzantine=byzantine.fraction if corrupt else 0.0,
+                   byzantine_kind=byzantine.attack if corrupt else "nan")
 
     def _rng(self, *key: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, *key])

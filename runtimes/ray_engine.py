@@ -33,7 +33,9 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from aggregator.collect import Outstanding, collect
+from aggregator.serverapp import run_federation
 from aggregator.store import RunStore
+from clients.clientapp import app as client_app
 from core.records import RoundRecord
 from runtimes.faults import FaultPlan
 from scenarios.schema import Scenario
@@ -81,7 +83,6 @@ def run_on_ray(scenario: Scenario, db_url: str, resume_id: str | None = None,
     """
     from flwr.simulation import run_simulation
 
-    from clients.clientapp import app as client_app
 
     run = _RayRun(scenario, RunStore(db_url), resume_id, on_start, on_round,  # a bad URL fails here
                   options.discovery_timeout_s, _Cluster(tempfile.mkdtemp(prefix="quorum-ray-")))
@@ -125,8 +126,6 @@ class _RayRun:
         return app
 
     def _main(self, grid: Grid, context: Context) -> None:
-        from aggregator.serverapp import run_federation
-
         sc, faults = self.scenario, FaultPlan.from_spec(self.scenario.faults, self.scenario.seed)
         try:
             remapped = PartitionGrid.discover(grid, faults, self._alive, expected=sc.federation.clients,

@@ -15,6 +15,7 @@ from typing import Any
 
 from aggregator.serverapp import run_federation
 from aggregator.store import RunStore
+from clients.clientapp import app as client_app
 from core.records import RoundRecord
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec
@@ -60,8 +61,6 @@ def simulate(scenario: Scenario, *, db_url: str, engine: str = "inprocess",
 def _run_inprocess(scenario: Scenario, store: RunStore, resume_id: str | None,
                    on_round: Callable[[RoundRecord], None] | None,
                    on_start: Callable[[str], None] | None) -> str:
-    from clients.clientapp import app as client_app
-
     n = scenario.federation.clients
     nodes = [NodeSpec(i + 1, {"partition-id": i, "num-partitions": n}) for i in range(n)]
     run_config = {"scenario-json": json.dumps(scenario.to_dict())}

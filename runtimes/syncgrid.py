@@ -4,7 +4,8 @@ The protocol tests and the secure-aggregation benchmark drive Quorum's and
 Flower's workflows over this one grid, so every protocol pays the same
 transport cost (none) and the same per-stage accounting: seconds spent in
 clients and bytes sent up, by stage. ``drop(message)`` makes a node vanish
-before it answers.
+before it answers; ``node_configs`` gives nodes their node config (e.g. the
+secure-aggregation identities of :func:`privacy.secagg.identity.node_config`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import copy
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -63,12 +64,14 @@ class SyncGrid(LocalGrid):
     """In-process ``Grid``: a pushed message runs the ClientApp at once, unless ``drop(message)``."""
 
     def __init__(self, app: ClientApp, node_ids: Iterable[int],
-                 drop: Callable[[Message], bool] = lambda _: False, run_id: int = 1) -> None:
+                 drop: Callable[[Message], bool] = lambda _: False, run_id: int = 1,
+                 node_configs: Mapping[int, Mapping[str, str]] | None = None) -> None:
         # Flower reads these when building a Message; a runtime would set them.
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SERVER_NODE, 1
         self._run = Run.create_empty(run_id)
         self._app, self._drop = app, drop
-        self._contexts = {n: Context(run_id, n, {}, RecordDict(), {}) for n in node_ids}
+        configs = node_configs or {}
+        self._contexts = {n: Context(run_id, n, dict(configs.get(n, {})), RecordDict(), {}) for n in node_ids}
         self._replies: dict[str, Message] = {}
         self.client_seconds: dict[str, float] = defaultdict(float)  # per stage name
         self.bytes_up: dict[str, int] = defaultdict(int)

@@ -29,7 +29,7 @@ __all__ = [
 # Bounds that keep every count well inside a 64-bit store column and a sane run.
 MAX_ROUNDS = 1_000_000
 MAX_CLIENTS = 1_000_000
-FAULT_STAGES = ("train", "advertise_keys", "share_keys", "masked_input", "unmask")
+FAULT_STAGES = ("train", "advertise_keys", "share_keys", "masked_input", "consistency_check", "unmask")
 ROBUST_STRATEGIES = ("centered_clipping", "median", "trimmed_mean", "krum")
 #: Byzantine behaviours: corrupt replies the aggregator must reject, then attacks
 #: with valid-looking updates that robust aggregation must survive (runtimes.attacks).
@@ -196,7 +196,7 @@ class ByzantineSpec:
     scale: float = 10.0
     epsilon: float = 0.5
     z: float | None = None
-    inflated_examples: int = 10**12
+    inflated_examples: int = 10**9  # core.messages.MAX_EXAMPLES: the most a reply may claim
 
     def _check(self) -> None:
         _fraction("fraction", self.fraction, allow_zero=True, allow_one=False)
@@ -240,7 +240,7 @@ class FaultSpec:
 @dataclass(frozen=True)
 class SecAggSpec:
     enabled: bool = False
-    threshold: float = 0.5
+    threshold: float = 0.0          # 0: strict majority of each neighbourhood; < 1: a fraction; else t
     graph: Literal["complete", "kregular"] = "complete"
     degree: int = 0
     clip_range: float = 8.0
@@ -248,9 +248,13 @@ class SecAggSpec:
     max_weight: float = 10000.0
     stage_timeout_s: float = 30.0
     client_metrics: bool = True     # false: no per-client examples / loss in clear, the sum only
+    threat_model: Literal["malicious", "semi-honest"] = "malicious"  # see docs/secagg.md
 
     def _check(self) -> None:
-        _positive("threshold", self.threshold)
+        _non_negative("threshold", self.threshold)
+        if 0 < self.threshold <= 0.5 and self.threat_model != "semi-honest":
+            raise _Bad("threshold", self.threshold, "a fraction <= 0.5 is no strict majority of a "
+                       "neighbourhood; a lower threshold needs threat_model = \"semi-honest\"")
         _non_negative("degree", self.degree)
         _positive("clip_range", self.clip_range)
         _positive("max_weight", self.max_weight)
@@ -313,6 +317,10 @@ class Scenario:
         if self.federation.min_clients > self.federation.per_round:
             raise _Bad("federation.min_clients", self.federation.min_clients,
                        f"exceeds the {self.federation.per_round} clients sampled per round")
+        if self.dp.enabled and self.dp.placement == "distributed" and not self.secagg.enabled:
+            # Without secure aggregation the server would see each update with noise z / sqrt(K) only.
+            raise _Bad("dp.placement", self.dp.placement, "needs secagg.enabled = true (each client's noise "
+                       "share hides nothing from a server that sees single updates); use \"central\"")
         if self.strategy.robust:
             _check_robust(self)
 

@@ -216,7 +216,7 @@ def _round_rdp(sampling: str, sample: int, population: int, z: float) -> np.ndar
     accountant = _accountant(sampling)
     with _quiet_library():
         accountant.compose(_event(sampling, sample, population, z, 1))
-    curve = accountant.rdp
+    curve: np.ndarray = accountant.rdp
     curve.setflags(write=False)
     return curve
 

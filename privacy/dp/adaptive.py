@@ -87,7 +87,7 @@ def update_noise_multiplier(z: float, sigma_b: float) -> float:
     if rest <= 0:
         raise DPConfigError("count_noise_multiplier", sigma_b,
                             f"must exceed noise_multiplier / 2 = {z / 2:g} (Andrew et al. 2021, Theorem 1)")
-    return rest**-0.5
+    return float(rest**-0.5)
 
 
 def below_fraction(noised_centred_count: float, expected_clients: int) -> float:

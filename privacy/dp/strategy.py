@@ -9,11 +9,13 @@ only the privatised mean, so everything it does is post-processing.
 A round, as the round loop drives it::
 
     dp = strategy.for_round(state)          # binds this round's clip norm
+    nodes = dp.sample(node_ids, m, ...)     # secure Poisson (or fixed-size) sample
+    dp = dp.with_cohort(len(nodes))         # noise shares follow the realised sample
     config = dp.configure_train(config)     # dp-* keys for the clients
-    agg = dp.new_aggregate(size)            # model size (+1 with adaptive clipping)
-    agg = dp.accumulate(agg, update, n)     # per reply (central: clips here)
-    mean = dp.finalize(agg, secure_rng())   # noise, fixed denominator
-    state = dp.apply(state, mean)           # inner apply, clip update, accountant
+    agg = dp.new_aggregate(size)            # model (+1 count bit when adaptive) + 1 accounting slot
+    agg = dp.accumulate(agg, update, n)     # per reply (central: clips here); or dp.merge(agg, secure_sum)
+    mean = dp.finalize(agg, secure_rng())   # noise, fixed denominator; the slot carries the contributors
+    state = dp.apply(state, mean)           # inner apply, clip update, accountants (release and server view)
 
 Placements
 ----------
@@ -21,14 +23,17 @@ Placements
     The trusted aggregator clips every update (again: clipping is
     idempotent, so a client that already clipped loses nothing) and adds
     ``N(0, (z C)^2)`` to the sum.
-``distributed``
-    Each client clips and adds ``N(0, (z C)^2 / m)`` itself; secure
-    aggregation sums the shares to the full noise, so an honest-but-curious
-    server only ever sees a sum at least as noisy as in the central case.
-    The server must not clip again: it sees no single update under secure
-    aggregation, and re-clipping a noised vector would destroy its signal.
-    When fewer than ``m`` clients contribute, the server tops the noise up
-    so the released model keeps the full ``z C``.
+``distributed`` (only with secure aggregation: the scenario refuses it otherwise)
+    Each of the ``K`` clients actually sampled this round clips and adds
+    ``N(0, (z C)^2 / K)`` itself; secure aggregation sums the shares to the
+    full noise. The server must not clip again: it sees no single update
+    under secure aggregation, and re-clipping a noised vector would destroy
+    its signal. When only ``c < K`` clients contribute (dropouts), the server
+    tops the noise up by ``(1 - c / K) (z C)^2``, so the released model always
+    carries exactly ``(z C)^2`` whatever ``K`` and ``c`` came out as, and
+    releases nothing about them. What the server itself saw had only
+    ``(c / K) (z C)^2``: that is what :meth:`DPFedAvg.server_view_epsilon`
+    accounts, round by round.
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ class DPFedAvg(Strategy):
     adaptive: adapt.AdaptiveClipConfig | None = None
     target_epsilon: float | None = None
     bound_to_round: bool = False  # set by for_round(): the clip norm of one round is fixed
+    cohort: int | None = None  # set by with_cohort(): clients sampled this round (K), else m
     name: str = "dp-fedavg"
     skip_when_short = False  # every round is accounted, even one with too few answers
 
@@ -134,8 +140,13 @@ class DPFedAvg(Strategy):
 
     @property
     def tail(self) -> int:
-        """Extra coordinates after the model in updates and aggregates (the count bit)."""
+        """Extra coordinates after the model in client payloads (the count bit)."""
         return 1 if self.adaptive else 0
+
+    @property
+    def sampled(self) -> int:
+        """``K``, the clients sampled this round (``m`` until :meth:`with_cohort` binds it)."""
+        return max(1, self.expected_clients if self.cohort is None else self.cohort)
 
     # ------------------------------------------------------------ per-round binding
 
@@ -143,6 +154,17 @@ class DPFedAvg(Strategy):
         """This strategy with the clip norm of ``state`` bound, for one round."""
         clip = self.dp_state(state).clip if self.adaptive is not None else self.clip_norm
         return replace(self, clip_norm=clip, bound_to_round=True)
+
+    def with_cohort(self, sampled: int) -> DPFedAvg:
+        """This strategy told that ``sampled`` clients were drawn this round.
+
+        Each client's noise share is then ``z C / sqrt(K)`` with ``K = sampled``,
+        so the shares of a full cohort sum to exactly ``(z C)^2`` however large
+        the Poisson sample came out: the released noise does not reveal ``K``.
+        """
+        if isinstance(sampled, bool) or not isinstance(sampled, int) or sampled < 0:
+            raise DPConfigError("sampled", sampled, "must be an integer >= 0")
+        return replace(self, cohort=sampled)
 
     def dp_state(self, state: ServerState) -> DPState:
         """The DP state carried in ``state`` (fresh before the first round).
@@ -181,7 +203,7 @@ class DPFedAvg(Strategy):
         self._require_bound()
         if self.placement == "central":
             return ClientDPConfig(clip=self.clip_norm, adaptive=self.adaptive is not None)
-        share = math.sqrt(self.expected_clients)
+        share = math.sqrt(self.sampled)
         return ClientDPConfig(clip=self.clip_norm, noise_std=self.update_noise_multiplier * self.clip_norm / share,
                               adaptive=self.adaptive is not None, count_noise_std=self.count_noise_std / share)
 
@@ -195,8 +217,9 @@ class DPFedAvg(Strategy):
         return secure_rng()
 
     def new_aggregate(self, size: int) -> aggregate.MeanState:
-        """An empty sum over ``size`` model values, plus the count coordinate when adaptive."""
-        return aggregate.empty(size + self.tail)
+        """An empty sum over ``size`` model values, the count bit when adaptive, and one accounting
+        slot in which :meth:`finalize` hands :meth:`apply` the number of contributors."""
+        return aggregate.empty(size + self.tail + 1)
 
     def accumulate(self, agg: aggregate.MeanState, update: np.ndarray, num_examples: int, *,
                    checked: bool = False) -> aggregate.MeanState:
@@ -207,9 +230,10 @@ class DPFedAvg(Strategy):
         payload is summed as is.
         """
         self._require_bound()
-        update = aggregate.check_update(update, agg.size, finite=not checked)
+        update = aggregate.check_update(update, agg.size - 1, finite=not checked)
         if self.placement == "distributed":
-            return aggregate.add(agg, update, 1.0, checked=True)
+            np.add(agg.total[:-1], update, out=agg.total[:-1])
+            return aggregate.MeanState(agg.total, agg.weight + 1.0, agg.count + 1, agg.scratch)
         return _fold_clipped(agg, update, self.clip_norm, self.tail)
 
     def merge(self, agg: aggregate.MeanState, partial: aggregate.MeanState) -> aggregate.MeanState:
@@ -218,32 +242,45 @@ class DPFedAvg(Strategy):
         Under secure aggregation the server sees no single update, so it cannot
         clip: the clients clipped (and, distributed, noised) their own updates
         as :meth:`configure_train` told them. Each client weighs 1, so the sum's
-        weight must equal its count; anything else is refused.
+        weight must equal its count; anything else is refused. The summed
+        count bit is clamped into the range ``count`` honest clients can
+        produce (:func:`_bounded_bits`), so clients who lie about their bit
+        cannot push the clip norm beyond what the same number of honest
+        clients could.
         """
         self._require_bound()
-        if partial.size != agg.size or abs(partial.weight - partial.count) > 0.5:
+        size = agg.size - 1
+        if partial.size != size or abs(partial.weight - partial.count) > 0.5:
             raise UpdateRejected(f"secure sum of size {partial.size}, weight {partial.weight} for "
-                               f"{partial.count} clients: expected size {agg.size} and weight 1 per client")
-        aggregate.check_update(partial.total, agg.size)
-        return aggregate.merge(agg, partial)
+                               f"{partial.count} clients: expected size {size} and weight 1 per client")
+        total = aggregate.check_update(partial.total, size).copy()
+        if self.tail:
+            noise = self.client_dp_config().count_noise_std * math.sqrt(partial.count)
+            total[size - 1] = _bounded_bits(float(total[size - 1]), partial.count, noise)
+        np.add(agg.total[:-1], total, out=agg.total[:-1])
+        return aggregate.MeanState(agg.total, agg.weight + partial.weight, agg.count + partial.count, agg.scratch)
 
     def finalize(self, agg: aggregate.MeanState, rng: np.random.Generator) -> np.ndarray:
         """Add the Gaussian noise and divide by the fixed denominator ``m``.
 
         Returns the mean update, followed (adaptive clipping) by the
-        privatised fraction ``b_bar`` of clients under the clip norm, which
-        :meth:`apply` consumes. ``rng`` must be :func:`privacy.dp.secure_rng`
-        outside tests: noise from a seed someone knows can be subtracted.
+        privatised fraction ``b_bar`` of clients under the clip norm, and
+        last the number of contributors; :meth:`apply` consumes both.
+        Distributed: the server adds what the missing ``K - c`` shares would
+        have, so the released noise is ``(z C)^2`` for any ``K`` and ``c``.
+        ``rng`` must be :func:`privacy.dp.secure_rng` outside tests: noise
+        from a seed someone knows can be subtracted.
         """
         self._require_bound()
-        share = 1.0 if self.placement == "central" else max(0.0, 1.0 - agg.count / self.expected_clients)
-        size = agg.size - self.tail
+        share = 1.0 if self.placement == "central" else max(0.0, 1.0 - agg.count / self.sampled)
+        size = agg.size - 1 - self.tail
         out = agg.total.astype(np.float32, copy=True)
         out[:size] += gaussian_noise(size, self.update_noise_multiplier * self.clip_norm * math.sqrt(share), rng)
         out /= np.float32(self.expected_clients)
         if self.adaptive is not None:
             count = float(agg.total[size]) + self.count_noise_std * math.sqrt(share) * float(rng.standard_normal())
-            out[size] = adapt.below_fraction(count, self.expected_clients)
+            out[size] = min(1.0, max(0.0, adapt.below_fraction(count, self.expected_clients)))
+        out[-1] = agg.count
         return out
 
     def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
@@ -254,8 +291,8 @@ class DPFedAvg(Strategy):
             raise DPStateError(f"bound clip norm {self.clip_norm} is not the state's {dp.clip}: "
                                "bind with for_round(state) on the state being advanced")
         size = state.params.size
-        if mean_delta.shape != (size + self.tail,):
-            raise DPStateError(f"mean update has shape {mean_delta.shape}, expected ({size + self.tail},): "
+        if mean_delta.shape != (size + self.tail + 1,):
+            raise DPStateError(f"mean update has shape {mean_delta.shape}, expected ({size + self.tail + 1},): "
                                "pass finalize's result to apply unchanged")
         new = self.inner.apply(state, mean_delta[:size])
         below, clip = None, self.clip_norm
@@ -264,7 +301,8 @@ class DPFedAvg(Strategy):
             clip = adapt.next_clip(dp.clip, below, self.adaptive)
         event = self._planned_event()
         eps = epsilon_of(dp.history + (event,), self.delta)
-        record = dp.recorded(event, clip=clip, epsilon=eps, below_fraction=below)
+        record = dp.recorded(event, clip=clip, epsilon=eps, below_fraction=below,
+                             server_event=self._server_event(int(round(float(mean_delta[-1])))))
         return replace(new, extra={**new.extra, STATE_KEY: record.to_json()})
 
     def describe(self) -> dict[str, Any]:
@@ -291,12 +329,20 @@ class DPFedAvg(Strategy):
     def server_view_epsilon(self, state: ServerState) -> float:
         """Epsilon against the aggregator itself, which knows whom it sampled.
 
-        No amplification by sampling (every round counts with ``q = 1``);
-        meaningful for the distributed placement, where the server is the
-        party the noise hides the clients from.
+        Distributed placement: every round in which ``c`` clients contributed
+        counts as an unsampled Gaussian mechanism (``q = 1``: the server knows
+        the sample) with the noise those ``c`` shares carried, multiplier
+        ``z sqrt(c / K)``; the server's own top-up does not hide anything from
+        the server. Central placement: ``inf``, the server sees every update.
         """
-        seen = [replace(e, sample=e.population) for e in self.dp_state(state).history]
-        return epsilon_of(seen, self.delta)
+        if self.placement == "central":
+            return math.inf
+        return epsilon_of(self.dp_state(state).server_history, self.delta)
+
+    def round_metrics(self, state: ServerState) -> dict[str, float]:
+        """Per-round figures for the run store: the server-view epsilon (distributed, when finite)."""
+        eps = self.server_view_epsilon(state)
+        return {"server-epsilon": eps} if math.isfinite(eps) else {}
 
     def would_exceed_budget(self, state: ServerState) -> bool:
         """Whether running one more round would take epsilon above ``target_epsilon``."""
@@ -308,10 +354,16 @@ class DPFedAvg(Strategy):
     def _planned_event(self) -> RoundEvent:
         return RoundEvent(self.sampling, self.expected_clients, self.population, self.noise_multiplier)
 
+    def _server_event(self, contributors: int) -> RoundEvent | None:
+        """What this round showed the server: ``c`` noise shares of ``z^2 / K`` each, no sampling."""
+        if self.placement == "central" or contributors <= 0:
+            return None
+        return RoundEvent("poisson", 1, 1, self.noise_multiplier * math.sqrt(contributors / self.sampled))
+
 
 def _fold_clipped(agg: aggregate.MeanState, update: np.ndarray, clip: float, tail: int) -> aggregate.MeanState:
     """``agg + clip(update)`` without allocating: the scale rides as the weight of the model part."""
-    size = agg.size - tail
+    size = agg.size - 1 - tail  # the last coordinate is the accounting slot
     head, total = update[:size], agg.total
     scale = np.float32(clip_factor(l2_norm(head), clip))
     scratch = agg.scratch if agg.scratch is not None else aggregate.block_scratch(size)
@@ -319,6 +371,18 @@ def _fold_clipped(agg: aggregate.MeanState, update: np.ndarray, clip: float, tai
     if tail:
         total[size] += np.float32(min(0.5, max(-0.5, float(update[size]))))
     return aggregate.MeanState(total, agg.weight + 1.0, agg.count + 1, scratch)
+
+
+def _bounded_bits(summed: float, count: int, noise_std: float) -> float:
+    """A securely summed count bit clamped to what ``count`` honest clients can send.
+
+    Each honest bit is ``+-1/2`` (plus, distributed, a noise share): the sum
+    lies in ``[-count/2, count/2]`` widened by six standard deviations of the
+    summed noise shares, which an honest sum leaves with probability 2e-9.
+    Clamping is post-processing, so it costs no privacy.
+    """
+    bound = count / 2.0 + 6.0 * noise_std
+    return min(bound, max(-bound, summed))
 
 
 def make_dp_strategy(

@@ -51,12 +51,15 @@ def _run_stage(server: ServerRound, stage: Stage, clients: dict[int, ClientState
                vectors: Sequence[np.ndarray], weights: Sequence[float], policies: Mapping[int, ClientPolicy],
                rng: np.random.Generator, entropy: Callable[[int], bytes], clock: Clock) -> StageStats:
     start, timer = clock(), ServerTimer(clock)
-    requests: Mapping[int, Request] = timer.run(server.requests)  # type: ignore[assignment]
+    requests: Mapping[int, Request] = timer.run(server.requests)
     up = 0
     for node in sorted(requests.keys() - drop):
+        def train(n: int = node) -> tuple[np.ndarray, float]:
+            return vectors[n], weights[n]
+
         try:
             state, reply = client_step(clients.get(node), node, requests[node], entropy=entropy, rng=rng,
-                                       train=lambda n=node: (vectors[n], weights[n]), policy=policies[node])
+                                       train=train, policy=policies[node])
         except (SecAggProtocolError, SecAggCryptoError, ValueError):
             continue  # the client refuses: to the server, a dropout
         clients[node] = state

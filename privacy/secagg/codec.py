@@ -123,7 +123,7 @@ class Reader:
 
     def count(self, item_size: int) -> int:
         """A length prefix, checked against the bytes left (no huge allocations)."""
-        count = self.one("I")
+        count: int = self.one("I")
         if count * item_size > len(self._data) - self._pos:
             raise SecAggProtocolError("truncated secure-aggregation message")
         return count
@@ -257,7 +257,7 @@ def _r_unmask(r: Reader) -> UnmaskReply:
     return UnmaskReply(_r_revealed(r), _r_revealed(r))
 
 
-_CODECS: dict[type, tuple[int, Callable[[Writer, Any], None], Callable[[Reader], Any]]] = {
+_CODECS: dict[type, tuple[int, Callable[[Writer, Any], object], Callable[[Reader], Any]]] = {
     RoundSetup: (1, _w_setup, _r_setup),
     KeyAdvertisement: (2, _w_adv, _r_adv),
     KeyDirectory: (3, _w_dir, _r_dir),

@@ -32,10 +32,13 @@ __all__ = ["SecAggFit", "config_from_spec"]
 
 def config_from_spec(spec: SecAggSpec) -> SecAggConfig:
     """The protocol config for a scenario's ``[secagg]`` section."""
-    threshold: int | float = int(spec.threshold) if spec.threshold >= 1 else float(spec.threshold)
+    # 0 means the strict majority floor(m/2) + 1 of each neighbourhood (SecAggConfig's None).
+    threshold: int | float | None = (int(spec.threshold) if spec.threshold >= 1
+                                     else float(spec.threshold) if spec.threshold > 0 else None)
     return SecAggConfig(threshold=threshold, graph=spec.graph, degree=spec.degree or None,
                         clip_range=spec.clip_range, bits=spec.bits, max_weight=spec.max_weight,
-                        stage_timeout_s=spec.stage_timeout_s, client_metrics=spec.client_metrics)
+                        stage_timeout_s=spec.stage_timeout_s, client_metrics=spec.client_metrics,
+                        threat_model=spec.threat_model)
 
 
 class SecAggFit:
@@ -51,8 +54,13 @@ class SecAggFit:
             result = run_secagg(grid, list(request.nodes), content, self.config, server_round=request.server_round,
                                 rng=rng)
         except SecAggAborted as exc:
-            return _aborted(request, exc)
-        return _outcome(request, result, content_bytes(content), strategy)
+            return self._recorded(_aborted(request, exc))
+        return self._recorded(_outcome(request, result, content_bytes(content), strategy))
+
+    def _recorded(self, outcome: FitOutcome) -> FitOutcome:
+        """The round's stored secagg info says which threat model protected it."""
+        outcome.secagg = {**(outcome.secagg or {}), "threat_model": self.config.threat_model}
+        return outcome
 
 
 def _stage_table(result: SecureSumResult) -> list[dict[str, Any]]:

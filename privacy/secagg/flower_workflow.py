@@ -75,7 +75,7 @@ def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
                train_content: RecordDict, config: SecAggConfig, metrics: dict[int, dict],
                clock: Callable[[], float], sleep: Callable[[float], None]) -> StageStats:
     book = _Stage(clock)
-    requests: Mapping[int, Request] = book.server.run(server.requests)  # type: ignore[assignment]
+    requests: Mapping[int, Request] = book.server.run(server.requests)
     messages = _messages(stage, round_id, requests, train_content, config)
     kept = metrics if config.client_metrics else None  # not asked for: not kept, even if sent
     book.down = sum(content_bytes(m.content) for m in messages.values())

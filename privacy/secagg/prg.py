@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers import AEADEncryptionContext, Cipher, algorithms, modes
 
 __all__ = ["MaskExpander", "dtype_for", "mask_with_seed"]
 
@@ -97,7 +97,7 @@ class MaskExpander:
         """
         if acc.shape != (self.length,) or acc.dtype != self.dtype:
             raise ValueError(f"accumulator must be {self.length} x {self.dtype}")
-        streams = [(_encryptor(k), np.add) for k in plus]
+        streams: list[tuple[AEADEncryptionContext, np.ufunc]] = [(_encryptor(k), np.add) for k in plus]
         streams += [(_encryptor(k), np.subtract) for k in minus]
         for start in range(0, self.length, self.chunk):
             stop = min(start + self.chunk, self.length)
@@ -133,6 +133,6 @@ class MaskExpander:
         self.add_all(acc, [], [seed])
 
 
-def _encryptor(seed: bytes):  # type: ignore[no-untyped-def]
+def _encryptor(seed: bytes) -> AEADEncryptionContext:
     # Counter mode from block 0^96 || 2, via OpenSSL's faster GCM path (see module doc).
     return Cipher(algorithms.AES(seed), modes.GCM(_NONCE)).encryptor()

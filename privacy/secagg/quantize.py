@@ -52,7 +52,7 @@ class Quantizer:
 
         ``participants * (B + 1) < 2^(bits-1)``, so the sum never wraps.
         """
-        bound = (2 ** (self.bits - 1) - 1) // self.participants - 1
+        bound: int = (2 ** (self.bits - 1) - 1) // self.participants - 1
         return bound if self.bits == 32 else min(bound, _FLOAT_EXACT)
 
     @property

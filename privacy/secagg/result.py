@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
 from privacy.secagg.stage import Stage
+
+_T = TypeVar("_T")
 
 __all__ = ["SecureSumResult", "StageStats", "ServerTimer"]
 
@@ -19,7 +22,7 @@ class ServerTimer:
         self.clock = clock
         self.total = 0.0
 
-    def run(self, fn: Callable[..., object], *args: object) -> object:
+    def run(self, fn: Callable[..., _T], *args: object) -> _T:
         """``fn(*args)``, its time added to :attr:`total`."""
         start = self.clock()
         try:
@@ -82,7 +85,7 @@ class SecureSumResult:
     survivors: tuple[int, ...]
     stages: tuple[StageStats, ...]
     error_bound: float
-    client_metrics: Mapping[int, dict] = field(default_factory=dict)
+    client_metrics: Mapping[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def mean(self) -> np.ndarray:

@@ -100,8 +100,11 @@ def _self_mask_seeds(plan: UnmaskPlan, shares: Mapping[int, Mapping[int, int]],
     seeds = []
     for u in sorted(plan.survivors):
         commitment = plan.commitments[u]
-        seed = rebuild_verified(_points(plan, shares[u]), plan.threshold,
-                                lambda s, u=u, c=commitment: self_mask_commitment(s, plan.session, u) == c)
+
+        def commits(s: bytes, u: int = u, c: bytes = commitment) -> bool:
+            return self_mask_commitment(s, plan.session, u) == c
+
+        seed = rebuild_verified(_points(plan, shares[u]), plan.threshold, commits)
         seeds.append(self_mask_key(seed, plan.session, u, length, plan.bits))
     return seeds
 
@@ -116,8 +119,11 @@ def _pair_mask_seeds(plan: UnmaskPlan, shares: Mapping[int, Mapping[int, int]],
         if not partners:
             continue
         public = plan.keys[v].mask
-        private = rebuild_verified(_points(plan, shares[v]), plan.threshold,
-                                   lambda s, p=public: public_of(s) == p)
+
+        def owns(s: bytes, p: bytes = public) -> bool:
+            return public_of(s) == p
+
+        private = rebuild_verified(_points(plan, shares[v]), plan.threshold, owns)
         key = X25519PrivateKey.from_private_bytes(private)
         for u in partners:
             seed = pair_mask_key(agree(key, plan.keys[u].mask), plan.session, u, v, length, plan.bits)

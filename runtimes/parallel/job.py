@@ -184,6 +184,7 @@ def _local_round(job: Job, state: ServerState, server_round: int,
     strategy = job.strategy.for_round(state)
     comm.where = f"round {server_round} sampling"
     nodes = comm.broadcast_json(round_nodes(strategy, scenario, server_round) if comm.rank == 0 else None)
+    strategy = strategy.with_cohort(len(nodes))
     mine = owned_nodes(nodes, comm.rank, comm.world)
     config = train_config(scenario, strategy, server_round)
     agg, runs = local_updates(job.model, job.fed, strategy, state, mine, config, job.spec.local_steps)

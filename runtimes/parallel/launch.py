@@ -25,7 +25,9 @@ from pathlib import Path
 
 from aggregator.store import RunStore, default_db_url
 from runtimes.parallel.errors import LaunchFailed, ParallelError
+from runtimes.parallel.job import check_scenario
 from runtimes.parallel.mode import Mode
+from runtimes.parallel.worker import load_job_scenario
 from runtimes.simulation import RunSummary, summarize
 from scenarios.schema import Scenario
 
@@ -56,9 +58,6 @@ class LaunchSpec:
 
 def check_spec(spec: LaunchSpec) -> Scenario:
     """Validate the job before any process starts; returns the scenario with overrides applied."""
-    from runtimes.parallel.job import check_scenario
-    from runtimes.parallel.worker import load_job_scenario
-
     checks = (("nproc", spec.nproc, spec.nproc >= 1), ("local_steps", spec.local_steps, spec.local_steps >= 0),
               ("timeout", spec.timeout_s, spec.timeout_s > 0), ("bucket_mb", spec.bucket_mb, spec.bucket_mb > 0),
               ("max_restarts", spec.max_restarts, spec.max_restarts >= 0), ("threads", spec.threads, spec.threads >= 0))

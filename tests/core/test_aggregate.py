@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from core import aggregate
+from core.aggregate import step_problem
 from core.errors import UpdateRejected
 
 
@@ -74,3 +75,20 @@ def test_memory_is_one_model_whatever_the_number_of_updates() -> None:
         state = aggregate.add(state, np.ones(1000, np.float32), 2.0)
     assert {id(state.total), id(state.scratch)} == buffers
     np.testing.assert_allclose(aggregate.finalize(state), np.ones(1000))
+
+
+def test_step_within_the_bound_is_accepted_and_beyond_it_refused() -> None:
+    # Prepare: |before| = |(3, 4)| = 5, so with ratio 2 the bound is 10
+    before = np.array([3.0, 4.0], dtype=np.float32)
+    # Execute / Assert: a step (6, 8) has norm exactly 10
+    assert step_problem(before, before + np.array([6.0, 8.0], np.float32), 2.0) is None
+    problem = step_problem(before, before + np.array([6.5, 8.0], np.float32), 2.0)
+    assert problem is not None and "over the bound 10" in problem
+
+
+def test_non_finite_or_overflowing_step_is_refused() -> None:
+    before = np.zeros(3, dtype=np.float32)  # |before| = 0: the bound is ratio x 1
+    assert "NaN or Inf" in step_problem(before, np.array([0, np.inf, 0], np.float32), 10.0)
+    assert "NaN or Inf" in step_problem(before, np.array([0, np.nan, 0], np.float32), 10.0)
+    big = np.full(3, 3e38, dtype=np.float32)  # finite, but its norm overflows float32
+    assert "over the bound" in step_problem(before, big, 10.0)

@@ -46,8 +46,8 @@ def test_server_clips_each_update_and_divides_by_expected_clients(rng: np.random
         agg = dp.accumulate(agg, np.array(u, np.float32), 1000)
     # Execute
     mean = dp.finalize(agg, rng)
-    # Assert: (0.6, 0.8) + (0.3, 0.4) + (0, -1), over the fixed denominator 4
-    np.testing.assert_allclose(mean, [0.9 / 4, 0.2 / 4], rtol=1e-5)
+    # Assert: (0.6, 0.8) + (0.3, 0.4) + (0, -1), over the fixed denominator 4; then the 3 contributors
+    np.testing.assert_allclose(mean, [0.9 / 4, 0.2 / 4, 3.0], rtol=1e-5)
     assert agg.count == 3
 
 
@@ -59,7 +59,7 @@ def test_central_noise_on_the_sum_has_std_z_times_c(rng: np.random.Generator) ->
     agg = dp.new_aggregate(100_000)
     for _ in range(3):
         agg = dp.accumulate(agg, np.zeros(100_000, np.float32), 1)
-    noise_on_sum = dp.finalize(agg, rng) * 8
+    noise_on_sum = dp.finalize(agg, rng)[:-1] * 8  # the last value is the accounting slot
     assert float(noise_on_sum.std()) == pytest.approx(1.2 * 0.5, rel=0.03)
 
 
@@ -76,9 +76,9 @@ def test_distributed_shares_add_up_to_the_central_noise(rng: np.random.Generator
     agg = bound.new_aggregate(size)
     for _ in range(m):
         agg = bound.accumulate(agg, client_payload(np.zeros(size, np.float32), config, rng), 1)
-    distributed_sum = bound.finalize(agg, rng) * m
+    distributed_sum = bound.finalize(agg, rng)[:-1] * m
     central = make_dp(noise_multiplier=z, clip_norm=clip, expected_clients=m, population=1000).for_round(state)
-    central_sum = central.finalize(central.new_aggregate(size), rng) * m
+    central_sum = central.finalize(central.new_aggregate(size), rng)[:-1] * m
     assert float(distributed_sum.std()) == pytest.approx(z * clip, rel=0.03)
     assert float(distributed_sum.std()) == pytest.approx(float(central_sum.std()), rel=0.03)
 
@@ -91,14 +91,14 @@ def test_distributed_tops_up_noise_when_clients_drop(rng: np.random.Generator) -
     agg = dp.new_aggregate(100_000)
     for _ in range(16):
         agg = dp.accumulate(agg, client_payload(np.zeros(100_000, np.float32), config, rng), 1)
-    assert float((dp.finalize(agg, rng) * 64).std()) == pytest.approx(1.0, rel=0.03)
+    assert float((dp.finalize(agg, rng)[:-1] * 64).std()) == pytest.approx(1.0, rel=0.03)
 
 
 def test_distributed_server_does_not_clip(rng: np.random.Generator) -> None:
     dp = make_dp(noise_multiplier=0.0, expected_clients=2, placement="distributed").for_round(
         make_dp().init_state(np.zeros(2, np.float32)))
     agg = dp.accumulate(dp.new_aggregate(2), np.array([30.0, 40.0], np.float32), 1)
-    np.testing.assert_allclose(dp.finalize(agg, rng), [15.0, 20.0])
+    np.testing.assert_allclose(dp.finalize(agg, rng), [15.0, 20.0, 1.0])
 
 
 def test_apply_delegates_to_inner_and_records_epsilon(rng: np.random.Generator) -> None:
@@ -219,4 +219,4 @@ def test_central_server_clamps_a_lying_count_bit(rng: np.random.Generator) -> No
     dp = make_dp(noise_multiplier=0.0, expected_clients=2, adaptive=adaptive(count_noise_std=1.0))
     bound = dp.for_round(dp.init_state(np.zeros(2, np.float32)))
     agg = bound.accumulate(bound.new_aggregate(2), np.array([0.0, 0.0, 1e6], np.float32), 1)
-    assert agg.size == 3 and agg.total[-1] == 0.5
+    assert agg.size == 4 and agg.total[2] == 0.5  # model, count bit, accounting slot

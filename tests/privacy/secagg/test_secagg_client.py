@@ -10,8 +10,12 @@ import pytest
 
 from privacy.secagg import SecAggConfig, SecAggCryptoError, SecAggProtocolError, ServerRound, Stage
 from privacy.secagg.client import advertise_keys, masked_input, share_keys, unmask
+from privacy.secagg.identity import ClientPolicy
 from privacy.secagg.messages import MaskedInputRequest, UnmaskRequest
 from privacy.secagg.state import state_from_bytes, state_to_bytes
+
+
+SEMI = ClientPolicy("semi-honest")  # these rounds use t = 2 of 3-4: semi-honest only
 
 
 def entropy_from(label: bytes):
@@ -28,10 +32,10 @@ def entropy_from(label: bytes):
 def setup_round(n: int = 4, round_id: int = 1, label: bytes = b"k", config: SecAggConfig | None = None):
     """Run ADVERTISE_KEYS and SHARE_KEYS for clients 0..n-1; return what MASKED_INPUT needs."""
     entropy = entropy_from(label)
-    server = ServerRound(range(n), config or SecAggConfig(threshold=2), round_id=round_id, entropy=entropy)
+    server = ServerRound(range(n), config or SecAggConfig(threshold=2, threat_model="semi-honest"), round_id=round_id, entropy=entropy)
     states = {}
     for node, setup in server.requests().items():
-        states[node], reply = advertise_keys(node, setup, entropy)
+        states[node], reply = advertise_keys(node, setup, entropy, SEMI)
         server.accept(node, reply)
     server.close()
     for node, directory in server.requests().items():
@@ -164,10 +168,10 @@ def test_client_state_round_trips_through_bytes():
 
 def test_server_rejects_a_reply_that_skips_a_neighbour():
     entropy = entropy_from(b"s")
-    server = ServerRound(range(3), SecAggConfig(threshold=2), round_id=1, entropy=entropy)
+    server = ServerRound(range(3), SecAggConfig(threshold=2, threat_model="semi-honest"), round_id=1, entropy=entropy)
     states = {}
     for node, setup in server.requests().items():
-        states[node], reply = advertise_keys(node, setup, entropy)
+        states[node], reply = advertise_keys(node, setup, entropy, SEMI)
         server.accept(node, reply)
     server.close()
     directory = server.requests()[0]
@@ -180,9 +184,9 @@ def test_server_rejects_a_reply_that_skips_a_neighbour():
 
 def test_server_rejects_a_replayed_key_advertisement():
     entropy = entropy_from(b"r")
-    server = ServerRound(range(3), SecAggConfig(threshold=2), round_id=1, entropy=entropy)
+    server = ServerRound(range(3), SecAggConfig(threshold=2, threat_model="semi-honest"), round_id=1, entropy=entropy)
     setup = server.requests()[0]
-    _, reply = advertise_keys(0, setup, entropy)
+    _, reply = advertise_keys(0, setup, entropy, SEMI)
     server.accept(0, reply)
 
     with pytest.raises(SecAggProtocolError, match="reused public key"):

@@ -19,6 +19,7 @@ from privacy.secagg import SecAggAborted, SecAggConfig, Stage
 from privacy.secagg.codec import decode, encode
 from privacy.secagg.flower_mod import secagg_mod
 from privacy.secagg.flower_workflow import run_secagg
+from privacy.secagg.identity import node_config
 from privacy.secagg.messages import MaskedInputRequest
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec
@@ -28,7 +29,11 @@ NODES = list(range(101, 109))
 rng0 = np.random.default_rng(7)
 UPDATES = {u: rng0.uniform(-1, 1, 30).astype(np.float32) for u in NODES}
 EXAMPLES = {u: int(rng0.integers(1, 50)) for u in NODES}
-CONFIG = SecAggConfig(threshold=3, max_weight=50.0, stage_timeout_s=5.0)
+# t = 3 of 8 is no strict majority: the semi-honest model, on the server and on every node.
+CONFIG = SecAggConfig(threshold=3, max_weight=50.0, stage_timeout_s=5.0, threat_model="semi-honest")
+SEMI_NODES = {u: {"secagg-threat-model": "semi-honest"} for u in NODES}
+# The default, actively secure model: t = 5 of 8, identities enrolled per node.
+MALICIOUS = SecAggConfig(max_weight=50.0, stage_timeout_s=5.0)
 MODEL = RecordDict({"model": ArrayRecord({"w": Array(np.zeros(30, np.float32))})})
 
 
@@ -46,6 +51,13 @@ def make_app(failing: frozenset[int] = frozenset()) -> ClientApp:
         }), reply_to=message)
 
     return app
+
+
+class Grid(SyncGrid):
+    """A SyncGrid whose nodes accept semi-honest rounds unless given other node configs."""
+
+    def __init__(self, app, node_ids, drop=lambda _: False, node_configs=None):
+        super().__init__(app, node_ids, drop, node_configs=SEMI_NODES if node_configs is None else node_configs)
 
 
 def stage_of(message: Message) -> str | None:
@@ -68,11 +80,15 @@ def run(grid, config=CONFIG, **kw):
 
 @pytest.mark.parametrize("stage", list(Stage))
 def test_flower_round_recovers_from_dropouts_at_each_stage(stage):
-    grid = SyncGrid(make_app(), NODES, dropping(stage, {102, 105}))
+    # Prepare: the default model, every node enrolled (simulation enrolment)
+    grid = Grid(make_app(), NODES, dropping(stage, {102, 105}), node_configs=node_config(NODES))
 
-    result = run(grid)
+    # Execute
+    result = run(grid, MALICIOUS)
 
-    in_sum = set(NODES) - ({102, 105} if stage is not Stage.UNMASK else set())
+    # Assert
+    in_sum = set(NODES) - ({102, 105} if stage not in (Stage.CONSISTENCY_CHECK, Stage.UNMASK) else set())
+    assert [s.stage for s in result.stages] == list(Stage)
     total, weight = plain(in_sum)
     assert set(result.survivors) == in_sum
     assert np.abs(result.total - total).max() <= result.error_bound
@@ -83,7 +99,7 @@ def test_flower_round_recovers_from_dropouts_at_each_stage(stage):
 
 def test_without_client_metrics_the_server_gets_the_sum_and_nothing_per_client():
     # Prepare: spy on every reply that reaches the server
-    grid = SyncGrid(make_app(), NODES, dropping(Stage.MASKED_INPUT, {104}))
+    grid = Grid(make_app(), NODES, dropping(Stage.MASKED_INPUT, {104}))
     replies: list[Message] = []
     pull = grid.pull_messages
     grid.pull_messages = lambda ids: [replies.append(r) or r for r in pull(ids)]  # type: ignore[method-assign]
@@ -101,16 +117,25 @@ def test_without_client_metrics_the_server_gets_the_sum_and_nothing_per_client()
 
 def test_every_stage_message_names_its_stage():
     seen: list[tuple[str | None, str]] = []
-    grid = SyncGrid(make_app(), NODES, lambda m: seen.append((stage_of(m), m.metadata.message_type)) and False)
+    grid = Grid(make_app(), NODES, lambda m: seen.append((stage_of(m), m.metadata.message_type)) and False)
 
     run(grid)
 
-    assert [s for s, _ in seen[::len(NODES)]] == [s.value for s in Stage]
+    assert [s for s, _ in seen[::len(NODES)]] == [s.value for s in Stage if s is not Stage.CONSISTENCY_CHECK]
     assert {t for _, t in seen} == {"train"}
 
 
+def test_a_node_refuses_a_semi_honest_round_unless_its_own_config_allows_it():
+    # Prepare: nodes with no secure-aggregation node config (policy: malicious)
+    grid = Grid(make_app(), NODES, node_configs={})
+
+    # Execute / Assert: every node refuses the downgraded round at once
+    with pytest.raises(SecAggAborted, match=r"stage 'advertise_keys': 0 of 8"):
+        run(grid)
+
+
 def test_a_silent_node_is_dropped_at_the_deadline():
-    class PlainGrid(SyncGrid):
+    class PlainGrid(Grid):
         """A grid that cannot tell whether a node is gone: only the deadline helps."""
 
         def __getattribute__(self, name):
@@ -130,13 +155,13 @@ def test_a_silent_node_is_dropped_at_the_deadline():
 
 
 def test_a_crashing_trainer_is_a_dropout():
-    result = run(SyncGrid(make_app(failing=frozenset({106})), NODES))
+    result = run(Grid(make_app(failing=frozenset({106})), NODES))
 
     assert 106 not in result.survivors
     assert np.abs(result.total - plain(result.survivors)[0]).max() <= result.error_bound
 
 
-class TamperingGrid(SyncGrid):
+class TamperingGrid(Grid):
     """Flips one bit of the first share relayed to ``victim`` at MASKED_INPUT."""
 
     victim = 103
@@ -162,14 +187,14 @@ def test_a_tampered_share_makes_its_receiver_refuse_and_the_round_goes_on():
 
 
 def test_too_few_survivors_aborts_naming_the_stage():
-    grid = SyncGrid(make_app(), NODES, dropping(Stage.MASKED_INPUT, set(NODES[:6])))
+    grid = Grid(make_app(), NODES, dropping(Stage.MASKED_INPUT, set(NODES[:6])))
 
     with pytest.raises(SecAggAborted, match=r"stage 'masked_input': 2 of 8 sampled clients survived, threshold is 3"):
         run(grid)
 
 
 def test_messages_without_secagg_pass_through_the_mod():
-    grid = SyncGrid(make_app(), NODES)
+    grid = Grid(make_app(), NODES)
     message = Message(RecordDict({"config": ConfigRecord({"lr": 0.1})}), dst_node_id=101, message_type="train")
 
     reply = grid.pull_messages(grid.push_messages([message]))[0]
@@ -180,7 +205,7 @@ def test_messages_without_secagg_pass_through_the_mod():
 def test_round_over_the_platforms_threaded_grid_with_its_fault_injector():
     plan = FaultPlan(seed=1, dropouts={Stage.MASKED_INPUT.value: 0.25})
 
-    with InProcessGrid(make_app(), [NodeSpec(u) for u in NODES], {}, plan) as grid:
+    with InProcessGrid(make_app(), [NodeSpec(u, SEMI_NODES[u]) for u in NODES], {}, plan) as grid:
         result = run(grid)
 
     assert len(result.survivors) == len(NODES) - 2

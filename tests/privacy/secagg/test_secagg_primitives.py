@@ -190,7 +190,8 @@ def test_config_resolution_by_hand():
     assert (sparse.degree_for(100), sparse.threshold_for(100)) == (20, 11)  # ceil(3 log2 100) = 20
     assert sparse.degree_for(9) == 8  # ceil(3 log2 9) = 10 > n - 1
     assert SecAggConfig(graph="kregular", degree=5).degree_for(11) == 6  # 5 * 11 odd
-    assert SecAggConfig(threshold=0.3).threshold_for(10) == 3
+    assert SecAggConfig(threshold=0.3, threat_model="semi-honest").threshold_for(10) == 3
+    assert SecAggConfig(threshold=0.51).threshold_for(10) == 6
 
 
 def test_config_threshold_above_neighbourhood_is_rejected():

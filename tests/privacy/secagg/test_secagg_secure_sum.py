@@ -11,11 +11,19 @@ from privacy.secagg import SecAggAborted, SecAggConfig, Stage, secure_sum
 
 N, D = 12, 40
 # Parameters under which every dropout pattern below is survivable: a 50%
-# dropout leaves >= t live members in every closed neighbourhood.
+# dropout leaves >= t live members in every closed neighbourhood. Such low
+# thresholds are no strict majority: only the semi-honest model allows them.
 CONFIGS = {
-    "complete": SecAggConfig(threshold=5, max_weight=4.0),
-    "kregular": SecAggConfig(graph="kregular", degree=8, threshold=3, max_weight=4.0),
+    "complete": SecAggConfig(threshold=5, max_weight=4.0, threat_model="semi-honest"),
+    "kregular": SecAggConfig(graph="kregular", degree=8, threshold=3, max_weight=4.0,
+                             threat_model="semi-honest"),
 }
+# The default (malicious) model: majority thresholds t = 7 of 12 and 5 of 9.
+MALICIOUS = {
+    "complete": SecAggConfig(max_weight=4.0),
+    "kregular": SecAggConfig(graph="kregular", degree=8, max_weight=4.0),
+}
+SEMI_HONEST_STAGES = [s for s in Stage if s is not Stage.CONSISTENCY_CHECK]
 
 
 def entropy_from(label: bytes):
@@ -39,7 +47,7 @@ def plain(vectors, weights, survivors):
 
 @pytest.mark.parametrize("graph", sorted(CONFIGS))
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5])
-@pytest.mark.parametrize("stage", list(Stage))
+@pytest.mark.parametrize("stage", SEMI_HONEST_STAGES)
 def test_secure_sum_matches_plain_sum_under_dropout(graph, fraction, stage):
     # Prepare
     vectors, weights = inputs()
@@ -57,6 +65,29 @@ def test_secure_sum_matches_plain_sum_under_dropout(graph, fraction, stage):
     assert abs(result.total_weight - weight) <= result.error_bound
     done = {s.stage: len(s.completed) for s in result.stages}
     assert done[stage] == N - len(dropped)
+    assert Stage.CONSISTENCY_CHECK not in done
+
+
+@pytest.mark.parametrize("graph", sorted(MALICIOUS))
+@pytest.mark.parametrize("stage", list(Stage))
+def test_malicious_model_sum_matches_plain_sum_under_dropout(graph, stage):
+    # Prepare: 25% drop at one stage; every closed neighbourhood keeps >= t.
+    vectors, weights = inputs()
+    dropped = {0, 4, 8}
+
+    # Execute
+    result = secure_sum(vectors, weights, MALICIOUS[graph], dropouts={stage: dropped},
+                        rng=np.random.default_rng(1))
+
+    # Assert: a client gone after MASKED_INPUT is still in the sum.
+    late = stage in (Stage.CONSISTENCY_CHECK, Stage.UNMASK)
+    in_sum = set(range(N)) - (set() if late else dropped)
+    total, weight = plain(vectors, weights, in_sum)
+    assert set(result.survivors) == in_sum
+    assert np.abs(result.total - total).max() <= result.error_bound
+    assert abs(result.total_weight - weight) <= result.error_bound
+    done = {s.stage: len(s.completed) for s in result.stages}
+    assert list(done) == list(Stage) and done[stage] == N - 3
 
 
 def test_weighted_fedavg_equals_plain_fedavg():
@@ -159,6 +190,7 @@ def test_a_client_with_a_nan_update_drops_out():
     vectors[2] = vectors[2].copy()
     vectors[2][0] = np.nan
 
-    result = secure_sum(vectors, weights, SecAggConfig(threshold=2, max_weight=4.0), rng=np.random.default_rng(0))
+    result = secure_sum(vectors, weights, SecAggConfig(threshold=2, max_weight=4.0, threat_model="semi-honest"),
+                        rng=np.random.default_rng(0))
 
     assert 2 not in result.survivors
