@@ -3,8 +3,9 @@ split) and server-side (the aggregator scores it on a held-out set)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.app import Message
@@ -12,12 +13,12 @@ from flwr.serverapp import Grid
 
 from aggregator.collect import collect, push
 from core.errors import UpdateRejected
-from core.messages import TrainConfig, parse_eval_reply, train_instruction
+from core.layouts import ParamLayout
+from core.messages import TrainConfig, evaluate_instruction, parse_eval_reply
 from core.weighting import WeightPolicy
-from learning.models import set_flat
-from learning.training import evaluate
+from learning.task import Metrics, TaskModel
 
-__all__ = ["EvalSummary", "federated_evaluate", "ServerEvaluator"]
+__all__ = ["EvalSummary", "federated_evaluate", "ServerEvaluator", "task_round_metrics"]
 
 
 @dataclass(frozen=True)
@@ -31,14 +32,15 @@ class EvalSummary:
 
 
 def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, config: TrainConfig,
-                       deadline_s: float) -> EvalSummary:
+                       deadline_s: float, layout: ParamLayout | None = None) -> EvalSummary:
     """Ask ``nodes`` to evaluate ``params``; the weighted mean of what comes back.
 
     Replies are range-checked (:func:`core.messages.parse_eval_reply`) and each
     client's example count is capped at 3x the median (:class:`WeightPolicy`),
     so no client that claims a huge test set decides the federated score.
     """
-    content = {n: train_instruction(params, config) for n in nodes}
+    instruction = evaluate_instruction(params, config, layout)  # one message content for every node
+    content = {n: instruction for n in nodes}
     results: dict[int, tuple[float, float, int]] = {}
     train: list[tuple[float, int]] = []
 
@@ -68,13 +70,23 @@ _ROBUST = WeightPolicy("median", median_cap=3.0)
 
 
 class ServerEvaluator:
-    """Scores flat parameters on the aggregator's held-out set."""
+    """Scores flat (trainable) parameters on the aggregator's held-out set with the task's own evaluate."""
 
-    def __init__(self, model_factory, test_set) -> None:
+    def __init__(self, model_factory: Callable[[], TaskModel], test_set: Any) -> None:
         self._model = model_factory()
         self._test = test_set
 
-    def __call__(self, params: np.ndarray) -> tuple[float, float]:
-        set_flat(self._model, params)
-        result = evaluate(self._model, self._test)
-        return float(result.loss), float(result.accuracy)
+    def score(self, params: np.ndarray) -> Metrics:
+        """Every metric the task reports: ``loss``, ``num_examples`` and its own (``accuracy``, ``mae``, ...)."""
+        self._model.set_flat(params)
+        return self._model.evaluate(self._test)
+
+    def __call__(self, params: np.ndarray) -> tuple[float, float | None]:
+        """The loss and the accuracy (``None`` for a task that reports none)."""
+        scores = self.score(params)
+        return scores["loss"], scores.get("accuracy")
+
+
+def task_round_metrics(scores: Metrics, prefix: str = "server-") -> dict[str, float]:
+    """A task's metrics other than loss, accuracy and the count, named for a round's metrics (``server-mae``)."""
+    return {prefix + k: v for k, v in scores.items() if k not in ("loss", "accuracy", "num_examples")}

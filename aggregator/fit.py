@@ -51,14 +51,15 @@ class PlainFit:
         self.max_update_ratio = max_update_ratio
 
     def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome:
-        content = train_instruction(request.state.params, request.config)
+        content = train_instruction(request.state.params, request.config, request.layout)
         contents = {n: content for n in request.nodes}
-        outcome = FitOutcome(aggregate=strategy.new_aggregate(request.state.params.size))
+        agg = strategy.new_aggregate(request.state.params.size)
+        outcome = FitOutcome(aggregate=agg)
         outcome.bytes_out = content_bytes(content) * len(request.nodes)
         started = time.monotonic()
         losses: list[tuple[float, int]] = []
         bound = self.max_update_ratio * max(1.0, float(np.linalg.norm(request.state.params)))
-        fold = _FoldEachReply(strategy, request, outcome, losses, started, self.weighting, bound)
+        fold = _FoldEachReply(strategy, request, outcome, losses, started, agg.size, self.weighting, bound)
         missing = collect(grid, push(grid, contents, "train", request.server_round), request.deadline_s, fold)
         for node in sorted(missing):
             outcome.clients.append(ClientRecord(client=_label(node), outcome="dropped", stage="train",
@@ -81,6 +82,7 @@ class _FoldEachReply:
     outcome: FitOutcome
     losses: list[tuple[float, int]]
     started: float
+    size: int  # of an update: the model's, plus what the strategy appends (DP's count bit)
     weighting: WeightPolicy = field(default_factory=WeightPolicy)
     max_norm: float = float("inf")
     pending: list[tuple[int, np.ndarray, int]] = field(default_factory=list)
@@ -94,8 +96,8 @@ class _FoldEachReply:
         nbytes = content_bytes(reply.content)
         self.outcome.bytes_in += nbytes
         try:
-            size = self.outcome.aggregate.size  # model size, plus what the strategy appends (DP's count bit)
-            parsed = parse_train_reply(reply.content, size, self.request.max_update_bytes)
+            parsed = parse_train_reply(reply.content, self.size, self.request.max_update_bytes,
+                                       reference=self.request.state.params, layout=self.request.layout)
             self._fold(node, parsed.delta, parsed.num_examples)
         except UpdateRejected as exc:
             self.outcome.clients.append(ClientRecord(client=_label(node), outcome="rejected", stage="train",

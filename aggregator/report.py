@@ -1,14 +1,27 @@
-"""Run reports: PNG plots per round and a JSON summary, from the run store."""
+"""Run reports: PNG plots per round and a JSON summary, from the run store.
+
+Besides accuracy and loss, every numeric round metric a run recorded (a
+task's ``server-mae`` / ``server-r2``, a robust rule's counts, DP figures) is
+summarised and charted, so a task that defines its own metrics gets them
+plotted without a line of report code.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from aggregator.store import RunStore
 
-__all__ = ["write_report", "run_summary"]
+__all__ = ["write_report", "run_summary", "numeric_metrics"]
+
+
+def numeric_metrics(metrics: dict[str, Any] | None) -> dict[str, float]:
+    """The numbers among a round's metrics (``status``, ``reason`` and flags left out)."""
+    return {k: float(v) for k, v in (metrics or {}).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def run_summary(store: RunStore, run_id: str) -> dict[str, Any]:
@@ -30,12 +43,14 @@ def run_summary(store: RunStore, run_id: str) -> dict[str, Any]:
             "fed_accuracy": r.fed_accuracy, "server_loss": r.server_loss,
             "server_accuracy": r.server_accuracy, "sampled": r.sampled, "answered": r.answered,
             "dropped": r.dropped, "rejected": r.rejected, "duration_s": r.duration_s,
-            "epsilon": r.epsilon} for r in rounds],
+            "epsilon": r.epsilon, "metrics": numeric_metrics(r.metrics)} for r in rounds],
+        "final_metrics": numeric_metrics(rounds[-1].metrics) if rounds else {},
     }
 
 
 def write_report(store: RunStore, run_id: str, out_dir: str | Path) -> list[Path]:
-    """Write ``summary.json``, ``accuracy_loss.png`` and ``clients.png`` into ``out_dir``."""
+    """Write ``summary.json``, ``accuracy_loss.png``, ``clients.png`` and, when the rounds
+    recorded numeric metrics of their own, ``metrics.png`` (one panel per metric) into ``out_dir``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,4 +87,25 @@ def write_report(store: RunStore, run_id: str, out_dir: str | Path) -> list[Path
     fig.tight_layout()
     fig.savefig(paths[2], dpi=110)
     plt.close(fig)
+    names = sorted({k for r in rows for k in r["metrics"]})
+    if names:
+        paths.append(out / "metrics.png")
+        _plot_metrics(plt, summary["scenario"], rows, names, paths[-1])
     return paths
+
+
+def _plot_metrics(plt: Any, title: str, rows: list[dict[str, Any]], names: list[str], path: Path) -> None:
+    """One small panel per round metric, rounds on the x axis (a gap where a round lacks it)."""
+    cols = min(3, len(names))
+    fig, axes = plt.subplots(-(-len(names) // cols), cols, figsize=(4 * cols, 3 * -(-len(names) // cols)),
+                             squeeze=False)
+    for ax, name in zip(axes.flat, names, strict=False):
+        ax.plot([r["round"] for r in rows], [r["metrics"].get(name) for r in rows], marker="o")
+        ax.set(title=name, xlabel="round")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{title}: round metrics")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -17,11 +17,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 from flwr.serverapp import Grid
 
-from aggregator.evaluation import ServerEvaluator, federated_evaluate
+from aggregator.evaluation import ServerEvaluator, federated_evaluate, task_round_metrics
 from aggregator.step import SKIPPED, advance, train_config
 from aggregator.store import RunStore
 from core.aggregate import step_problem
 from core.fit import FitOutcome, FitRequest, FitWorkflow, marked_clients
+from core.layouts import ParamLayout
 from core.messages import TrainConfig
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState, Strategy
@@ -49,6 +50,7 @@ class RoundLoop:
     server_eval: ServerEvaluator | None = None
     on_round: Callable[[RoundRecord], None] | None = None
     eval_deadline_s: float = 30.0
+    layout: ParamLayout | None = None  # the model's tensors, as they travel (see FitRequest.layout)
 
     def run(self, grid: Grid, state: ServerState) -> LoopResult:
         last = None
@@ -68,7 +70,8 @@ class RoundLoop:
         strategy = strategy.with_cohort(len(nodes))
         request = FitRequest(server_round=server_round, nodes=nodes, state=state,
                              config=self._train_config(strategy, server_round),
-                             deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20))
+                             deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20),
+                             layout=self.layout)
         outcome = self.fit(grid, request, strategy)
         state, status = self._apply(strategy, state, outcome, server_round)
         state, status, reason = self._guard(request.state, state, status, server_round)
@@ -112,6 +115,7 @@ class RoundLoop:
                              server_round: int, started: float, t0: float, status: str) -> RoundRecord:
         ev = self.scenario.evaluation
         fed_loss = fed_acc = srv_loss = srv_acc = None
+        task_metrics: dict[str, float] = {}  # the task's own server-side scores: server-mae, server-r2, ...
         train_loss = outcome.train_loss
         clients = marked_clients(outcome)  # what a robust rule did to each update
         if server_round % ev.every == 0 or server_round == self.scenario.rounds:
@@ -119,19 +123,22 @@ class RoundLoop:
                 ok = [n for n in nodes if any(c.client == str(n) and c.outcome == "ok" for c in clients)]
                 targets = sorted(grid.get_node_ids()) if ev.clients == "all" else (ok or nodes)
                 summary = federated_evaluate(grid, targets, state.params,
-                                             self._train_config(None, server_round), self.eval_deadline_s)
+                                             self._train_config(None, server_round), self.eval_deadline_s,
+                                             self.layout)
                 fed_loss, fed_acc = summary.loss, summary.accuracy
                 train_loss = summary.train_loss if summary.train_loss is not None else train_loss
                 clients = [_with_eval(c, summary.per_client) for c in clients]
             if ev.server and self.server_eval is not None:
-                srv_loss, srv_acc = self.server_eval(state.params)
+                scores = self.server_eval.score(state.params)
+                srv_loss, srv_acc, task_metrics = scores["loss"], scores.get("accuracy"), task_round_metrics(scores)
         epsilon = _epsilon(self.strategy, state)
         return RoundRecord(
             round=server_round, started_at=started, duration_s=time.monotonic() - t0, sampled=len(nodes),
             clients=clients, train_loss=train_loss, fed_loss=fed_loss, fed_accuracy=fed_acc,
             server_loss=srv_loss, server_accuracy=srv_acc, bytes_in=outcome.bytes_in,
             bytes_out=outcome.bytes_out, epsilon=epsilon,
-            secagg=outcome.secagg, metrics={"status": status, **self.strategy.round_metrics(state)})
+            secagg=outcome.secagg,
+            metrics={"status": status, **task_metrics, **self.strategy.round_metrics(state)})
 
 
 def _with_eval(record: ClientRecord, per_client: dict[int, tuple[float, float, int]]) -> ClientRecord:

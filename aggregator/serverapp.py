@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -27,8 +28,8 @@ from aggregator.strategies import (CenteredClipping, FedAdam, FedAvg, FedAvgM, F
 from core.fit import FitWorkflow
 from core.records import RoundRecord
 from core.weighting import WeightPolicy
-from learning.federation import cached_federation
-from learning.models import build_model, get_flat
+from learning.models import layout_of
+from learning.task import TaskModel, load_task
 from privacy.dp import make_dp_strategy
 from privacy.secagg.fit import SecAggFit
 from scenarios.errors import ScenarioError
@@ -79,31 +80,33 @@ class RunHandle:
     run_id: str
 
 
-def _model_factory(scenario: Scenario) -> tuple[Callable[[], object], object]:
-    fed = cached_federation(scenario)
+def _model_factory(scenario: Scenario) -> tuple[Callable[[], TaskModel], Any]:
+    """The scenario's task: a factory of its model (from the run's seed) and the server's held-out data."""
+    task = load_task(scenario)
+    test = task.server_data()
 
-    def factory() -> object:
-        return build_model(scenario.model.name, fed.input_shape, fed.num_classes, seed=scenario.seed)
+    def factory() -> TaskModel:
+        return TaskModel.build(task, scenario.seed)
 
-    return factory, fed
+    return factory, test
 
 
 def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: str,
              resume_id: str | None = None):
     """Create a run (or reopen ``resume_id``); returns (run_id, state, model factory, test set)."""
-    factory, fed = _model_factory(scenario)
+    factory, test = _model_factory(scenario)
     if resume_id is not None:
         state = store.load_state(resume_id)
         store.set_status(resume_id, "running")
         store.log(resume_id, f"resumed after round {state.round if state else 0}")
         if state is not None:
-            return resume_id, state, factory, fed.test
-    initial = get_flat(factory())
+            return resume_id, state, factory, test
+    initial = factory().get_flat()  # the trainable tensors only: frozen ones never travel
     run_id = resume_id or store.create_run(
         name=scenario.name, scenario=scenario.to_dict(), seed=scenario.seed,
         strategy=strategy.describe()["name"], rounds=scenario.rounds, engine=engine,
         num_params=int(initial.size), info={"strategy": strategy.describe()})
-    return run_id, strategy.init_state(initial), factory, fed.test
+    return run_id, strategy.init_state(initial), factory, test
 
 
 def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: str,
@@ -125,8 +128,9 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
         if on_start is not None:
             on_start(run_id)
         evaluator = ServerEvaluator(factory, test) if test is not None and scenario.evaluation.server else None
-        loop = RoundLoop(scenario=scenario, strategy=strategy, fit=fit, store=store,
-                         run_id=run_id, server_eval=evaluator, on_round=on_round)
+        model = factory()  # its tensor names and shapes: the global model travels as its state dict
+        loop = RoundLoop(scenario=scenario, strategy=strategy, fit=fit, store=store, run_id=run_id,
+                         server_eval=evaluator, on_round=on_round, layout=layout_of(model.model, model.names))
         result = loop.run(grid, state)
     except BaseException as exc:
         store.set_status(run_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",

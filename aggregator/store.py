@@ -183,6 +183,8 @@ class RunStore:
     def update_info(self, run_id: str, **info: Any) -> None:
         with self.session() as s, s.begin():
             run = s.get(Run, run_id)
+            if run is None:
+                raise RunNotFound(f"no run {run_id!r} in {self.url}")
             run.info = {**(run.info or {}), **info}
 
     def log(self, run_id: str, message: str, level: str = "info") -> None:

@@ -5,7 +5,11 @@ float32, example counts as weights, ``--dropout`` vanishing before the masked
 input), every protocol over the same in-process Flower ``Grid`` (:class:`SyncGrid`).
 Flower SecAgg+ gets our neighbourhood size and threshold; Flower SecAgg (~10 min at
 100 x 1M) runs at ``--flower-secagg-clients`` (40; ours re-run there for the ratio)
-unless ``--flower-clients 100``. Ends with one JSON line; ``--quick`` takes seconds.
+unless ``--flower-clients 100``. Ours runs in both threat models, the semi-honest
+round (the ``*_round_s`` figures) and the actively secure one (``malicious_*``:
+signed keys, consistency check; every client enrolled); ``malicious_overhead`` is
+the larger of the two graphs' malicious / semi-honest time ratios, same run.
+Ends with one JSON line; ``--quick`` takes seconds.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from privacy.secagg import SecAggConfig, SecureSumResult, Stage  # noqa: E402
 from privacy.secagg.flower_mod import secagg_mod  # noqa: E402
 from privacy.secagg.flower_workflow import run_secagg  # noqa: E402
+from privacy.secagg.identity import node_config  # noqa: E402
 from runtimes.syncgrid import SERVER_NODE, SyncGrid, stage_name  # noqa: E402
 
 __all__ = ["main"]
@@ -101,17 +106,20 @@ def _our_app(inputs: Inputs) -> ClientApp:
     return app
 
 
-def run_ours(inputs: Inputs, graph: str, degree: int | None) -> dict:
+def run_ours(inputs: Inputs, graph: str, degree: int | None, threat_model: str = "semi-honest") -> dict:
     def drop(m: Message) -> bool:
         return stage_name(m) == Stage.MASKED_INPUT.value and m.metadata.dst_node_id in inputs.dropped
 
-    grid = SyncGrid(_our_app(inputs), inputs.nodes, drop)
-    config = SecAggConfig(graph=graph, degree=degree, max_weight=1000.0, stage_timeout_s=600.0)
+    # Simulation enrolment (identity keys, directory) happens before the round, as out of band.
+    grid = SyncGrid(_our_app(inputs), inputs.nodes, drop, node_configs=node_config(inputs.nodes, threat_model))
+    config = SecAggConfig(graph=graph, degree=degree, max_weight=1000.0, stage_timeout_s=600.0,
+                          threat_model=threat_model)
     model = RecordDict({"model": ArrayRecord({"w": Array(np.zeros(inputs.params, np.float32))})})
     start, cpu = time.perf_counter(), time.process_time()
     result = run_secagg(grid, inputs.nodes, model, config, server_round=1, rng=np.random.default_rng(0))
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return _our_report(inputs, graph, result, seconds, grid) | {"cpu_s": cpu}
+    report = _our_report(inputs, graph, result, seconds, grid) | {"cpu_s": cpu}
+    return report | ({"name": f"ours {graph}, malicious model"} if threat_model == "malicious" else {})
 
 
 def _our_report(inputs: Inputs, graph: str, result: SecureSumResult, seconds: float, grid: SyncGrid) -> dict:
@@ -232,7 +240,7 @@ def _anchors(args: argparse.Namespace, inputs: Inputs, runs: dict) -> dict:
     out = {}
     for key, n, graph in (("plus", args.flower_secaggplus_clients, "kregular"),
                           ("agg", args.flower_secagg_clients, "complete")):
-        config = SecAggConfig(graph=graph, degree=args.degree)
+        config = SecAggConfig(graph=graph, degree=args.degree, threat_model="semi-honest")
         out[f"flower_{key}"] = run_flower(inputs.subset(n), graph == "kregular",
                                           config.degree_for(n) + 1, config.threshold_for(n))
         out[f"ours_{key}"] = runs[graph]
@@ -251,7 +259,7 @@ def _figures(args: argparse.Namespace, inputs: Inputs, runs: dict) -> dict:
     agg, plus = runs.get("flower_agg"), runs.get("flower_plus")
     model_bytes = 4 * args.params
     sparse = SecAggConfig(graph="kregular", degree=args.degree)
-    return {
+    return _malicious_figures(runs) | {
         "clients": args.clients, "params": args.params, "dropped": len(inputs.dropped),
         "degree": sparse.degree_for(args.clients), "threshold_kregular": sparse.threshold_for(args.clients),
         "complete_round_s": _rounded(complete), "kregular_round_s": _rounded(kregular),
@@ -274,6 +282,23 @@ def _figures(args: argparse.Namespace, inputs: Inputs, runs: dict) -> dict:
     }
 
 
+def _malicious_figures(runs: dict) -> dict:
+    """The actively secure round against the semi-honest one of the same run."""
+    ratios = {g: runs[f"malicious_{g}"]["round_s"] / runs[g]["round_s"] for g in ("complete", "kregular")}
+    cpu = {g: runs[f"malicious_{g}"]["cpu_s"] / runs[g]["cpu_s"] for g in ("complete", "kregular")}
+    plus = runs.get("flower_plus")
+    same_n = plus is not None and plus["clients"] == runs["kregular"]["clients"]
+    return {
+        "malicious_complete_round_s": _rounded(runs["malicious_complete"]),
+        "malicious_kregular_round_s": _rounded(runs["malicious_kregular"]),
+        "malicious_overhead": round(max(ratios.values()), 3),
+        "malicious_overhead_complete": round(ratios["complete"], 3),
+        "malicious_overhead_kregular": round(ratios["kregular"], 3),
+        "malicious_overhead_cpu": round(max(cpu.values()), 3),
+        "malicious_speedup_vs_flower_secaggplus": _ratio(plus, runs["malicious_kregular"]) if same_n else None,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, print the tables, and return (and print) the JSON figures."""
     args = _parse(argv)
@@ -281,7 +306,10 @@ def main(argv: list[str] | None = None) -> dict:
     inputs = Inputs.draw(args.clients, args.params, args.dropout, args.seed)
     print(f"secure aggregation, one round, one process, in-process Flower Grid: {args.clients} clients "
           f"x {args.params} params, {len(inputs.dropped)} drop before the masked input")
-    runs = {"complete": run_ours(inputs, "complete", None), "kregular": run_ours(inputs, "kregular", args.degree)}
+    runs = {}
+    for graph, degree in (("complete", None), ("kregular", args.degree)):  # interleaved: same load
+        runs[graph] = run_ours(inputs, graph, degree)
+        runs[f"malicious_{graph}"] = run_ours(inputs, graph, degree, "malicious")
     if not args.skip_flower:
         runs |= _anchors(args, inputs, runs)
     for run in {id(r): r for r in runs.values()}.values():

@@ -17,7 +17,10 @@ Attacks
 ``labelflip``
     Trains on labels ``y -> C - 1 - y``.
 ``weight_inflation``
-    The honest update, reporting ``inflated_examples`` examples.
+    The honest update reversed (``-x``), reporting ``inflated_examples``
+    examples: a mean that trusts the count is steered backwards by the
+    attackers alone (the issue's 10^12 attack). Rules that weigh every
+    update 1 see a sign flip.
 ``alie``
     "A little is enough" (Baruch, Baruch & Goldberg, NeurIPS 2019):
     ``mu - z * sigma`` coordinate-wise, with ``z`` from the paper's
@@ -191,6 +194,6 @@ class AttackMod:
         elif spec.attack == "scaling":
             delta = scaling(delta, spec.scale)
         elif spec.attack == "weight_inflation":
-            n = spec.inflated_examples
+            delta, n = signflip(delta), spec.inflated_examples
         return delta, n, metrics
 

@@ -14,17 +14,24 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from clients.attacks import AttackMod, AttackPlan, flip_labels
-from core.messages import TrainConfig, client_seed, eval_reply, parse_instruction, train_reply
-from learning.datasets import ClientData, load_client_data
+from core.messages import (
+    Instruction,
+    TrainConfig,
+    client_seed,
+    eval_reply,
+    parse_instruction,
+    read_instruction,
+    train_reply,
+)
+from learning.errors import TaskError
 from learning.federation import cached_federation
-from learning.models import build_model, get_flat, set_flat
-from learning.training import evaluate, train
-from privacy.dp import ClientDPConfig, client_payload, secure_rng
+from learning.models import layout_of
+from learning.task import LocalData, Metrics, TaskModel, load_task
+from privacy.dp import ClientDPConfig, client_payload, secure_rng, train_client
 from privacy.secagg.flower_mod import secagg_mod
 from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario
@@ -34,10 +41,11 @@ __all__ = ["app", "client_mods"]
 
 @dataclass
 class _Runtime:
-    """What a node keeps between messages: its data and one model instance."""
+    """What a node keeps between messages: its data and one model of the scenario's task."""
 
-    data: ClientData
-    model: torch.nn.Module
+    data: LocalData
+    model: TaskModel
+    scenario: Scenario
 
 
 _RUNTIMES: dict[tuple[Any, ...], _Runtime] = {}
@@ -55,18 +63,13 @@ def _runtime(context: Context) -> _Runtime:
 
 
 def _load_runtime(scenario: Scenario, node: dict[str, Any]) -> _Runtime:
+    """The task's data for this node (a device's own file, or a simulated partition), then its model."""
+    task = load_task(scenario)
     if "data-path" in node:
-        data = load_client_data(str(node["data-path"]), label_column=scenario.data.label_column,
-                                test_fraction=scenario.data.client_test_fraction, seed=scenario.seed)
-        fed = cached_federation(scenario) if scenario.data.dataset != "file" else None
-        shape = fed.input_shape if fed else tuple(data.train.x.shape[1:])
-        classes = fed.num_classes if fed else int(data.train.y.max()) + 1
+        data = task.device_data(str(node["data-path"]))
     else:
-        fed = cached_federation(scenario)
-        data = fed.clients[int(node["partition-id"]) % len(fed.clients)]
-        shape, classes = fed.input_shape, fed.num_classes
-    model = build_model(scenario.model.name, shape, classes, seed=scenario.seed)
-    return _Runtime(data=data, model=model)
+        data = task.partition(int(node["partition-id"]))
+    return _Runtime(data=data, model=TaskModel.build(task, scenario.seed), scenario=scenario)
 
 
 def client_mods() -> list[Any]:
@@ -96,18 +99,15 @@ def _honest_update(partition: int, flip: bool, message: Message,
     if key not in _HONEST:
         if _HONEST and next(iter(_HONEST))[:2] != key[:2]:
             _HONEST.clear()  # a new round: the old copies are stale
-        fed = cached_federation(scenario)
-        data = fed.clients[partition % len(fed.clients)].train
-        if flip:
-            data = replace(data, y=flip_labels(data.y, fed.num_classes))
         model = _runtime(context).model
-        set_flat(model, params)
+        data = model.task.partition(partition).train
+        if flip:  # label flipping: a classification attack, on the federation's classes
+            data = replace(data, y=flip_labels(data.y, cached_federation(scenario).num_classes))
+        model.set_flat(params)
         started = time.monotonic()
-        result = train(model, data, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
-                       momentum=config.momentum, proximal_mu=config.proximal_mu,
-                       seed=client_seed(config.seed, config.round, partition + 1))
-        metrics = {"train-loss": float(result.loss), "duration-s": time.monotonic() - started}
-        _HONEST[key] = (get_flat(model) - params, result.num_examples, metrics)
+        result = model.train(data, config, client_seed(config.seed, config.round, partition + 1))
+        metrics = {"train-loss": result["loss"], "duration-s": time.monotonic() - started}
+        _HONEST[key] = (model.get_flat() - params, int(result["num_examples"]), metrics)
     return _HONEST[key]
 
 
@@ -118,19 +118,42 @@ app = ClientApp(mods=client_mods())
 def train_handler(message: Message, context: Context) -> Message:
     """Train the global model on local data; reply with the update (a delta)."""
     runtime = _runtime(context)
-    params, config = parse_instruction(message.content)
+    instruction = _read(message, runtime)
+    params, config = instruction.params, instruction.config
     started = time.monotonic()
-    set_flat(runtime.model, params)
-    result = _train(runtime, config, client_seed(config.seed, config.round, context.node_id))
-    delta = get_flat(runtime.model) - params
-    metrics = {"train-loss": float(result.loss), "duration-s": time.monotonic() - started}
+    runtime.model.set_flat(params)
+    result, sgd_metrics = _train(runtime, config, client_seed(config.seed, config.round, context.node_id))
+    delta = runtime.model.get_flat() - params
+    metrics = {"train-loss": result["loss"], "duration-s": time.monotonic() - started,
+               **_named("train-", result), **sgd_metrics}
     delta, extra = _privatize(delta, config)
-    return Message(train_reply(delta, result.num_examples, {**metrics, **extra}), reply_to=message)
+    return Message(train_reply(delta, int(result["num_examples"]), {**metrics, **extra}, answer_to=instruction),
+                   reply_to=message)
 
 
-def _train(runtime: _Runtime, config: TrainConfig, seed: int) -> Any:
-    return train(runtime.model, runtime.data.train, epochs=config.epochs, batch_size=config.batch_size,
-                 lr=config.lr, momentum=config.momentum, proximal_mu=config.proximal_mu, seed=seed)
+def _read(message: Message, runtime: _Runtime) -> Instruction:
+    """The instruction, from Quorum or from a stock Flower server (answered in its own layout;
+    the settings it does not send are the scenario's)."""
+    t, seed = runtime.scenario.training, runtime.scenario.seed
+    defaults = TrainConfig(round=0, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
+                           seed=seed)
+    return read_instruction(message.content, layout_of(runtime.model.model, runtime.model.names), defaults)
+
+
+def _train(runtime: _Runtime, config: TrainConfig, seed: int) -> tuple[Metrics, dict[str, float]]:
+    """The task's training, or DP-SGD with its sample-level epsilon when ``[dp] local_dp_sgd`` is on
+    (a task allows it with ``supports_dp_sgd``); DP-SGD's batches and noise come from a secure
+    generator, never from ``seed`` (the server knows it)."""
+    if not runtime.scenario.dp.local_dp_sgd:
+        return runtime.model.train(runtime.data.train, config, seed), {}
+    result, extra = train_client(runtime.model.model, runtime.data.train, config, runtime.scenario.dp, seed=seed,
+                                 rng=secure_rng())
+    return {"loss": float(result.loss), "num_examples": float(result.num_examples)}, extra
+
+
+def _named(prefix: str, metrics: Metrics) -> dict[str, float]:
+    """A task's own metrics (all but ``loss`` and ``num_examples``), prefixed for the reply."""
+    return {prefix + k: v for k, v in metrics.items() if k not in ("loss", "num_examples")}
 
 
 def _privatize(delta: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, dict[str, float]]:
@@ -148,9 +171,16 @@ def _privatize(delta: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, dict
 def evaluate_handler(message: Message, context: Context) -> Message:
     """Score the global model on the node's local test split."""
     runtime = _runtime(context)
-    params, _ = parse_instruction(message.content)
-    set_flat(runtime.model, params)
-    result = evaluate(runtime.model, runtime.data.test)
-    on_train = evaluate(runtime.model, runtime.data.train)
-    reply = eval_reply(result.loss, result.accuracy, result.num_examples, on_train.loss, on_train.num_examples)
+    instruction = _read(message, runtime)
+    runtime.model.set_flat(instruction.params)
+    result = runtime.model.evaluate(runtime.data.test)
+    on_train = runtime.model.evaluate(runtime.data.train)
+    if "accuracy" not in result:
+        # The evaluate reply (core.messages) carries a loss and an accuracy; a task's other metrics
+        # (mae, r2, ...) reach the store through server-side evaluation.
+        raise TaskError(f"{type(runtime.model.task).__name__}.evaluate reports no 'accuracy' "
+                        f"(got {', '.join(sorted(result))}): federated evaluation needs it; "
+                        "set [evaluation] federated = false and score on the server")
+    reply = eval_reply(result["loss"], result["accuracy"], int(result["num_examples"]), on_train["loss"],
+                       int(on_train["num_examples"]), answer_to=instruction)
     return Message(reply, reply_to=message)

@@ -16,11 +16,11 @@ from typing import Any, Protocol
 import numpy as np
 from flwr.serverapp import Grid
 
-from core.aggregate import MeanState
 from core.buffer import client_marks
+from core.layouts import ParamLayout
 from core.messages import TrainConfig
 from core.records import ClientRecord
-from core.strategy import ServerState, Strategy
+from core.strategy import AggregateState, ServerState, Strategy
 
 __all__ = ["FitRequest", "FitOutcome", "FitWorkflow", "accumulate", "marked_clients"]
 
@@ -35,13 +35,16 @@ class FitRequest:
     config: TrainConfig
     deadline_s: float
     max_update_bytes: int
+    #: The model's tensor names and shapes: the global model goes out as a state dict a stock
+    #: Flower client loads, and full-weight replies are read back by these names.
+    layout: ParamLayout | None = None
 
 
 @dataclass
 class FitOutcome:
     """What one round's fit step produced."""
 
-    aggregate: MeanState | None
+    aggregate: AggregateState | None
     clients: list[ClientRecord] = field(default_factory=list)
     bytes_in: int = 0
     bytes_out: int = 0
@@ -53,8 +56,8 @@ class FitWorkflow(Protocol):
     def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome: ...
 
 
-def accumulate(strategy: Strategy, agg: MeanState, delta: np.ndarray, num_examples: int,
-               metrics: Mapping[str, Any]) -> MeanState:
+def accumulate(strategy: Strategy, agg: AggregateState, delta: np.ndarray, num_examples: float,
+               metrics: Mapping[str, Any]) -> AggregateState:
     """Fold one decoded (hence already validated) update."""
     return strategy.accumulate(agg, delta, num_examples, checked=True)
 

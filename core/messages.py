@@ -2,15 +2,28 @@
 
 Flower carries ``RecordDict`` s; this module is the one place that knows how a
 Quorum instruction or reply is laid out in one, so both sides import it. A
-model or an update travels as one flat float32 ``Array`` (numpy ``.npy``
-bytes, never pickle). Replies are decoded without copying and validated before
+Quorum update travels as one flat float32 ``Array`` (numpy ``.npy`` bytes,
+never pickle). Replies are decoded without copying and validated before
 anything touches the running aggregate: a malformed reply raises
 :class:`~core.errors.UpdateRejected` naming the problem.
+
+Flower compatibility, both ways (:class:`Wire`). An instruction carries the
+global model once, as ``arrays``: an ``ArrayRecord`` shaped like the model's
+``state_dict`` (:mod:`core.layouts`), with the settings in ``config``; the
+legacy names ``fitins.*`` / ``evaluateins.*`` point at the same two records
+(Flower's wire is content-addressed, so an alias costs a reference, not the
+model again). Quorum's ``config`` carries ``quorum-wire``: Quorum's client
+answers such an instruction with a delta (``update``), and any other in the
+layout it was addressed in. Replies are told apart per reply: a delta named
+``update`` (Quorum), full weights in ``arrays`` (a Flower message-API client,
+turned into a delta against the global model sent, one copy) or
+``fitres.parameters`` (a legacy ``NumPyClient``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
 from typing import Any, TypeGuard
 
 import numpy as np
@@ -19,12 +32,13 @@ from flwr.app.typing import MetricRecordValues
 
 from core.aggregate import all_finite
 from core.errors import UpdateRejected
+from core.layouts import ParamLayout, encode_named, gather, npy_bytes, npy_view
 
 __all__ = [
     "TrainConfig", "TrainReply", "EvalReply", "encode_flat", "decode_flat",
     "train_instruction", "parse_instruction", "train_reply", "parse_train_reply",
     "eval_reply", "parse_eval_reply", "content_bytes", "client_seed", "clean_metrics", "MAX_EXAMPLES",
-    "MAX_LOSS",
+    "MAX_LOSS", "Wire", "Instruction", "read_instruction", "evaluate_instruction", "QUORUM_WIRE",
 ]
 
 
@@ -49,15 +63,54 @@ class TrainConfig:
     extra: dict[str, float | int | bool | str] = field(default_factory=dict)
 
     def to_record(self) -> ConfigRecord:
-        data = {k: v for k, v in asdict(self).items() if k != "extra"}
+        data: dict[str, Any] = {k: v for k, v in asdict(self).items() if k != "extra"}
         data.update({f"x.{k}": v for k, v in self.extra.items()})
+        # the marker of Quorum's layout, and the names a Flower client reads (Flower's FedAvg, quickstart)
+        data.update({QUORUM_WIRE: 2, **{alias: data[key] for alias, key in _FLOWER_ALIASES.items()}})
         return ConfigRecord(data)
 
     @classmethod
     def from_record(cls, record: ConfigRecord) -> TrainConfig:
-        data: dict[str, Any] = dict(record)
+        data: dict[str, Any] = {k: v for k, v in dict(record).items()
+                                if k != QUORUM_WIRE and k not in _FLOWER_ALIASES}
         extra = {k[2:]: data.pop(k) for k in list(data) if k.startswith("x.")}
         return cls(**data, extra=extra)
+
+    def updated_by(self, record: ConfigRecord) -> TrainConfig:
+        """These settings overridden by a Flower server's ``config`` (``lr``, ``local-epochs``,
+        ``batch-size``, ``server-round``, ``proximal-mu``); a value of the wrong type or range is an error.
+
+        Raises
+        ------
+        ValueError
+            Naming the key and the value.
+        """
+        changes: dict[str, Any] = {}
+        for alias, key in {**_FLOWER_ALIASES, "lr": "lr", "batch-size": "batch_size",
+                           "proximal-mu": "proximal_mu"}.items():
+            value = record.get(alias)
+            if value is None:
+                continue
+            wanted = float if key in ("lr", "proximal_mu") else int
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    wanted is float or float(value).is_integer()) or not 0 <= value < 1e9:
+                raise ValueError(f"config {alias!r} = {value!r} is not a usable {wanted.__name__}")
+            changes[key] = wanted(value)
+        return replace(self, **changes)
+
+
+#: Config key marking an instruction as Quorum's (its client answers with a delta).
+QUORUM_WIRE = "quorum-wire"
+#: Flower's names for Quorum's settings, sent beside them (alias -> TrainConfig field).
+_FLOWER_ALIASES = {"server-round": "round", "local-epochs": "epochs"}
+
+
+class Wire(Enum):
+    """The layout a message is in: Quorum's own, Flower's message API, or Flower's legacy ``*Ins``/``*Res``."""
+
+    QUORUM = "quorum"
+    FLOWER = "flower"
+    LEGACY = "legacy"
 
 
 @dataclass(frozen=True)
@@ -65,6 +118,7 @@ class TrainReply:
     delta: np.ndarray
     num_examples: int
     metrics: dict[str, float]
+    wire: Wire = Wire.QUORUM
 
 
 @dataclass(frozen=True)
@@ -81,14 +135,9 @@ class EvalReply:
 
 def encode_flat(vector: np.ndarray) -> Array:
     """One flat float32 buffer as a Flower ``Array`` (``.npy`` bytes, as ``np.save`` writes them)."""
-    from io import BytesIO
-
     flat = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1)
-    header = BytesIO()
-    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(flat))
     # one copy into bytes of the exact size (np.save into a BytesIO grows a buffer, then copies it)
-    data = b"".join((header.getvalue(), flat.data.cast("B")))
-    return Array(dtype="float32", shape=(int(flat.shape[0]),), stype="numpy.ndarray", data=data)
+    return Array(dtype="float32", shape=(int(flat.shape[0]),), stype="numpy.ndarray", data=npy_bytes(flat))
 
 
 def decode_flat(array: Array, size: int | None = None, max_bytes: int | None = None) -> np.ndarray:
@@ -133,21 +182,114 @@ def _npy_view(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=np.float32, count=shape[0], offset=offset)
 
 
-def train_instruction(params: np.ndarray, config: TrainConfig) -> RecordDict:
-    return RecordDict({"global": ArrayRecord({"params": encode_flat(params)}), "config": config.to_record()})
+@dataclass(frozen=True)
+class Instruction:
+    """A train or evaluate instruction as a client reads it: the global model as one flat
+    buffer (in the client's tensor order), the settings, and the layout to answer in."""
+
+    params: np.ndarray
+    config: TrainConfig
+    wire: Wire
+    layout: ParamLayout
+
+
+def train_instruction(params: np.ndarray, config: TrainConfig, layout: ParamLayout | None = None) -> RecordDict:
+    """The ``train`` instruction: the model once, named by ``layout`` (default: one tensor ``params``)."""
+    return _instruction(params, config, layout, "fitins")
+
+
+def evaluate_instruction(params: np.ndarray, config: TrainConfig, layout: ParamLayout | None = None) -> RecordDict:
+    """The ``evaluate`` instruction (the same records; the legacy aliases are ``evaluateins.*``)."""
+    return _instruction(params, config, layout, "evaluateins")
+
+
+def _instruction(params: np.ndarray, config: TrainConfig, layout: ParamLayout | None, legacy: str) -> RecordDict:
+    arrays = ArrayRecord(encode_named(params, layout or ParamLayout.flat(params.size)))
+    settings = config.to_record()
+    return RecordDict({"arrays": arrays, "config": settings,
+                       f"{legacy}.parameters": arrays, f"{legacy}.config": settings})
 
 
 def parse_instruction(content: RecordDict) -> tuple[np.ndarray, TrainConfig]:
-    """The global model and training config of a train or evaluate instruction."""
-    params = content.array_records["global"]["params"].numpy()
-    return params.astype(np.float32, copy=False), TrainConfig.from_record(content.config_records["config"])
+    """The global model and training config of one of Quorum's train or evaluate instructions."""
+    instruction = read_instruction(content)
+    return instruction.params, instruction.config
 
 
-def train_reply(delta: np.ndarray, num_examples: int, metrics: dict[str, float]) -> RecordDict:
+def read_instruction(content: RecordDict, layout: ParamLayout | None = None,
+                     defaults: TrainConfig | None = None) -> Instruction:
+    """Read a train or evaluate instruction from Quorum or from a stock Flower server.
+
+    Parameters
+    ----------
+    layout : ParamLayout, optional
+        The client model's tensors: a Flower server's ``arrays`` are read by
+        these names (a legacy server's positionally) into this order.
+    defaults : TrainConfig, optional
+        The settings a Flower server does not send (its ``config`` overrides
+        ``lr``, ``local-epochs``, ...; see :meth:`TrainConfig.updated_by`).
+
+    Raises
+    ------
+    ValueError
+        The instruction is in no layout this client reads, or its model does not fit ``layout``.
+    """
+    settings, arrays = content.get("config"), content.get("arrays")
+    legacy = [r for k in ("fitins", "evaluateins") if isinstance(r := content.get(f"{k}.parameters"), ArrayRecord)]
+    try:
+        if isinstance(settings, ConfigRecord) and QUORUM_WIRE in settings and isinstance(arrays, ArrayRecord):
+            own = ParamLayout(tuple(arrays), tuple(tuple(a.shape) for a in arrays.values()))
+            return Instruction(gather(list(arrays.items()), own, "global model"), TrainConfig.from_record(settings),
+                               Wire.QUORUM, own)
+        base = defaults or TrainConfig(round=0, epochs=1, batch_size=32, lr=0.01, seed=0)
+        if isinstance(arrays, ArrayRecord):
+            want = layout or ParamLayout(tuple(arrays), tuple(tuple(a.shape) for a in arrays.values()))
+            missing = [n for n in want.names if n not in arrays]
+            if missing:
+                raise UpdateRejected(f"the server's 'arrays' lack {missing[:3]}; this client's model is "
+                                     f"{want.describe()}")
+            params = gather([(n, arrays[n]) for n in want.names], want, "global model")
+            config = base.updated_by(settings) if isinstance(settings, ConfigRecord) else base
+            return Instruction(params, config, Wire.FLOWER, want)
+        if legacy:
+            return _read_legacy(legacy[0], content.get("fitins.config", content.get("evaluateins.config")),
+                                layout, base)
+    except UpdateRejected as exc:
+        raise ValueError(str(exc)) from None
+    raise ValueError(f"instruction is in no known layout: expected 'arrays' (an ArrayRecord) with 'config', "
+                     f"or legacy 'fitins.parameters'; got {sorted(content)}")
+
+
+def _read_legacy(record: ArrayRecord, settings: Any, layout: ParamLayout | None, base: TrainConfig) -> Instruction:
+    """A legacy ``fitins``/``evaluateins`` instruction: unnamed ``.npy`` tensors, in the model's order."""
+    tensors = [(k, a) for k, a in record.items() if k != "_empty"]
+    if layout is None:
+        layout = ParamLayout(tuple(k for k, _ in tensors), tuple(npy_view(bytes(a.data)).shape for _, a in tensors))
+    config = base.updated_by(settings) if isinstance(settings, ConfigRecord) else base
+    return Instruction(gather(tensors, layout, "global model"), config, Wire.LEGACY, layout)
+
+
+def train_reply(delta: np.ndarray, num_examples: int, metrics: dict[str, float],
+                answer_to: Instruction | None = None) -> RecordDict:
+    """A train reply: Quorum's delta, or (``answer_to`` a Flower instruction) the full weights
+    in the layout and tensor names the server used, as Flower's strategies expect them."""
+    if answer_to is None or answer_to.wire is Wire.QUORUM:
+        return RecordDict({
+            "update": ArrayRecord({"delta": encode_flat(delta)}),
+            "metrics": MetricRecord({"num-examples": int(num_examples), **metrics}),
+        })
+    weights = encode_named(answer_to.params + delta, answer_to.layout)
+    loss = {"train_loss": float(metrics["train-loss"])} if "train-loss" in metrics else {}
+    if answer_to.wire is Wire.FLOWER:
+        return RecordDict({"arrays": ArrayRecord(weights),
+                           "metrics": MetricRecord({**loss, "num-examples": int(num_examples)})})
     return RecordDict({
-        "update": ArrayRecord({"delta": encode_flat(delta)}),
-        "metrics": MetricRecord({"num-examples": int(num_examples), **metrics}),
-    })
+        "fitres.parameters": ArrayRecord({str(i): a for i, a in enumerate(weights.values())}),
+        "fitres.num_examples": MetricRecord({"num_examples": int(num_examples)}),
+        "fitres.metrics": ConfigRecord(dict(loss)), "fitres.status": _LEGACY_OK})
+
+
+_LEGACY_OK = ConfigRecord({"code": 0, "message": "Success"})
 
 
 #: The most examples one client may claim: beyond it a reply is refused, so a
@@ -196,6 +338,65 @@ def clean_metrics(metrics: dict[str, Any]) -> dict[str, int | float]:
     return kept
 
 
+def _typed(content: RecordDict, key: str, kind: type[Any]) -> Any:
+    record = content.get(key)
+    if not isinstance(record, kind):
+        raise UpdateRejected(f"reply {key!r} is a {type(record).__name__}, expected a {kind.__name__}")
+    return record
+
+
+def _legacy_status(content: RecordDict, prefix: str) -> None:
+    status = content.get(f"{prefix}.status")
+    if isinstance(status, ConfigRecord) and status.get("code", 0) != 0:
+        raise UpdateRejected(f"legacy client reported status {status.get('code')!r}: "
+                             f"{str(status.get('message', ''))[:200]}")
+
+
+def _renamed(metrics: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """``metrics`` with Flower's names (``train_loss``) also under Quorum's (``train-loss``)."""
+    return {**{ours: metrics[theirs] for theirs, ours in names.items() if theirs in metrics}, **metrics}
+
+
+def _parse_weights(content: RecordDict, size: int, max_bytes: int, reference: np.ndarray | None,
+                   layout: ParamLayout | None) -> TrainReply:
+    """A Flower or legacy reply: full weights, made a delta against ``reference`` (the model sent)."""
+    wire = Wire.FLOWER if "arrays" in content else Wire.LEGACY
+    if reference is None:
+        raise UpdateRejected(f"a {wire.value}-layout reply carries full weights; this workflow takes deltas only")
+    layout = layout or ParamLayout.flat(reference.size)
+    if size != layout.size:
+        raise UpdateRejected(f"this round takes {size} values per update; a {wire.value}-layout reply carries the "
+                             f"model's {layout.size} (DP needs Quorum's layout: a delta named 'update')")
+    if wire is Wire.FLOWER:
+        record, metrics = _typed(content, "arrays", ArrayRecord), _metrics(content)
+        n = _num_examples(metrics)
+        if set(record) != set(layout.names):
+            unknown = sorted(set(record) - set(layout.names))[:3]
+            raise UpdateRejected(f"reply 'arrays' hold {len(record)} tensors (unexpected: {unknown}); expected "
+                                 f"the model's state_dict: {layout.describe()}")
+        tensors = [(name, record[name]) for name in layout.names]
+    else:
+        _legacy_status(content, "fitres")
+        record = _typed(content, "fitres.parameters", ArrayRecord)
+        n = _num_examples(dict(_typed(content, "fitres.num_examples", MetricRecord)), "num_examples")
+        extra = content.get("fitres.metrics")
+        metrics = dict(extra) if isinstance(extra, ConfigRecord) else {}
+        tensors = [(k, a) for k, a in record.items() if k != "_empty"]
+    nbytes = sum(len(a.data) for _, a in tensors)
+    if nbytes > max_bytes:
+        raise UpdateRejected(f"update is {nbytes} bytes, over the {max_bytes}-byte limit")
+    delta = gather(tensors, layout)
+    delta -= reference  # in place: the one flat buffer this reply costs
+    if not all_finite(delta):
+        raise UpdateRejected("update holds NaN or Inf values")
+    return TrainReply(delta, n, clean_metrics(_renamed(metrics, {"train_loss": "train-loss"})), wire)
+
+
+_LAYOUTS = ("reply has no 'update'/'delta' array (Quorum's layout: a flat float32 delta), no 'arrays' (Flower's: "
+            "the model's state_dict, with 'num-examples' in its 'metrics' MetricRecord) and no "
+            "'fitres.parameters' (a legacy NumPyClient's)")
+
+
 def _update_array(content: RecordDict) -> Array:
     record = content.get("update")
     if record is None:
@@ -208,22 +409,44 @@ def _update_array(content: RecordDict) -> Array:
     return array
 
 
-def parse_train_reply(content: RecordDict, size: int, max_bytes: int) -> TrainReply:
-    """Decode and validate a train reply (see :func:`decode_flat`).
+def parse_train_reply(content: RecordDict, size: int, max_bytes: int, *, reference: np.ndarray | None = None,
+                      layout: ParamLayout | None = None) -> TrainReply:
+    """Decode and validate a train reply in whichever layout it came (see :class:`Wire`).
+
+    A Quorum reply's delta is a view on the message (:func:`decode_flat`); a
+    Flower or legacy reply's full weights are gathered by ``layout`` (the names
+    and shapes sent) into one new flat buffer and made a delta against
+    ``reference``, the global model the server sent.
 
     Raises
     ------
     UpdateRejected
-        A record of the wrong type, an example count outside ``[1, MAX_EXAMPLES]``,
-        or an update :func:`decode_flat` refuses. Metrics out of range are dropped.
+        A reply in no known layout (the reason names the three), a record of the
+        wrong type, an example count outside ``[1, MAX_EXAMPLES]``, tensors that
+        do not match ``layout``, or an update :func:`decode_flat` refuses.
+        Metrics out of range are dropped.
     """
+    if not isinstance(content, RecordDict) or not any(k in content for k in ("update", "arrays", "fitres.parameters")):
+        got = sorted(content) if isinstance(content, RecordDict) else type(content).__name__
+        raise UpdateRejected(f"{_LAYOUTS}; got {got}")
+    if "update" not in content:
+        return _parse_weights(content, size, max_bytes, reference, layout)
     metrics = _metrics(content)
     n = _num_examples(metrics)
     return TrainReply(decode_flat(_update_array(content), size, max_bytes), n, clean_metrics(metrics))
 
 
 def eval_reply(loss: float, accuracy: float, num_examples: int, train_loss: float | None = None,
-               train_examples: int = 0) -> RecordDict:
+               train_examples: int = 0, answer_to: Instruction | None = None) -> RecordDict:
+    """An evaluate reply in Quorum's names, or in Flower's (``answer_to`` a Flower instruction)."""
+    if answer_to is not None and answer_to.wire is Wire.FLOWER:
+        return RecordDict({"metrics": MetricRecord({"eval_loss": float(loss), "eval_acc": float(accuracy),
+                                                    "num-examples": int(num_examples)})})
+    if answer_to is not None and answer_to.wire is Wire.LEGACY:
+        return RecordDict({"evaluateres.loss": MetricRecord({"loss": float(loss)}),
+                           "evaluateres.num_examples": MetricRecord({"num_examples": int(num_examples)}),
+                           "evaluateres.metrics": ConfigRecord({"accuracy": float(accuracy)}),
+                           "evaluateres.status": _LEGACY_OK})
     metrics: dict[str, MetricRecordValues] = {"num-examples": int(num_examples), "eval-loss": float(loss),
                                               "eval-accuracy": float(accuracy)}
     if train_loss is not None:
@@ -239,9 +462,10 @@ def parse_eval_reply(content: RecordDict) -> EvalReply:
     UpdateRejected
         Accuracy outside ``[0, 1]``, a loss that is not a finite number in
         ``[0, MAX_LOSS]``, or a bad example count. A training loss out of range
-        is dropped (it is optional).
+        is dropped (it is optional). A reply in none of Quorum's, Flower's
+        (``eval_loss``/``eval_acc``) or the legacy layout, naming the three.
     """
-    metrics = _metrics(content)
+    metrics = _eval_metrics(content)
     n = _num_examples(metrics)
     loss, acc = metrics.get("eval-loss"), metrics.get("eval-accuracy")
     if not _in_range(loss, 0.0, MAX_LOSS) or not _in_range(acc, 0.0, 1.0):
@@ -253,9 +477,33 @@ def parse_eval_reply(content: RecordDict) -> EvalReply:
     return EvalReply(float(loss), float(acc), n, None if train_loss is None else float(train_loss), int(train_n))
 
 
+#: Flower's names of an evaluation's accuracy, the first present wins.
+_ACCURACY_NAMES = ("eval_acc", "eval_accuracy", "accuracy", "acc")
+
+
+def _eval_metrics(content: RecordDict) -> dict[str, Any]:
+    """An evaluate reply's figures under Quorum's names, whichever layout it came in."""
+    if isinstance(content, RecordDict) and "evaluateres.loss" in content:
+        _legacy_status(content, "evaluateres")
+        extra = content.get("evaluateres.metrics")
+        named = dict(extra) if isinstance(extra, ConfigRecord) else {}
+        return {"num-examples": dict(_typed(content, "evaluateres.num_examples", MetricRecord)).get("num_examples"),
+                "eval-loss": dict(_typed(content, "evaluateres.loss", MetricRecord)).get("loss"),
+                "eval-accuracy": next((named[k] for k in _ACCURACY_NAMES if k in named), None)}
+    if not isinstance(content, RecordDict) or "metrics" not in content:
+        raise UpdateRejected("eval reply is in no known layout: expected a 'metrics' MetricRecord with "
+                             "'num-examples' and Quorum's 'eval-loss'/'eval-accuracy' or Flower's 'eval_loss'/"
+                             "'eval_acc', or a legacy NumPyClient's 'evaluateres.loss'; got "
+                             f"{sorted(content) if isinstance(content, RecordDict) else type(content).__name__}")
+    metrics = _metrics(content)
+    if "eval-loss" in metrics or "eval_loss" not in metrics:
+        return metrics  # Quorum's names (or none: the range check names what is missing)
+    accuracy = next((metrics[k] for k in _ACCURACY_NAMES if k in metrics), None)
+    return {**metrics, "eval-loss": metrics["eval_loss"], "eval-accuracy": accuracy}
+
+
 def content_bytes(content: RecordDict) -> int:
-    """Approximate wire size of a message's arrays (their serialised bytes)."""
-    total = 0
-    for record in content.array_records.values():
-        total += sum(len(a.data) for a in record.values())
-    return total
+    """Approximate wire size of a message's arrays (their serialised bytes); a record
+    sent under two names (the legacy aliases) counts once, as Flower's wire sends it once."""
+    records = {id(r): r for r in content.array_records.values()}
+    return sum(len(a.data) for record in records.values() for a in record.values())

@@ -23,7 +23,12 @@ import numpy as np
 from core import aggregate
 from core.messages import TrainConfig
 
-__all__ = ["ServerState", "Strategy"]
+__all__ = ["AggregateState", "ServerState", "Strategy"]
+
+#: A strategy's running aggregate, opaque to the round loop: an :class:`core.aggregate.MeanState`
+#: for the sum-decomposable rules, the strategy's own state otherwise (``core.buffer.UpdateBuffer``,
+#: centered clipping's bucketed state), so subclasses narrow it in their signatures.
+AggregateState = Any
 
 
 @dataclass(frozen=True)
@@ -94,12 +99,12 @@ class Strategy(ABC):
         """
         return config
 
-    def new_aggregate(self, size: int) -> aggregate.MeanState:
+    def new_aggregate(self, size: int) -> AggregateState:
         """Return an empty running aggregate for a model of ``size`` parameters."""
         return aggregate.empty(size)
 
-    def accumulate(self, agg: aggregate.MeanState, update: np.ndarray, num_examples: int, *,
-                   checked: bool = False) -> aggregate.MeanState:
+    def accumulate(self, agg: AggregateState, update: np.ndarray, num_examples: float, *,
+                   checked: bool = False) -> AggregateState:
         """Fold one client's update (a delta), weighted by its example count.
 
         ``checked=True``: the update was already scanned for NaN/Inf (decoded by
@@ -107,7 +112,7 @@ class Strategy(ABC):
         """
         return aggregate.add(agg, update, float(num_examples), checked=checked)
 
-    def merge(self, agg: aggregate.MeanState, partial: aggregate.MeanState) -> aggregate.MeanState:
+    def merge(self, agg: AggregateState, partial: AggregateState) -> AggregateState:
         """Fold a partial aggregate summed elsewhere (secure aggregation's sum, another worker's state).
 
         A wrapper that checks what reaches the server overrides this as well as
@@ -115,7 +120,7 @@ class Strategy(ABC):
         """
         return aggregate.merge(agg, partial)
 
-    def finalize(self, agg: aggregate.MeanState, rng: np.random.Generator) -> np.ndarray:
+    def finalize(self, agg: AggregateState, rng: np.random.Generator) -> np.ndarray:
         """Turn the running aggregate into the mean update (a delta)."""
         return aggregate.finalize(agg)
 

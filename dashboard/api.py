@@ -13,6 +13,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from dashboard.live import run_events, runs_events
 from dashboard.metrics import CONTENT_TYPE, render_metrics
+from dashboard.privacy import HIDDEN_DETAIL, run_hides_clients, without_private_runs
 from dashboard.queries import Reader
 from dashboard.schemas import ClientResultOut, ClientSummaryOut, EventOut, RoundOut, RunDetailOut, RunOut
 from dashboard.views import ROUND_CSV_FIELDS, client_result_data, client_summary_data, round_data, run_data
@@ -27,6 +28,11 @@ RunQuery = Annotated[str | None, Query(alias="run", description="Only this run."
 #: The largest number a query or path may carry: beyond it SQLite cannot bind it (a 4xx, never a 500).
 MAX_INT = 2**63 - 1
 RoundPath = Annotated[int, Path(ge=0, le=MAX_INT, description="The round number.")]
+
+
+#: Error answers, declared in /openapi.json so every status a route can give is documented.
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No such run, round, client or checkpoint."}}
+HIDDEN: dict[int | str, dict[str, Any]] = {403: {"description": "The run keeps its participants private."}}
 
 
 def reader_of(request: Request) -> Reader:
@@ -48,13 +54,15 @@ def list_runs(request: Request, status: StatusQuery = None,
     return [run_data(run, stats) for run, stats in reader_of(request).runs(status, limit, offset)]
 
 
-@router.get("/runs/{run_id}", response_model=RunDetailOut, summary="One run, with its scenario")
+@router.get("/runs/{run_id}", response_model=RunDetailOut, summary="One run, with its scenario",
+            responses=NOT_FOUND)
 def get_run(request: Request, run_id: str) -> dict[str, Any]:
     run, stats = _found(reader_of(request).run(run_id), f"run {run_id!r}")
     return {**run_data(run, stats), "scenario": run.scenario, "info": run.info or {}}
 
 
-@router.get("/runs/{run_id}/rounds", response_model=list[RoundOut], summary="A run's committed rounds")
+@router.get("/runs/{run_id}/rounds", response_model=list[RoundOut], summary="A run's committed rounds",
+            responses=NOT_FOUND)
 def list_rounds(request: Request, run_id: str,
                 after: Annotated[int, Query(ge=0, le=MAX_INT, description="Only rounds after this one.")] = 0
                 ) -> list[dict[str, Any]]:
@@ -63,16 +71,18 @@ def list_rounds(request: Request, run_id: str,
     return [round_data(r) for r in reader.rounds(run_id, after)]
 
 
-@router.get("/runs/{run_id}/rounds/{number}", response_model=RoundOut, summary="One round")
+@router.get("/runs/{run_id}/rounds/{number}", response_model=RoundOut, summary="One round", responses=NOT_FOUND)
 def get_round(request: Request, run_id: str, number: RoundPath) -> dict[str, Any]:
     return round_data(_found(reader_of(request).round(run_id, number), f"round {number} in run {run_id!r}"))
 
 
 @router.get("/runs/{run_id}/rounds/{number}/clients", response_model=list[ClientResultOut],
-            summary="Each sampled client's outcome in one round")
+            summary="Each sampled client's outcome in one round", responses={**NOT_FOUND, **HIDDEN})
 def round_clients(request: Request, run_id: str, number: RoundPath) -> list[dict[str, Any]]:
     reader = reader_of(request)
     _found(reader.round(run_id, number), f"round {number} in run {run_id!r}")
+    if run_hides_clients(reader, run_id):
+        raise HTTPException(status_code=403, detail=HIDDEN_DETAIL)
     return [client_result_data(c) for c in reader.round_clients(run_id, number)]
 
 
@@ -106,7 +116,7 @@ async def all_runs_stream(request: Request,
 
 
 @router.get("/runs/{run_id}/metrics.csv", summary="A run's per-round metrics as CSV",
-            response_class=Response, responses={200: {"content": {"text/csv": {}}}})
+            response_class=Response, responses={200: {"content": {"text/csv": {}}}, **NOT_FOUND})
 def rounds_csv(request: Request, run_id: str) -> Response:
     reader = reader_of(request)
     run, _ = _found(reader.run(run_id), f"run {run_id!r}")
@@ -120,7 +130,7 @@ def rounds_csv(request: Request, run_id: str) -> Response:
 
 @router.get("/runs/{run_id}/checkpoint", summary="A model checkpoint (safetensors; default the last round)",
             response_class=FileResponse,
-            responses={200: {"content": {"application/octet-stream": {}}}, 404: {"description": "none"}})
+            responses={200: {"content": {"application/octet-stream": {}}}, **NOT_FOUND})
 def checkpoint(request: Request, run_id: str,
                server_round: Annotated[int | None, Query(alias="round", ge=1, le=MAX_INT)] = None) -> FileResponse:
     number, path = _found(reader_of(request).checkpoint(run_id, server_round), "checkpoint file for that round")
@@ -130,13 +140,15 @@ def checkpoint(request: Request, run_id: str,
 
 @router.get("/clients", response_model=list[ClientSummaryOut], summary="Every client's participation")
 def list_clients(request: Request, run_id: RunQuery = None) -> list[dict[str, Any]]:
+    if run_id is not None and run_hides_clients(reader_of(request), run_id):
+        return []  # a DP run's participants stay hidden
     return [client_summary_data(c) for c in reader_of(request).clients(run_id)]
 
 
 @router.get("/clients/{client}", response_model=list[ClientResultOut],
-            summary="One client's history, newest first")
+            summary="One client's history, newest first", responses=NOT_FOUND)
 def client_history(request: Request, client: str, run_id: RunQuery = None) -> list[dict[str, Any]]:
-    rows = reader_of(request).client_history(client, run_id)
+    rows = without_private_runs(reader_of(request), reader_of(request).client_history(client, run_id))
     return [client_result_data(c) for c in _found(rows or None, f"client {client!r}")]
 
 

@@ -15,7 +15,7 @@ from sqlalchemy.engine import make_url
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dashboard import api, pages
-from dashboard.auth import ASGIApp, Message, Receive, Scope, Send, TokenGuard
+from dashboard.auth import ASGIApp, LoopbackHostGuard, Message, Receive, Scope, Send, TokenGuard
 from dashboard.metrics import make_registry
 from dashboard.queries import Reader
 from dashboard.views import fmt_bytes, fmt_duration, fmt_num, fmt_pct, fmt_time
@@ -60,6 +60,8 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
     app.add_middleware(GZipMiddleware, minimum_size=1024, compresslevel=6)
     if token:
         app.add_middleware(TokenGuard, token=token, unauthorized=_unauthorized(app.state.templates))
+    else:  # no token: loopback only, which a Host header check keeps true against DNS rebinding
+        app.add_middleware(LoopbackHostGuard)
     app.add_middleware(SecurityHeaders)
     return app
 
@@ -87,7 +89,9 @@ def _is_api(path: str) -> bool:
     return path.startswith(API_PREFIXES)
 
 
-async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+async def _http_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, StarletteHTTPException):  # registered for HTTPException only
+        raise exc
     if _is_api(request.url.path):
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
     title = "Not found" if exc.status_code == 404 else f"Error {exc.status_code}"

@@ -18,7 +18,8 @@ from urllib.parse import parse_qsl, urlencode
 
 from dashboard.errors import InsecureBind
 
-__all__ = ["is_loopback", "check_bind", "TokenGuard", "COOKIE", "TOKEN_ENV"]
+__all__ = ["is_loopback", "host_is_loopback", "check_bind", "check_tls", "TokenGuard", "LoopbackHostGuard",
+           "COOKIE", "TOKEN_ENV"]
 
 COOKIE = "quorum_dashboard"
 TOKEN_ENV = "QUORUM_DASHBOARD_TOKEN"
@@ -41,6 +42,33 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False  # a host name other than localhost may resolve to anything
+
+
+def host_is_loopback(header: str) -> bool:
+    """True for a ``Host`` header that names this machine: localhost, 127.0.0.0/8 or [::1], any port."""
+    value = header.strip()
+    if value.startswith("["):
+        name, close, port = value[1:].partition("]")
+        if not close or (port and not (port.startswith(":") and port[1:].isdigit())):
+            return False
+    else:
+        name, _, port = value.partition(":")
+        if port and not port.isdigit():
+            return False
+    return bool(name) and is_loopback(name)
+
+
+def check_tls(cert: str | None, key: str | None) -> None:
+    """Both TLS files or neither.
+
+    Raises
+    ------
+    InsecureBind
+        Only one of ``--tls-cert`` and ``--tls-key`` was given.
+    """
+    if bool(cert) != bool(key):
+        raise InsecureBind("give both --tls-cert and --tls-key (e.g. the server.pem and server.key that "
+                           "`quorum` made for the federation), or neither")
 
 
 def check_bind(host: str, token: str | None) -> None:
@@ -83,6 +111,12 @@ class TokenGuard:
         else:
             await self.unauthorized(scope)(scope, receive, send)
 
+    @staticmethod
+    def _cookie(scope: Scope, value: str) -> bytes:
+        """The session cookie; ``Secure`` when the request came over TLS, so it never travels in clear."""
+        secure = "; Secure" if scope.get("scheme") in ("https", "wss") else ""
+        return f"{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict{secure}".encode()
+
     def _has_token(self, scope: Scope) -> bool:
         headers = dict(scope.get("headers", []))
         auth = headers.get(b"authorization", b"").decode("latin-1")
@@ -98,7 +132,7 @@ class TokenGuard:
 
     async def _accept_query_token(self, scope: Scope, receive: Receive, send: Send,
                                   rest: list[tuple[str, str]]) -> None:
-        cookie = f"{COOKIE}={self.cookie_value}; Path=/; HttpOnly; SameSite=Strict".encode()
+        cookie = self._cookie(scope, self.cookie_value)
         is_page = scope["method"] == "GET" and not scope["path"].startswith(("/api/", "/metrics"))
         if is_page:
             location = scope.get("root_path", "") + scope["path"] + (f"?{urlencode(rest)}" if rest else "")
@@ -114,3 +148,32 @@ class TokenGuard:
             await send(message)
 
         await self.app(scope, receive, send_with_cookie)
+
+
+class LoopbackHostGuard:
+    """ASGI middleware for a dashboard without a token: only loopback ``Host`` headers.
+
+    A page on another site can make the browser resolve its own name to
+    127.0.0.1 (DNS rebinding) and then read a token-less dashboard as if it
+    were same-origin; such requests carry the attacker's host name in
+    ``Host``, so anything but localhost, 127.0.0.0/8 or [::1] is answered 400.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host = dict(scope.get("headers", [])).get(b"host", b"").decode("latin-1")
+        if host_is_loopback(host):
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+        else:
+            body = b"Host not allowed: without a token the dashboard answers only localhost, 127.0.0.1 or [::1]\n"
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})

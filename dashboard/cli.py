@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from aggregator.store import default_db_url
-from dashboard.auth import TOKEN_ENV, check_bind
+from dashboard.auth import TOKEN_ENV, check_bind, check_tls, is_loopback
 from dashboard.errors import InsecureBind
 
 __all__ = ["app"]
@@ -24,6 +24,12 @@ def app(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
     token: Annotated[str | None, typer.Option(help="Access token required by every page and API call.",
                                                  envvar=TOKEN_ENV, show_envvar=True)] = None,
+    tls_cert: Annotated[str | None, typer.Option(help="TLS certificate (PEM) to serve HTTPS with, e.g. the "
+                                                      "federation's server.pem from `quorum`'s PKI folder.")] = None,
+    tls_key: Annotated[str | None, typer.Option(help="Its private key (PEM), e.g. server.key.")] = None,
+    plain_http: Annotated[bool, typer.Option(help="Serve plain HTTP beyond loopback (only behind a proxy that "
+                                                  "terminates TLS): the token would otherwise travel in clear.")]
+    = False,
 ) -> None:
     """Serve the live web dashboard (read-only) over the run store."""
     from sqlalchemy.engine import make_url
@@ -31,6 +37,10 @@ def app(
 
     try:
         check_bind(host, token)
+        check_tls(tls_cert, tls_key)
+        if not is_loopback(host) and not tls_cert and not plain_http:
+            raise InsecureBind(f"--host {host!r} serves beyond loopback: give --tls-cert and --tls-key so the "
+                               "token and the session cookie travel over HTTPS (or --plain-http behind a TLS proxy)")
         shown_db = make_url(db).render_as_string(hide_password=True)
     except InsecureBind as exc:
         _fail(str(exc))
@@ -41,10 +51,11 @@ def app(
     from dashboard.app import create_app
 
     shown = f"[{host}]" if ":" in host else host
-    console.print(f"Quorum dashboard on [bold]http://{shown}:{port}/[/] (store {shown_db})"
+    scheme = "https" if tls_cert else "http"
+    console.print(f"Quorum dashboard on [bold]{scheme}://{shown}:{port}/[/] (store {shown_db})"
                   + (", token required" if token else ""), highlight=False)
     uvicorn.run(create_app(db, token=token or None), host=host, port=port, log_level="warning",
-                timeout_graceful_shutdown=2)
+                timeout_graceful_shutdown=2, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
 
 
 def _fail(message: str) -> None:

@@ -53,11 +53,11 @@ class StoreCollector(Collector):
                 family.add_metric([run.id], getattr(stats, attr))
             yield family
         for name, help_, attr in _GAUGES:
-            family = GaugeMetricFamily(name, help_, labels=["run"])
+            gauge = GaugeMetricFamily(name, help_, labels=["run"])
             for run, stats in runs:
                 if getattr(stats, attr) is not None:
-                    family.add_metric([run.id], getattr(stats, attr))
-            yield family
+                    gauge.add_metric([run.id], getattr(stats, attr))
+            yield gauge
         durations = SummaryMetricFamily("quorum_run_round_duration_seconds", "Round wall time.", labels=["run"])
         for run, stats in runs:
             durations.add_metric([run.id], count_value=stats.rounds, sum_value=stats.duration_sum)

@@ -8,11 +8,13 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from dashboard.api import MAX_INT, RoundPath
+from dashboard.privacy import run_hides_clients, without_private_runs
 from dashboard.queries import Reader
 from dashboard.views import (
     client_result_data,
     client_result_display,
     client_summary_data,
+    fmt_num,
     fmt_time,
     round_data,
     round_display,
@@ -96,10 +98,15 @@ def round_page(request: Request, run_id: str, number: RoundPath) -> HTMLResponse
     outcomes: dict[str, int] = {}
     for c in clients:
         outcomes[c["outcome"]] = outcomes.get(c["outcome"], 0) + 1
+    sgd_eps = [float(e) for c in clients if isinstance(e := c["metrics"].get("dp-sgd-epsilon"), (int, float))]
+    hidden = run_hides_clients(reader, run_id)
+    if hidden:  # DP: counts only, never which clients were sampled
+        clients = []
     columns, secagg_rows = secagg_table(data["secagg"]) if data["secagg"] else ([], [])
     return _render(request, "round.html", nav="runs", run=run, run_display=display, round=data,
                    display=round_display(data), clients=[(c, client_result_display(c)) for c in clients],
-                   outcomes=outcomes, secagg_columns=columns, secagg_rows=secagg_rows,
+                   outcomes=outcomes, secagg_columns=columns, secagg_rows=secagg_rows, clients_hidden=hidden,
+                   dp_sgd_epsilon=fmt_num(max(sgd_eps), 3) if sgd_eps else None,
                    has_prev=number > 1, has_next=number < run["rounds_done"],
                    has_checkpoint=reader.checkpoint(run_id, number) is not None)
 
@@ -107,7 +114,8 @@ def round_page(request: Request, run_id: str, number: RoundPath) -> HTMLResponse
 @router.get("/clients", response_class=HTMLResponse)
 def clients_page(request: Request, run: Annotated[str | None, Query()] = None) -> HTMLResponse:
     reader = _reader(request)
-    clients = [client_summary_data(c) for c in reader.clients(run or None)]
+    hidden = bool(run and run_hides_clients(reader, run))
+    clients = [] if hidden else [client_summary_data(c) for c in reader.clients(run or None)]
     runs = [(r.id, r.name) for r, _ in reader.runs()]
     return _render(request, "clients.html", nav="clients", clients=clients, runs=runs, run=run or "",
                    fmt_time=fmt_time)
@@ -116,7 +124,7 @@ def clients_page(request: Request, run: Annotated[str | None, Query()] = None) -
 @router.get("/clients/{client}", response_class=HTMLResponse)
 def client_page(request: Request, client: str, run: Annotated[str | None, Query()] = None) -> HTMLResponse:
     reader = _reader(request)
-    rows = [client_result_data(c) for c in reader.client_history(client, run or None)]
+    rows = [client_result_data(c) for c in without_private_runs(reader, reader.client_history(client, run or None))]
     if not rows:
         raise HTTPException(status_code=404, detail=f"Client {client!r} has not taken part in any round.")
     names = reader.run_names([r["run_id"] for r in rows])

@@ -154,7 +154,21 @@ def client_result_display(d: Mapping[str, Any]) -> dict[str, str]:
         "bytes_in": fmt_bytes(d["bytes_in"]) if d["bytes_in"] else DASH,
         "metrics": ", ".join(f"{k}={_short(v)}" for k, v in sorted(extra.items())) or DASH,
         "finished_at": fmt_time(d["finished_at"]),
+        "robust": robust_mark(d["metrics"]),
     }
+
+
+def robust_mark(metrics: Mapping[str, Any]) -> str:
+    """What a robust aggregator did to this client's update ("" when nothing): core.buffer marks."""
+    marks = []
+    if metrics.get("clipped"):
+        marks.append("clipped")
+    if metrics.get("rejected"):
+        marks.append("rejected by the rule")
+    trimmed = metrics.get("trimmed")
+    if isinstance(trimmed, (int, float)) and not isinstance(trimmed, bool) and 0 < trimmed <= 1:
+        marks.append(f"trimmed {trimmed:.0%}")
+    return ", ".join(marks)
 
 
 def client_summary_data(c: ClientSummary) -> dict[str, Any]:

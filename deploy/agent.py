@@ -110,7 +110,7 @@ def run_supernode(argv: Sequence[str], poll_s: float) -> None:
 
     update_console_handler(timestamps=True, colored=False)
     if poll_s < IDLE_SLEEP_S:
-        loop.time = _PollClock(poll_s)  # type: ignore[assignment]
+        loop.time = _PollClock(poll_s)  # type: ignore[assignment]  # a stand-in for the time module (duck-typed)
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 
@@ -137,7 +137,7 @@ def _runtime_client(address: str, token: str | None, retry: bool = True) -> Any:
 def _heartbeat(client: Any) -> Any:
     """Task heartbeats that report failure instead of signalling the process (Flower's default)."""
     import httpx
-    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest  # pylint: disable=no-name-in-module
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
     from flwr.supercore.heartbeat import HeartbeatSender
 
     def beat() -> bool:
@@ -161,8 +161,8 @@ def _pull_task_input(client: Any, max_time: float = TASK_INPUT_S) -> tuple[Any, 
     """
     from flwr.app import Message
     from flwr.common.serde import context_from_proto
-    from flwr.proto.node_pb2 import Node  # pylint: disable=no-name-in-module
-    from flwr.proto.runtime_pb2 import (  # pylint: disable=no-name-in-module
+    from flwr.proto.node_pb2 import Node
+    from flwr.proto.runtime_pb2 import (
         PullAppMessagesRequest,
         PullTaskInputRequest,
     )
@@ -227,7 +227,7 @@ def serve_tasks(address: str, poll_s: float, stop: threading.Event | None = None
                 task_input_s: float = TASK_INPUT_S) -> None:
     """Take ClientApp tasks from the SuperNode at ``address`` until ``stop`` is set."""
     import httpx
-    from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=no-name-in-module
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.constant import TaskType
 
     from clients.clientapp import app as client_app

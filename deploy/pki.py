@@ -48,10 +48,16 @@ class TlsFiles:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    """Write a secret readable by its owner only (created 0600, never world-readable)."""
+    """Write a secret readable by its owner only: 0600 whether the file is new or reissued.
+
+    ``os.open``'s mode applies only when the file is created; an existing
+    file (say a ``server.key`` someone made 0644) keeps its mode, so the
+    descriptor is narrowed with ``fchmod`` before the key is written.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), 0o600)
         out.write(data)
 
 

@@ -16,7 +16,10 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["MODEL_NAMES", "build_model", "get_flat", "set_flat", "num_params"]
+from core.layouts import ParamLayout
+
+__all__ = ["MODEL_NAMES", "layout_of", "build_model", "get_flat", "set_flat", "num_params", "trainable_names",
+           "num_trainable", "get_trainable_flat", "set_trainable_flat"]
 
 MODEL_NAMES = ("logreg", "mlp", "cnn")
 
@@ -118,3 +121,66 @@ def set_flat(model: nn.Module, flat: np.ndarray) -> None:
             n = tensor.numel()
             tensor.copy_(source[offset:offset + n].view_as(tensor))
             offset += n
+
+
+def trainable_names(model: nn.Module) -> list[str]:
+    """Names of the parameters that train (``requires_grad``), in ``state_dict`` order.
+
+    These travel and are aggregated; frozen parameters and buffers (batch-norm
+    statistics) stay on the device. For a model whose every tensor is a
+    trainable parameter, :func:`get_trainable_flat` equals :func:`get_flat`.
+    """
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return [name for name in model.state_dict(keep_vars=True) if name in trainable]
+
+
+def _selected(model: nn.Module, names: Sequence[str] | None) -> list[torch.Tensor]:
+    state = model.state_dict()
+    chosen = trainable_names(model) if names is None else list(names)
+    missing = [name for name in chosen if name not in state]
+    if missing:
+        raise ValueError(f"the model has no tensor named {missing[0]!r}")
+    return [state[name] for name in chosen]
+
+
+def num_trainable(model: nn.Module, names: Sequence[str] | None = None) -> int:
+    """Number of scalars that travel: the length of :func:`get_trainable_flat`."""
+    return sum(t.numel() for t in _selected(model, names))
+
+
+def get_trainable_flat(model: nn.Module, names: Sequence[str] | None = None) -> np.ndarray:
+    """The tensors ``names`` (default :func:`trainable_names`), in order, as one new 1-D float32 array."""
+    tensors = [t.detach().reshape(-1).to(torch.float32) for t in _selected(model, names)]
+    if not tensors:
+        return np.zeros(0, dtype=np.float32)
+    return torch.cat(tensors).numpy()
+
+
+def set_trainable_flat(model: nn.Module, flat: np.ndarray, names: Sequence[str] | None = None) -> None:
+    """Load a buffer made by :func:`get_trainable_flat` into ``model``, in place; other tensors keep their values.
+
+    Raises
+    ------
+    ValueError
+        ``flat`` is not 1-D or its size differs from :func:`num_trainable`.
+    """
+    flat = np.asarray(flat)
+    tensors = _selected(model, names)
+    expected = sum(t.numel() for t in tensors)
+    if flat.ndim != 1 or flat.size != expected:
+        raise ValueError(f"flat buffer has shape {flat.shape}; expected {expected} trainable values (1-D)")
+    source = torch.from_numpy(np.array(flat, dtype=np.float32))  # own, writable copy
+    offset = 0
+    with torch.no_grad():
+        for tensor in tensors:
+            n = tensor.numel()
+            tensor.copy_(source[offset:offset + n].view_as(tensor))
+            offset += n
+
+
+def layout_of(model: nn.Module, names: Sequence[str] | None = None) -> ParamLayout:
+    """The names and shapes of the tensors that travel (default :func:`trainable_names`), in buffer order:
+    how the global model is laid out on the wire, as a ``state_dict`` a stock Flower client loads."""
+    state = model.state_dict()
+    return ParamLayout.of({name: tuple(state[name].shape) for name in (trainable_names(model) if names is None
+                                                                          else names)})

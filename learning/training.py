@@ -10,7 +10,9 @@ bit. The number of torch threads is the caller's choice.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,7 +21,10 @@ from torch.nn import functional as F
 
 from learning.datasets import ArrayDataset
 
-__all__ = ["TrainResult", "EvalResult", "train", "evaluate"]
+__all__ = ["TrainResult", "EvalResult", "train", "evaluate", "LossFn"]
+
+#: A batch loss: ``(model output, targets) -> mean loss`` (cross-entropy by default).
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class EvalResult:
 
 def train(
     model: nn.Module,
-    data: ArrayDataset,
+    data: ArrayDataset | Any,
     *,
     epochs: int,
     batch_size: int,
@@ -50,8 +55,9 @@ def train(
     momentum: float = 0.0,
     proximal_mu: float = 0.0,
     seed: int,
+    loss_fn: LossFn = F.cross_entropy,
 ) -> TrainResult:
-    """Train ``model`` in place with mini-batch SGD on cross-entropy.
+    """Train ``model`` in place with mini-batch SGD on cross-entropy (or ``loss_fn``).
 
     With ``proximal_mu > 0`` the local objective is FedProx's
     ``F_k(w) + mu/2 * ||w - w_global||^2``, where ``w_global`` is the model's
@@ -63,7 +69,8 @@ def train(
     model : nn.Module
         Trained in place.
     data : ArrayDataset
-        The local training set, not empty.
+        The local training set, not empty: anything with arrays ``x`` and ``y``
+        (float targets for a regression ``loss_fn``).
     epochs, batch_size : int
         Passes over the data and examples per step (the last step of an epoch
         may be smaller).
@@ -73,6 +80,8 @@ def train(
         FedProx ``mu``; 0 gives FedAvg's local SGD.
     seed : int
         Seed of the shuffle order.
+    loss_fn : callable
+        The batch's mean loss from the model's output and the targets.
 
     References
     ----------
@@ -84,7 +93,7 @@ def train(
     x, y = _tensors(data)
     params = [p for p in model.parameters() if p.requires_grad]
     anchor = [p.detach().clone() for p in params] if proximal_mu > 0 else None
-    step = _Step(model, torch.optim.SGD(params, lr=lr, momentum=momentum), params, anchor, proximal_mu)
+    step = _Step(model, torch.optim.SGD(params, lr=lr, momentum=momentum), params, anchor, proximal_mu, loss_fn)
     generator = torch.Generator().manual_seed(operator.index(seed))  # numpy ints too, not floats
     model.train()
     loss = 0.0
@@ -102,11 +111,12 @@ class _Step:
     params: list[nn.Parameter]
     anchor: list[torch.Tensor] | None
     mu: float
+    loss_fn: LossFn = F.cross_entropy
 
     def __call__(self, xb: torch.Tensor, yb: torch.Tensor) -> float:
         """Take the step; return the batch's summed cross-entropy (before the step)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(xb), yb)
+        loss = self.loss_fn(self.model(xb), yb)
         loss.backward()
         if self.anchor is not None:
             with torch.no_grad():
@@ -146,7 +156,7 @@ def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 1024) -> Ev
     return EvalResult(loss=loss_sum / len(y), accuracy=correct / len(y), num_examples=len(y))
 
 
-def _tensors(data: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:
+def _tensors(data: ArrayDataset | Any) -> tuple[torch.Tensor, torch.Tensor]:
     x, y = np.ascontiguousarray(data.x), np.ascontiguousarray(data.y)
     if not (x.flags.writeable and y.flags.writeable):  # torch warns on read-only memory
         x, y = x.copy(), y.copy()
@@ -154,7 +164,7 @@ def _tensors(data: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _check_args(
-    data: ArrayDataset, epochs: int, batch_size: int, lr: float, momentum: float, mu: float
+    data: ArrayDataset | Any, epochs: int, batch_size: int, lr: float, momentum: float, mu: float
 ) -> None:
     if len(data) == 0:
         raise ValueError("cannot train on an empty data set")

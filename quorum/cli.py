@@ -17,6 +17,11 @@ from rich.table import Table
 
 from aggregator.store import RunStore, default_db_url
 from core.errors import QuorumError
+from dashboard.cli import app as dashboard_command
+from deploy.agent_cli import app as client_app
+from deploy.cli import app as aggregator_app
+from privacy.dp.cli import app as privacy_app
+from runtimes.parallel.cli import parallel as parallel_command
 from scenarios.errors import ScenarioError
 
 __all__ = ["app", "main"]
@@ -31,7 +36,7 @@ DEFAULT_DB = default_db_url()  # runs/quorum.db under the working directory
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)  # one line, unwrapped
     raise typer.Exit(2)
 
 
@@ -153,27 +158,81 @@ def demo(
         _fail(str(exc))
 
 
-def _mount_optional() -> None:
-    """Sub-commands owned by other packages: (module, attribute, command name, help)."""
-    for module, attribute, name, help_ in (
-        ("privacy.dp.cli", "app", "privacy", "Plan differential privacy: epsilon for a plan, noise for a target."),
-        ("dashboard.cli", "app", "dashboard", None),
-        ("deploy.cli", "app", "aggregator",
-         "Run the aggregator of a real federation (SuperLink behind TLS)."),
-        ("deploy.agent_cli", "app", "client", "Enroll, revoke and run edge client agents."),
-        ("runtimes.parallel.cli", "parallel", "parallel", None),
-    ):
-        try:
-            command = getattr(__import__(module, fromlist=[attribute]), attribute)
-        except ImportError:
-            continue
-        if isinstance(command, typer.Typer):
-            app.add_typer(command, name=name, help=help_)
-        else:
-            app.command(name=name)(command)
+@app.command()
+def new(
+    name: Annotated[Path, typer.Argument(help="The project folder to create, e.g. my-task.")],
+) -> None:
+    """Create a project: task.py (your model, data, training loop), scenario.toml and a README."""
+    from quorum.new import ProjectError, create_project
+
+    try:
+        paths = create_project(name)
+    except (ProjectError, OSError) as exc:
+        _fail(str(exc))
+    for path in paths:
+        console.print(f"wrote {path}")
+    console.print(f"run it:  quorum simulate {name / 'scenario.toml'}")
 
 
-_mount_optional()
+@app.command()
+def export(
+    run_id: Annotated[str, typer.Argument(help="The run (its id, or a unique part of it).")],
+    out: Annotated[Path, typer.Option("--out", help="Folder to write model.safetensors and quorum-model.json to.")],
+    round_: Annotated[int | None, typer.Option("--round", min=1, help="Export the model after this round "
+                                               "(default: the last committed).")] = None,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Write a run's global model (safetensors + manifest); load it with quorum.load_model(DIR)."""
+    from quorum.export import export_run
+
+    try:
+        path = export_run(RunStore(db), run_id, out, round_)
+    except (QuorumError, OSError) as exc:
+        _fail(str(exc))
+    console.print(f"wrote {out / 'model.safetensors'} and {path}")
+    console.print(f"serve it: quorum serve {out}")
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@app.command()
+def serve(
+    model_dir: Annotated[Path, typer.Argument(help="A folder written by `quorum export`.")],
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8080,
+    max_batch: Annotated[int, typer.Option(min=1, max=65536, help="Most examples per request.")] = 256,
+    allow_remote: Annotated[bool, typer.Option(help="Allow a non-loopback --host (the API has no "
+                                               "authentication: put it behind your own front door).")] = False,
+) -> None:
+    """Answer POST /predict with batched predictions of an exported model."""
+    import uvicorn
+
+    from quorum.serve import create_app
+
+    if host not in LOOPBACK and not allow_remote:
+        _fail(f"--host {host} is not loopback and the prediction API has no authentication; "
+              "pass --allow-remote to bind it anyway")
+    try:
+        api = create_app(model_dir, max_batch=max_batch)
+    except QuorumError as exc:
+        _fail(str(exc))
+    console.print(f"serving {model_dir} on http://{host}:{port}/predict")
+    uvicorn.run(api, host=host, port=port, log_level="warning")
+
+
+def _mount_subcommands() -> None:
+    """Sub-commands owned by other packages (each imports its heavy code only when it runs)."""
+    app.add_typer(privacy_app, name="privacy",
+                  help="Plan differential privacy: epsilon for a plan, noise for a target.")
+    app.command(name="dashboard")(dashboard_command)
+    app.add_typer(aggregator_app, name="aggregator",
+                  help="Run the aggregator of a real federation (SuperLink behind TLS).")
+    app.add_typer(client_app, name="client", help="Enroll, revoke and run edge client agents.")
+    app.command(name="parallel")(parallel_command)
+
+
+_mount_subcommands()
 
 
 def main() -> None:

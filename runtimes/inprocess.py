@@ -79,7 +79,7 @@ class InProcessGrid(LocalGrid):
     """
 
     def __init__(self, client_app: ClientApp, nodes: Iterable[NodeSpec],
-                 run_config: Mapping[str, object], faults: FaultPlan | None = None,
+                 run_config: Mapping[str, int | float | str | bool], faults: FaultPlan | None = None,
                  run_id: int = 1) -> None:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SERVER_NODE_ID, 1
         self._run = Run.create_empty(run_id)

@@ -86,10 +86,13 @@ def run_on_ray(scenario: Scenario, db_url: str, resume_id: str | None = None,
 
     run = _RayRun(scenario, RunStore(db_url), resume_id, on_start, on_round,  # a bad URL fails here
                   options.discovery_timeout_s, _Cluster(tempfile.mkdtemp(prefix="quorum-ray-")))
-    client = ScenarioClient(client_app, {"scenario-json": json.dumps(scenario.to_dict())})
+    from runtimes.simulation import secagg_identities
+
+    client = ScenarioClient(client_app, {"scenario-json": json.dumps(scenario.to_dict())},
+                            secagg_identities(scenario))
     try:
         with _quiet_run(run.cluster.temp_dir, options.verbose), _first_interrupt_stops(run):
-            run_simulation(server_app=run.server_app(), client_app=client,  # type: ignore[arg-type]
+            run_simulation(server_app=run.server_app(), client_app=client,  # type: ignore[arg-type]  # duck-typed ClientApp
                            num_supernodes=scenario.federation.clients,
                            backend_config=_backend_config(options, run.cluster.temp_dir))
     except KeyboardInterrupt:
@@ -172,21 +175,24 @@ class ScenarioClient:
     secure-aggregation identities agree. It answers :data:`NODE_INFO` itself.
     """
 
-    def __init__(self, app: ClientApp, run_config: dict[str, str]) -> None:
+    def __init__(self, app: ClientApp, run_config: dict[str, str],
+                 node_configs: dict[int, dict[str, str]] | None = None) -> None:
         self._app, self._run_config = app, dict(run_config)
+        self._node_configs = dict(node_configs or {})  # by logical node id (secagg identities)
 
     def __call__(self, message: Message, context: Context) -> Message:
         partition = int(context.node_config["partition-id"])
         if message.metadata.message_type == NODE_INFO:
             return Message(RecordDict({"node": ConfigRecord({"partition-id": partition})}), reply_to=message)
         # Flower rejects a context whose run config changed: lend, call, restore.
-        real, run_config = context.node_id, context.run_config
+        real, run_config, node_config = context.node_id, context.run_config, context.node_config
         context.node_id, context.run_config = partition + 1, {**run_config, **self._run_config}
+        context.node_config = {**node_config, **self._node_configs.get(partition + 1, {})}
         message.metadata.dst_node_id = partition + 1
         try:
             reply = self._app(message, context)
         finally:
-            context.node_id, context.run_config = real, run_config
+            context.node_id, context.run_config, context.node_config = real, run_config, node_config
             message.metadata.dst_node_id = real
         reply.metadata.__dict__["_src_node_id"] = real  # Flower checks it against the instruction
         return reply
@@ -227,7 +233,10 @@ class PartitionGrid(Grid):
                 node = reply.metadata.src_node_id
                 if reply.has_error():
                     raise RuntimeError(f"node {node} failed to start: {reply.error.reason}")
-                node_map[int(reply.content.config_records["node"]["partition-id"]) + 1] = node
+                partition = reply.content.config_records["node"]["partition-id"]
+                if isinstance(partition, list):
+                    raise TypeError(f"node {node} sent a list as its partition-id: {partition!r}")
+                node_map[int(partition) + 1] = node
             time.sleep(0.05)
         if len(node_map) != expected:
             raise TimeoutError(f"{len(node_map)} of {expected} simulated nodes answered in {timeout_s:g} s")
@@ -393,7 +402,9 @@ def _shutdown_ray(cluster: _Cluster, grace_s: float = 1.0, term_s: float = 10.0)
         deadline = time.monotonic() + wait_s
         while cluster.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
-        for pid in cluster.alive() if sig is not None else ():
+        if sig is None:
+            continue
+        for pid in cluster.alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
     shutil.rmtree(cluster.temp_dir, ignore_errors=True)

@@ -17,6 +17,7 @@ from aggregator.serverapp import run_federation
 from aggregator.store import RunStore
 from clients.clientapp import app as client_app
 from core.records import RoundRecord
+from privacy.secagg.identity import node_config
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from scenarios.schema import Scenario
@@ -62,12 +63,23 @@ def _run_inprocess(scenario: Scenario, store: RunStore, resume_id: str | None,
                    on_round: Callable[[RoundRecord], None] | None,
                    on_start: Callable[[str], None] | None) -> str:
     n = scenario.federation.clients
-    nodes = [NodeSpec(i + 1, {"partition-id": i, "num-partitions": n}) for i in range(n)]
+    identities = secagg_identities(scenario)
+    nodes = [NodeSpec(i + 1, {"partition-id": i, "num-partitions": n, **identities.get(i + 1, {})})
+             for i in range(n)]
     run_config = {"scenario-json": json.dumps(scenario.to_dict())}
     with InProcessGrid(client_app, nodes, run_config, FaultPlan.from_spec(scenario.faults, scenario.seed)) as grid:
         run_id, _ = run_federation(grid, scenario, store, engine="inprocess", resume_id=resume_id,
                                    on_round=on_round, on_start=on_start)
     return run_id
+
+
+def secagg_identities(scenario: Scenario) -> dict[int, dict[str, str]]:
+    """Simulation enrolment: under secure aggregation every virtual node (id ``partition + 1``)
+    gets its own identity key, the directory of all of them and the scenario's threat model
+    through its node config (a deployment's nodes get theirs from their operator)."""
+    if not scenario.secagg.enabled:
+        return {}
+    return node_config(range(1, scenario.federation.clients + 1), scenario.secagg.threat_model)
 
 
 def summarize(store: RunStore, run_id: str, wall_s: float) -> RunSummary:

@@ -16,7 +16,8 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app.message import make_message
 from flwr.clientapp import ClientApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
@@ -49,15 +50,20 @@ def stage_name(message: Message) -> str:
     return message.metadata.message_type
 
 
+_Record = ArrayRecord | MetricRecord | ConfigRecord
+
+
 def _copied(message: Message) -> Message:
     """A node's own copy of the records (Flower's secaggplus_mod mutates them); arrays shared."""
-    def copy_record(record):  # type: ignore[no-untyped-def]
+    def copy_record(record: _Record) -> _Record:
         if isinstance(record, ArrayRecord):
             return ArrayRecord(dict(record.items()))
-        return type(record)({k: list(v) if isinstance(v, list) else v for k, v in record.items()})
+        if isinstance(record, MetricRecord):
+            return MetricRecord({k: v.copy() if isinstance(v, list) else v for k, v in record.items()})
+        return ConfigRecord({k: v.copy() if isinstance(v, list) else v for k, v in record.items()})
 
     content = RecordDict({k: copy_record(r) for k, r in message.content.items()})
-    return Message(content=content, metadata=copy.copy(message.metadata))
+    return make_message(metadata=copy.copy(message.metadata), content=content)
 
 
 class SyncGrid(LocalGrid):

@@ -22,8 +22,8 @@ from scenarios.errors import ScenarioError
 
 __all__ = [
     "DataSpec", "ModelSpec", "FederationSpec", "TrainingSpec", "StrategySpec",
-    "EvaluationSpec", "FaultSpec", "ByzantineSpec", "SecAggSpec", "DPSpec", "Scenario",
-    "load_scenario", "loads_scenario", "scenario_from_dict", "FAULT_STAGES",
+    "EvaluationSpec", "FaultSpec", "ByzantineSpec", "SecAggSpec", "DPSpec", "TaskSpec", "Scenario",
+    "load_scenario", "loads_scenario", "scenario_from_dict", "build_options", "bad_value", "FAULT_STAGES",
 ]
 
 # Bounds that keep every count well inside a 64-bit store column and a sane run.
@@ -291,6 +291,41 @@ class DPSpec:
             raise _Bad("noise_multiplier", None, "give noise_multiplier, or target_epsilon to derive it")
 
 
+#: Keys of ``[task]`` that Quorum reads; every other key goes to the task itself.
+TASK_KEYS = ("entry", "path", "source", "options")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """``[task]``: the task that trains (``entry = "package.module:Class"``) and the task's own keys.
+
+    Without ``entry`` the built-in classification task runs on ``[data]`` and
+    ``[model]``. ``path`` is a folder put on the import path before ``entry``
+    is imported, relative to the scenario file's folder (the default); a
+    scenario read from a file keeps it absolute, so the scenario can travel
+    (run config, store) and still find its task. ``source`` is the file the
+    section came from, named in errors. Every other key of the table is kept
+    in ``options`` and validated against the schema the task declares
+    (``learning.task``) when the task is loaded.
+    """
+
+    entry: str = ""
+    path: str = ""
+    source: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def _check(self) -> None:
+        if self.entry and not _is_entry(self.entry):
+            raise _Bad("entry", self.entry, "must be \"package.module:Class\" (a module path, a colon, a name)")
+        if self.path and not self.entry:
+            raise _Bad("path", self.path, "needs an entry to import")
+
+
+def _is_entry(entry: str) -> bool:
+    module, sep, name = entry.partition(":")
+    return bool(sep) and name.isidentifier() and all(part.isidentifier() for part in module.split("."))
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A whole experiment, as parsed from one TOML file."""
@@ -308,6 +343,7 @@ class Scenario:
     faults: FaultSpec = field(default_factory=FaultSpec)
     secagg: SecAggSpec = field(default_factory=SecAggSpec)
     dp: DPSpec = field(default_factory=DPSpec)
+    task: TaskSpec = field(default_factory=TaskSpec)
 
     def _check(self) -> None:
         _positive("rounds", self.rounds)
@@ -419,9 +455,49 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str = "<dict>") -> Scenar
     if "name" not in raw:
         raw = {"name": Path(source).stem, **raw}
     try:
-        return _build(Scenario, raw, prefix="")
+        scenario = _build(Scenario, raw, prefix="")
     except _Bad as bad:
-        raise ScenarioError(f"{source}: {bad.key} = {_show(bad.value)}: {bad.why}") from None
+        raise ScenarioError(f"{source}: {_show_key(bad.key)} = {_show(bad.value)}: {bad.why}") from None
+    return _locate_task(scenario, source)
+
+
+def _locate_task(scenario: Scenario, source: str) -> Scenario:
+    """Pin ``[task] path`` to an absolute folder (the scenario file's, by default) and remember the file."""
+    task = scenario.task
+    if not task.entry or task.source:
+        return scenario
+    file = Path(source)
+    base = file.resolve().parent if file.is_file() else Path.cwd()
+    path = str((base / task.path).resolve())  # an absolute task.path stays as it is
+    return dataclasses.replace(scenario, task=dataclasses.replace(task, path=path, source=source))
+
+
+def build_options(cls: type, options: Mapping[str, Any], source: str) -> Any:
+    """Validate a task's ``[task]`` keys against the frozen dataclass ``cls`` the task declares.
+
+    Types are checked as for every section (``Literal`` choices, numbers,
+    booleans, strings, tables) and ``cls._check`` runs when defined, raising
+    through :func:`bad_value`.
+
+    Raises
+    ------
+    ScenarioError
+        One line naming ``source``, the key (``task.<key>``) and the value.
+    """
+    try:
+        return _build(cls, options, prefix="task.")
+    except _Bad as bad:
+        raise ScenarioError(f"{source}: {_show_key(bad.key)} = {_show(bad.value)}: {bad.why}") from None
+
+
+def bad_value(key: str, value: Any, why: str) -> Exception:
+    """The error a section's (or a task config's) ``_check`` raises for a bad value of ``key``."""
+    return _Bad(key, value, why)
+
+
+def _show_key(key: str) -> str:
+    """A key as written, or quoted when it holds a newline or another unprintable character."""
+    return key if key.isprintable() else repr(key)
 
 
 def _show(value: Any, limit: int = 80) -> str:
@@ -458,7 +534,9 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
 
 
 def _coerce(hint: Any, value: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(hint):
+    if hint is TaskSpec:
+        return _task_spec(value, key)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, key + ".")
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:
@@ -479,6 +557,18 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
             raise _Bad(key, value, "must be a table")
         return dict(value)
     return _scalar(hint, value, key)
+
+
+def _task_spec(raw: Any, key: str) -> TaskSpec:
+    """``[task]``: Quorum's keys as a section, every other key (or an ``options`` table) kept for the task."""
+    if not isinstance(raw, Mapping):
+        raise _Bad(key, raw, "must be a table")
+    options = raw.get("options", {})
+    if not isinstance(options, Mapping):
+        raise _Bad(key + ".options", options, "must be a table")
+    own = {k: v for k, v in raw.items() if k in TASK_KEYS and k != "options"}
+    spec = _build(TaskSpec, own, key + ".")
+    return dataclasses.replace(spec, options={**options, **{k: v for k, v in raw.items() if k not in TASK_KEYS}})
 
 
 def _scalar(hint: Any, value: Any, key: str) -> Any:

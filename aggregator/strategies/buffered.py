@@ -32,17 +32,17 @@ class BufferedStrategy(FedAvg):
 
     needs_all_updates: ClassVar[bool] = True
 
-    def new_aggregate(self, size: int) -> UpdateBuffer:  # type: ignore[override]
+    def new_aggregate(self, size: int) -> UpdateBuffer:
         return empty_buffer(size)
 
-    def accumulate(self, agg: UpdateBuffer, update: np.ndarray, num_examples: int, *,  # type: ignore[override]
+    def accumulate(self, agg: UpdateBuffer, update: np.ndarray, num_examples: float, *,
                    checked: bool = False) -> UpdateBuffer:
         return buffer_add(agg, update, float(num_examples), checked=checked)
 
-    def merge(self, agg: UpdateBuffer, partial: UpdateBuffer) -> UpdateBuffer:  # type: ignore[override]
+    def merge(self, agg: UpdateBuffer, partial: UpdateBuffer) -> UpdateBuffer:
         return buffer_merge(agg, partial)
 
-    def finalize(self, agg: UpdateBuffer, rng: np.random.Generator) -> np.ndarray:  # type: ignore[override]
+    def finalize(self, agg: UpdateBuffer, rng: np.random.Generator) -> np.ndarray:
         if agg.count == 0:
             raise ValueError("cannot finalize an empty aggregate: no update was added")
         return np.asarray(self.combine(agg), dtype=np.float32)

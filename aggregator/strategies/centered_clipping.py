@@ -110,11 +110,11 @@ class CenteredClipping(Strategy):
         """This strategy centred on the momentum ``state`` carries (zero before round 1)."""
         return replace(self, center=state.slots.get("momentum"))
 
-    def new_aggregate(self, size: int) -> CCState:  # type: ignore[override]
+    def new_aggregate(self, size: int) -> CCState:
         center = self.center if self.center is not None and self.center.size == size else np.zeros(size, np.float32)
         return CCState(center=center, total=np.zeros(size, np.float32), bucket=np.zeros(size, np.float32))
 
-    def accumulate(self, agg: CCState, update: np.ndarray, num_examples: int, *,  # type: ignore[override]
+    def accumulate(self, agg: CCState, update: np.ndarray, num_examples: float, *,
                    checked: bool = False) -> CCState:
         """Add one delta to the open bucket; a full bucket is clipped and folded (equal weights)."""
         update = check_update(update, agg.size, finite=not checked)
@@ -131,14 +131,14 @@ class CenteredClipping(Strategy):
         agg.bucket.fill(0.0)
         return replace(agg, fill=0, buckets=agg.buckets + 1)
 
-    def merge(self, agg: CCState, partial: CCState) -> CCState:  # type: ignore[override]
+    def merge(self, agg: CCState, partial: CCState) -> CCState:
         """Fold another worker's closed buckets (its open bucket must be empty)."""
         if partial.fill:
             raise ValueError("merge a centered-clipping state only after its last bucket is closed")
         np.add(agg.total, partial.total, out=agg.total)
         return replace(agg, buckets=agg.buckets + partial.buckets, count=agg.count + partial.count)
 
-    def finalize(self, agg: CCState, rng: np.random.Generator) -> np.ndarray:  # type: ignore[override]
+    def finalize(self, agg: CCState, rng: np.random.Generator) -> np.ndarray:
         """``v_t = v_{t-1} + mean of the clipped bucket differences`` (the short last bucket included)."""
         if agg.count == 0:
             raise ValueError("cannot finalize an empty aggregate: no update was added")

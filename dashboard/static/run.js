@@ -136,6 +136,25 @@
       plot("chart-secagg", stages.map(([name, values], i) =>
         line(name, x, values, STAGE_COLORS[i % STAGE_COLORS.length])), { yaxis: { rangemode: "tozero" } });
     }
+    const metrics = roundMetricSeries();
+    if (metrics.length) {
+      document.getElementById("panel-metrics").hidden = false;
+      plot("chart-metrics", metrics.map(([name, values], i) =>
+        line(name, x, values, STAGE_COLORS[i % STAGE_COLORS.length])), {});
+    }
+  }
+
+  /** [metric name, value per round] for every numeric round metric (a task's server-mae, server-r2, ...). */
+  function roundMetricSeries() {
+    const names = [];
+    const numeric = (v) => typeof v === "number" && Number.isFinite(v);
+    for (const r of rounds) {
+      for (const [k, v] of Object.entries(r.metrics || {})) if (numeric(v) && !names.includes(k)) names.push(k);
+    }
+    return names.sort().map((name) => [escapeLabel(name), rounds.map((r) => {
+      const v = (r.metrics || {})[name];
+      return numeric(v) ? v : null;
+    })]);
   }
 
   /** [stage name, completed per round] for whatever stages the rounds recorded. */

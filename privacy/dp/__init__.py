@@ -18,14 +18,15 @@ from typing import Any
 _HOME = {
     "privacy.dp.accountant": ("RoundEvent", "Sampling", "epsilon_of", "noise_for_epsilon", "plan_epsilon"),
     "privacy.dp.adaptive": ("AdaptiveClipConfig", "update_noise_multiplier"),
-    "privacy.dp.dpsgd": ("dp_sgd_epsilon", "train_dp_sgd"),
+    "privacy.dp.build": ("make_dp_strategy",),
+    "privacy.dp.dpsgd": ("DP_SGD_METRIC", "dp_sgd_epsilon", "train_client", "train_dp_sgd"),
     "privacy.dp.errors": ("DPConfigError", "DPError", "DPStateError"),
     "privacy.dp.mechanisms": ("ClientDPConfig", "clip_update", "client_payload", "gaussian_noise",
                               "privatize_update"),
     "privacy.dp.rng": ("secure_rng",),
     "privacy.dp.sampling": ("sample_clients",),
     "privacy.dp.state": ("DPState",),
-    "privacy.dp.strategy": ("DPFedAvg", "make_dp_strategy"),
+    "privacy.dp.strategy": ("DPFedAvg",),
 }
 _WHERE = {name: module for module, names in _HOME.items() for name in names}
 

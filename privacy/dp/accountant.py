@@ -35,7 +35,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import dp_accounting
 import numpy as np
@@ -98,7 +98,7 @@ class RoundEvent:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RoundEvent:
         try:
-            return cls(str(data["sampling"]), int(data["sample"]), int(data["population"]),  # type: ignore[arg-type]
+            return cls(cast(Sampling, str(data["sampling"])), int(data["sample"]), int(data["population"]),
                        float(data["z"]), int(data["rounds"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise DPStateError(f"unreadable accountant entry {dict(data)!r}: {exc}") from None

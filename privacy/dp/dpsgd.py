@@ -15,7 +15,9 @@ generator passed in, which outside tests is :func:`privacy.dp.secure_rng`.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from collections.abc import Callable
 
 import numpy as np
@@ -24,13 +26,18 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
+from core.messages import TrainConfig
 from learning.datasets import ArrayDataset
-from learning.training import TrainResult
+from learning.training import TrainResult, train
 from privacy.dp.accountant import RoundEvent, epsilon_of
 from privacy.dp.errors import DPConfigError
 from privacy.dp.mechanisms import gaussian_noise
+from scenarios.schema import DPSpec
 
-__all__ = ["train_dp_sgd", "dp_sgd_epsilon"]
+__all__ = ["train_dp_sgd", "dp_sgd_epsilon", "train_client", "DP_SGD_METRIC"]
+
+#: The client metric carrying the sample-level epsilon of one client's DP-SGD training.
+DP_SGD_METRIC = "dp-sgd-epsilon"
 
 _CLIP_MARGIN = 1e-6  # as in privacy.dp.mechanisms: keep float32 norms strictly inside C
 
@@ -104,6 +111,28 @@ def train_dp_sgd(
         n, batch_size, steps, noise_multiplier, delta)
 
 
+def train_client(model: nn.Module, data: ArrayDataset, config: TrainConfig, spec: DPSpec, *, seed: int,
+                 rng: np.random.Generator) -> tuple[TrainResult, dict[str, float]]:
+    """One client's local training as the scenario asks: DP-SGD when ``[dp] local_dp_sgd`` is on, else SGD.
+
+    DP-SGD uses the round's epochs, batch size and learning rate with
+    ``spec.local_noise_multiplier`` and ``spec.local_max_grad_norm`` (plain
+    SGD steps: momentum and FedProx's proximal term are not applied), draws
+    batches and noise from ``rng`` (:func:`privacy.dp.secure_rng` outside
+    tests: the server knows ``seed``) and reports the sample-level epsilon at
+    ``spec.delta`` as the :data:`DP_SGD_METRIC` metric (left out when
+    infinite, that is without noise).
+    """
+    if not spec.local_dp_sgd:
+        result = train(model, data, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
+                       momentum=config.momentum, proximal_mu=config.proximal_mu, seed=seed)
+        return result, {}
+    result, eps = train_dp_sgd(model, data, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
+                               noise_multiplier=spec.local_noise_multiplier, max_grad_norm=spec.local_max_grad_norm,
+                               delta=spec.delta, rng=rng)
+    return result, ({DP_SGD_METRIC: eps} if math.isfinite(eps) else {})
+
+
 def dp_sgd_epsilon(n: int, batch_size: int, steps: int, noise_multiplier: float, delta: float) -> float:
     """Epsilon of ``steps`` Poisson-sampled Gaussian steps at rate ``batch_size / n``."""
     return epsilon_of([RoundEvent("poisson", min(batch_size, n), n, noise_multiplier, steps)], delta)
@@ -135,7 +164,7 @@ def _clipped_sum(per_example: PerExample, params: Params, xb: torch.Tensor, yb: 
     if len(yb) == 0:  # an empty Poisson batch still takes its (noise-only) step
         return {k: torch.zeros_like(p) for k, p in params.items()}, 0.0
     grads, losses = per_example(params, xb, yb)
-    norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads.values()))
+    norms = torch.sqrt(functools.reduce(operator.add, (g.flatten(1).pow(2).sum(1) for g in grads.values())))
     factor = torch.clamp(clip * (1.0 - _CLIP_MARGIN) / norms.clamp_min(1e-12), max=1.0)
     summed = {k: torch.einsum("b,b...->...", factor, g) for k, g in grads.items()}
     return summed, float(losses.sum())

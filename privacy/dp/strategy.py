@@ -50,15 +50,14 @@ from core.errors import UpdateRejected
 from core.messages import TrainConfig
 from core.strategy import ServerState, Strategy
 from privacy.dp import adaptive as adapt
-from privacy.dp.accountant import RoundEvent, Sampling, epsilon_of, noise_for_epsilon
+from privacy.dp.accountant import RoundEvent, Sampling, epsilon_of
 from privacy.dp.errors import DPConfigError, DPStateError
 from privacy.dp.mechanisms import ClientDPConfig, Placement, clip_factor, gaussian_noise, l2_norm
 from privacy.dp.rng import secure_rng
 from privacy.dp.sampling import sample_clients
 from privacy.dp.state import STATE_KEY, DPState
-from scenarios.schema import DPSpec
 
-__all__ = ["DPFedAvg", "make_dp_strategy"]
+__all__ = ["DPFedAvg"]
 
 
 @dataclass(frozen=True)
@@ -221,7 +220,7 @@ class DPFedAvg(Strategy):
         slot in which :meth:`finalize` hands :meth:`apply` the number of contributors."""
         return aggregate.empty(size + self.tail + 1)
 
-    def accumulate(self, agg: aggregate.MeanState, update: np.ndarray, num_examples: int, *,
+    def accumulate(self, agg: aggregate.MeanState, update: np.ndarray, num_examples: float, *,
                    checked: bool = False) -> aggregate.MeanState:
         """Fold one client's payload with weight 1 (example counts would leak and break the bound).
 
@@ -383,32 +382,3 @@ def _bounded_bits(summed: float, count: int, noise_std: float) -> float:
     """
     bound = count / 2.0 + 6.0 * noise_std
     return min(bound, max(-bound, summed))
-
-
-def make_dp_strategy(
-    inner: Strategy, spec: DPSpec, *, clients_per_round: int, population: int, rounds: int
-) -> DPFedAvg:
-    """Build :class:`DPFedAvg` from a scenario's ``[dp]`` table.
-
-    When ``spec.noise_multiplier`` is unset, ``z`` is derived before the run
-    as the smallest value that keeps ``rounds`` rounds within
-    ``spec.target_epsilon`` (:func:`privacy.dp.noise_for_epsilon`).
-
-    Raises
-    ------
-    DPConfigError
-        DP disabled, or settings that cannot work together; names the key.
-    """
-    if not spec.enabled:
-        raise DPConfigError("enabled", spec.enabled, "make_dp_strategy needs dp.enabled = true")
-    z = spec.noise_multiplier
-    if z is None:
-        if spec.target_epsilon is None:
-            raise DPConfigError("noise_multiplier", None, "give noise_multiplier, or target_epsilon to derive it")
-        z = noise_for_epsilon(spec.target_epsilon, clients_per_round / population, rounds, spec.delta, spec.sampling)
-    adaptive = None
-    if spec.adaptive_clipping:
-        adaptive = adapt.AdaptiveClipConfig(spec.target_quantile, spec.clip_lr, spec.count_noise_multiplier)
-    return DPFedAvg(inner, clip_norm=spec.clip_norm, noise_multiplier=z, expected_clients=clients_per_round,
-                    population=population, delta=spec.delta, sampling=spec.sampling, placement=spec.placement,
-                    adaptive=adaptive, target_epsilon=spec.target_epsilon)

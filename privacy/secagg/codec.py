@@ -286,9 +286,9 @@ def decode(data: bytes, expected: type[T]) -> T:
     r = Reader(data)
     if r.unpack("BB") != (_VERSION, tag):
         raise SecAggProtocolError(f"expected a {expected.__name__} message")
-    message = read(r)
+    message: T = read(r)
     r.finish()
-    return message  # type: ignore[no-any-return]
+    return message
 
 
 def wire_size(message: object) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from privacy.secagg.errors import SecAggConfigError
 
@@ -40,7 +41,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_real(value: object) -> bool:
+def _is_real(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -132,7 +133,7 @@ class SecAggConfig:
 
     @staticmethod
     def _check_positive(name: str, value: object) -> None:
-        if not (_is_real(value) and math.isfinite(float(value)) and float(value) > 0):  # type: ignore[arg-type]
+        if not (_is_real(value) and math.isfinite(float(value)) and float(value) > 0):
             raise SecAggConfigError(name, value, "must be a finite number > 0")
 
     def degree_for(self, participants: int) -> int:

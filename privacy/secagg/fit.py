@@ -22,7 +22,7 @@ from core.messages import content_bytes, train_instruction
 from core.records import ClientRecord
 from core.strategy import Strategy
 from privacy.secagg.config import SecAggConfig
-from privacy.secagg.errors import SecAggAborted
+from privacy.secagg.errors import SecAggAborted, SecAggConfigError
 from privacy.secagg.flower_workflow import run_secagg
 from privacy.secagg.result import SecureSumResult
 from scenarios.schema import SecAggSpec
@@ -48,13 +48,15 @@ class SecAggFit:
         self.config = config_from_spec(spec)
 
     def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome:
-        content = train_instruction(request.state.params, request.config)
+        content = train_instruction(request.state.params, request.config, request.layout)
         rng = np.random.default_rng([request.config.seed, request.server_round, 0x5EC])
         try:
             result = run_secagg(grid, list(request.nodes), content, self.config, server_round=request.server_round,
                                 rng=rng)
         except SecAggAborted as exc:
             return self._recorded(_aborted(request, exc))
+        except SecAggConfigError as exc:  # the settings were checked up front: this cohort is too small
+            return self._recorded(_too_small(request, exc))
         return self._recorded(_outcome(request, result, content_bytes(content), strategy))
 
     def _recorded(self, outcome: FitOutcome) -> FitOutcome:
@@ -108,6 +110,14 @@ def _client_record(node: int, result: SecureSumResult, survivors: set[int]) -> C
     stage = next((s.stage.value for s in result.stages if node not in s.completed), "unknown")
     return ClientRecord(client=str(node), outcome="dropped", stage=stage,
                         reason=f"no valid reply at secure-aggregation stage {stage}")
+
+
+def _too_small(request: FitRequest, exc: SecAggConfigError) -> FitOutcome:
+    """A sample the protocol cannot run on (a Poisson sample of 0 or 1): nobody is asked to train;
+    the round goes on without updates (skipped; a DP strategy still releases and accounts it)."""
+    reason = f"secure aggregation not run for {len(request.nodes)} sampled clients: {exc}"
+    clients = [ClientRecord(client=str(n), outcome="dropped", stage="setup", reason=reason) for n in request.nodes]
+    return FitOutcome(aggregate=None, clients=clients, secagg={"aborted": reason, "stage": "setup"})
 
 
 def _aborted(request: FitRequest, exc: SecAggAborted) -> FitOutcome:

@@ -26,7 +26,6 @@ from flwr.common.constant import ErrorCode
 
 from privacy.secagg.client import client_step
 from privacy.secagg.errors import SecAggError
-from privacy.secagg.identity import policy_from_node_config
 from privacy.secagg.flower_records import (
     RECORD,
     STATE_RECORD,
@@ -36,6 +35,7 @@ from privacy.secagg.flower_records import (
     record_of,
     reply_content,
 )
+from privacy.secagg.identity import policy_from_node_config
 from privacy.secagg.stage import Stage
 from privacy.secagg.state import ClientState, state_from_bytes, state_to_bytes
 
@@ -78,7 +78,10 @@ def _update_of(content: RecordDict) -> tuple[np.ndarray, float]:
             raise KeyError(UPDATE_RECORD if update is None else METRICS_RECORD)
         delta = ndarray_of(update[UPDATE_KEY])
         # A client may override its weight (DP-FedAvg: every client weighs 1).
-        weight = float(metrics.get(OVERRIDE_WEIGHT_KEY, metrics[WEIGHT_KEY]))  # type: ignore[arg-type]
+        value = metrics.get(OVERRIDE_WEIGHT_KEY, metrics[WEIGHT_KEY])
+        if isinstance(value, list):
+            raise TypeError(f"weight is a list, not a number: {value!r}")
+        weight = float(value)
     except (KeyError, TypeError, ValueError) as exc:
         raise SecAggError("the training reply lacks update/delta or metrics/num-examples") from exc
     return np.asarray(delta).reshape(-1), weight

@@ -52,7 +52,7 @@ def array_of(vector: np.ndarray) -> Array:
     header = io.BytesIO()
     npy.write_array_header_1_0(header, npy.header_data_from_array_1_0(vector))
     return Array(dtype=str(vector.dtype), shape=tuple(vector.shape), stype="numpy.ndarray",
-                 data=b"".join([header.getvalue(), memoryview(vector).cast("B")]))
+                 data=b"".join([header.getvalue(), vector.data.cast("B")]))
 
 
 def ndarray_of(array: Array) -> np.ndarray:
@@ -143,7 +143,7 @@ def read_reply(expected: Stage, round_id: int, content: RecordDict) -> Reply:
     if stage is not expected or got_round != round_id:
         raise SecAggProtocolError(f"reply for {stage.value}/{got_round}, expected {expected.value}/{round_id}")
     if stage is not Stage.MASKED_INPUT:
-        return decode(payload, REPLY_TYPES[stage])  # type: ignore[no-any-return]
+        return decode(payload, REPLY_TYPES[stage])
     arrays = record_of(content, MASKED_RECORD, ArrayRecord)
     try:
         if arrays is None:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.app.message_type import MessageType
 from flwr.serverapp import Grid
 
+from core.messages import clean_metrics
 from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggCryptoError, SecAggProtocolError
 from privacy.secagg.flower_mod import METRICS_RECORD
@@ -57,7 +59,7 @@ def _messages(stage: Stage, round_id: int, requests: Mapping[int, Request],
 
 
 def _accept(server: ServerRound, stage: Stage, round_id: int, node: int, reply: Message,
-            book: _Stage, metrics: dict[int, dict] | None) -> None:
+            book: _Stage, metrics: dict[int, dict[str, Any]] | None) -> None:
     if reply.has_error() or reply.metadata.src_node_id != node:
         return  # an error reply is this client dropping out
     book.up += content_bytes(reply.content)
@@ -68,11 +70,11 @@ def _accept(server: ServerRound, stage: Stage, round_id: int, node: int, reply: 
         return
     record = record_of(reply.content, METRICS_RECORD, MetricRecord)
     if stage is Stage.MASKED_INPUT and record is not None and metrics is not None:
-        metrics[node] = dict(record)
+        metrics[node] = clean_metrics(dict(record))  # untrusted: bounded numbers only (issue 12)
 
 
 def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
-               train_content: RecordDict, config: SecAggConfig, metrics: dict[int, dict],
+               train_content: RecordDict, config: SecAggConfig, metrics: dict[int, dict[str, Any]],
                clock: Callable[[], float], sleep: Callable[[float], None]) -> StageStats:
     book = _Stage(clock)
     requests: Mapping[int, Request] = book.server.run(server.requests)
@@ -142,7 +144,7 @@ def run_secagg(grid: Grid, node_ids: Sequence[int], train_content: RecordDict, c
     """
     del rng
     server = ServerRound(node_ids, config, round_id=server_round, entropy=entropy, directory=directory)
-    metrics: dict[int, dict] = {}
+    metrics: dict[int, dict[str, Any]] = {}
     stages = []
     while (stage := server.stage) is not None:
         stages.append(_run_stage(grid, server, stage, server_round, train_content, config, metrics, clock, sleep))

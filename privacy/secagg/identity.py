@@ -150,7 +150,8 @@ def survivors_message(session: bytes, survivors: Iterable[int]) -> bytes:
     return _SURVIVORS + session + struct.pack(f">I{len(ids)}Q", len(ids), *ids)
 
 
-def enrol(nodes: Iterable[int], entropy: Callable[[int], bytes] = os.urandom) -> tuple[dict[int, bytes], IdentityDirectory]:
+def enrol(nodes: Iterable[int],
+          entropy: Callable[[int], bytes] = os.urandom) -> tuple[dict[int, bytes], IdentityDirectory]:
     """Simulation enrolment: a fresh identity key per node, and the directory of their public keys."""
     private = {u: entropy(32) for u in nodes}
     public = {u: _private(k).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for u, k in private.items()}

@@ -37,6 +37,7 @@ from privacy.secagg.keys import KEY_BYTES, PublicKeys, session_digest
 from privacy.secagg.messages import (
     ConsistencyReply,
     ConsistencyRequest,
+    EncryptedShare,
     KeyAdvertisement,
     KeyDirectory,
     MaskedInput,
@@ -235,7 +236,7 @@ class ServerRound:
         self._shares = {u: self._shares[u] for u in self.live}
 
     def _forward_shares(self) -> dict[int, Request]:
-        inbox: dict[int, list] = {u: [] for u in self.live}
+        inbox: dict[int, list[EncryptedShare]] = {u: [] for u in self.live}
         for reply in self._shares.values():
             for share in reply.shares:
                 if share.receiver in inbox:

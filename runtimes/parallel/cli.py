@@ -77,4 +77,4 @@ def parallel(
     _console.print(f"  store:  {summary.db}", highlight=False)
 
 
-app = parallel  # what ``quorum.cli._mount_optional`` mounts: ``app.command(name="parallel")(app)``
+app = parallel  # what ``quorum.cli._mount_subcommands`` mounts: ``app.command(name="parallel")(app)``

@@ -95,12 +95,20 @@ def check_scenario(scenario: Scenario, mode: Mode, world: int) -> None:
     Raises
     ------
     ParallelError
-        More workers than clients, DP in synchronous mode, secure aggregation.
+        More workers than clients, DP in synchronous mode, secure aggregation,
+        a task of the user's own (``[task] entry``).
     """
+    if scenario.task.entry:
+        raise ParallelError(f"{scenario.name}: task.entry = {scenario.task.entry!r}: the data-parallel mode trains "
+                            "the built-in classification task ([data] and [model]) only; run this task with "
+                            "quorum simulate or a deployment")
     assign_clients(scenario.federation.clients, world)
     if scenario.dp.enabled and mode is Mode.SYNC:
         raise ParallelError(f"{scenario.name}: dp.enabled = true: client-level DP clips and noises each client's "
                             "update, which only the localsgd mode makes; use --mode localsgd")
+    if scenario.dp.local_dp_sgd and mode is Mode.SYNC:
+        raise ParallelError(f"{scenario.name}: dp.local_dp_sgd = true: DP-SGD trains each client on its own, "
+                            "which only the localsgd mode does; use --mode localsgd")
     if scenario.secagg.enabled:
         raise ParallelError(f"{scenario.name}: secagg.enabled = true: secure aggregation protects clients from the "
                             "aggregator; inside one cluster there is no such boundary, turn it off to run parallel")
@@ -163,6 +171,8 @@ def run_round(job: Job, state: ServerState, server_round: int) -> RoundResult:
 
 def _sync_round(job: Job, server_round: int, table: np.ndarray) -> ServerState:
     t, comm, trainer = job.scenario.training, job.comm, job.trainer
+    if trainer is None or job.shard is None:
+        raise ParallelError("a sync round needs the trainer and shard that build_job makes in sync mode")
     x, y = job.shard
     steps = steps_per_epoch(job.sizes, t.batch_size)
     started, loss = time.monotonic(), 0.0
@@ -187,7 +197,8 @@ def _local_round(job: Job, state: ServerState, server_round: int,
     strategy = strategy.with_cohort(len(nodes))
     mine = owned_nodes(nodes, comm.rank, comm.world)
     config = train_config(scenario, strategy, server_round)
-    agg, runs = local_updates(job.model, job.fed, strategy, state, mine, config, job.spec.local_steps)
+    agg, runs = local_updates(job.model, job.fed, strategy, state, mine, config, job.spec.local_steps,
+                              scenario.dp)
     for run in runs:
         table[run.node - 1, [_C["present"], _C["examples"], _C["loss_sum"], _C["duration_s"]]] = (
             1, run.num_examples, run.loss * run.num_examples, run.duration_s)

@@ -144,9 +144,9 @@ def _run_id(spec: LaunchSpec, id_file: Path) -> str | None:
     return text or None
 
 
-def _check_resumable(store: RunStore, spec: LaunchSpec) -> None:
+def _check_resumable(store: RunStore, spec: LaunchSpec, run_id: str) -> None:
     """Only a parallel run of the same mode can be continued (the checkpoint's slots differ by mode)."""
-    run = store.get_run(spec.resume)  # RunNotFound names the run and the store
+    run = store.get_run(run_id)  # RunNotFound names the run and the store
     mode = (run.info or {}).get("mode")
     if run.engine != "parallel" or mode != spec.mode.value:
         raise ParallelError(f"run {run.id} is a {run.engine} run (mode {mode}); --resume continues a "
@@ -176,7 +176,7 @@ def launch(spec: LaunchSpec) -> RunSummary:
     check_spec(spec)
     store = RunStore(spec.db)
     if spec.resume is not None:
-        _check_resumable(store, spec)
+        _check_resumable(store, spec, spec.resume)
     started = time.monotonic()
     _worker_env(spec)
     with tempfile.TemporaryDirectory(prefix="quorum-parallel-") as tmp:

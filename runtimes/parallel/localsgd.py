@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,11 +44,11 @@ from core.strategy import ServerState, Strategy
 from learning.datasets import ArrayDataset, Federation
 from learning.models import get_flat, set_flat
 from learning.training import TrainResult, train
-from privacy.dp import ClientDPConfig, client_payload, secure_rng
+from privacy.dp import ClientDPConfig, client_payload, secure_rng, train_client
 from runtimes.parallel.comm import Comm
 from runtimes.parallel.errors import ParallelError
 from runtimes.parallel.shards import owner
-from scenarios.schema import Scenario
+from scenarios.schema import DPSpec, Scenario
 
 __all__ = ["ClientRun", "round_nodes", "owned_nodes", "train_steps", "local_updates", "finish_round"]
 
@@ -113,15 +114,19 @@ def _sgd_step(model: nn.Module, optimizer: torch.optim.Optimizer, xb: torch.Tens
     if anchor is not None:
         with torch.no_grad():
             for p, p0 in zip(params, anchor, strict=True):
+                if p.grad is None:  # a parameter the loss does not reach (as learning.training does)
+                    p.grad = torch.zeros_like(p)
                 p.grad.add_(p - p0, alpha=mu)
     optimizer.step()
     return float(loss.item()) * len(yb)
 
 
 def _train_client(model: nn.Module, data: ArrayDataset, config: TrainConfig, seed: int,
-                  local_steps: int) -> TrainResult:
-    common = dict(batch_size=config.batch_size, lr=config.lr, momentum=config.momentum,
-                  proximal_mu=config.proximal_mu, seed=seed)
+                  local_steps: int, dp: DPSpec | None = None) -> TrainResult:
+    if dp is not None and dp.local_dp_sgd:  # as the ClientApp: DP-SGD over the round's epochs
+        return train_client(model, data, config, dp, seed=seed, rng=secure_rng())[0]
+    common: dict[str, Any] = dict(batch_size=config.batch_size, lr=config.lr, momentum=config.momentum,
+                                  proximal_mu=config.proximal_mu, seed=seed)
     if local_steps:
         return train_steps(model, data, steps=local_steps, **common)
     return train(model, data, epochs=config.epochs, **common)
@@ -137,7 +142,7 @@ def _privatize(delta: np.ndarray, config: TrainConfig) -> np.ndarray:
 
 def local_updates(model: nn.Module, fed: Federation, strategy: Strategy, state: ServerState,
                   nodes: Sequence[int], config: TrainConfig,
-                  local_steps: int = 0) -> tuple[aggregate.MeanState, list[ClientRun]]:
+                  local_steps: int = 0, dp: DPSpec | None = None) -> tuple[aggregate.MeanState, list[ClientRun]]:
     """Train each of ``nodes`` from ``state`` and fold their updates: this rank's partial aggregate."""
     agg = strategy.new_aggregate(state.params.size)
     if type(agg) is not aggregate.MeanState:
@@ -148,7 +153,7 @@ def local_updates(model: nn.Module, fed: Federation, strategy: Strategy, state: 
         started = time.monotonic()
         set_flat(model, state.params)
         seed = client_seed(config.seed, config.round, node)
-        result = _train_client(model, fed.clients[node - 1].train, config, seed, local_steps)
+        result = _train_client(model, fed.clients[node - 1].train, config, seed, local_steps, dp)
         update = _privatize(get_flat(model) - state.params, config)
         duration = time.monotonic() - started
         metrics = {"train-loss": float(result.loss), "duration-s": duration}

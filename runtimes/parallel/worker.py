@@ -30,7 +30,8 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 from aggregator.evaluation import ServerEvaluator
 from aggregator.store import RunStore, default_db_url
 from core.strategy import ServerState
-from learning.models import build_model, num_params
+from learning.models import num_params
+from learning.task import TaskModel, load_task
 from runtimes.parallel.comm import DEFAULT_BUCKET_BYTES, Comm, release_process_group
 from runtimes.parallel.errors import ParallelError, WorkerStopped
 from runtimes.parallel.job import Job, JobSpec, adopt, build_job, initial_state, run_round
@@ -116,14 +117,15 @@ def _evaluator(job: Job) -> ServerEvaluator | None:
     fed, scenario = job.fed, job.scenario
     if fed.test is None or not scenario.evaluation.server:
         return None
-    return ServerEvaluator(lambda: build_model(scenario.model.name, fed.input_shape, fed.num_classes,
-                                               seed=scenario.seed), fed.test)
+    return ServerEvaluator(lambda: TaskModel.build(load_task(scenario), scenario.seed), fed.test)
 
 
 def train_rounds(job: Job, writer: RunWriter | None) -> tuple[ServerState, str]:
     """Run the remaining rounds; rank 0 commits each. Returns the final state and the run status."""
     start = writer.resumed if writer is not None and writer.resumed is not None else initial_state(job)
     state = job.comm.broadcast_state(start if job.comm.rank == 0 else None, start.params.size)
+    if state is None:  # rank 0 always sends one
+        raise ParallelError("rank 0 broadcast no server state")
     adopt(job, state)
     evaluator = _evaluator(job) if writer is not None else None
     for server_round in range(state.round + 1, job.scenario.rounds + 1):

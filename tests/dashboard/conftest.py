@@ -45,5 +45,6 @@ def filled_store(tmp_path_factory: pytest.TempPathFactory) -> FilledStore:
 
 @pytest.fixture(scope="session")
 def client(filled_store: FilledStore) -> Iterator[TestClient]:
-    with TestClient(create_app(filled_store.url)) as test_client:
+    # no token: the dashboard answers loopback Host headers only (TestClient's default is "testserver")
+    with TestClient(create_app(filled_store.url), base_url="http://127.0.0.1") as test_client:
         yield test_client

@@ -178,7 +178,8 @@ def test_event_stream_pushes_a_round_committed_while_open(tmp_path: Path, monkey
     started = time.monotonic()
     with ThreadPoolExecutor(1) as pool:
         writer = pool.submit(write)
-        with TestClient(app) as client, client.stream("GET", f"/api/runs/{run_id}/events") as response:
+        with TestClient(app, base_url="http://127.0.0.1") as client, \
+                client.stream("GET", f"/api/runs/{run_id}/events") as response:
             text = "".join(response.iter_text())
         writer.result(timeout=30)
     # Assert

@@ -243,7 +243,7 @@ def test_a_non_positive_task_input_timeout_is_refused_by_name(tmp_path: Path) ->
 
 def test_only_flowers_idle_and_reply_sleeps_are_shortened(monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
-    monkeypatch.setattr("time.sleep", slept.append)
+    monkeypatch.setattr("time.sleep", slept.append)  # the sleeps are what is tested: record, never wait
     clock = _PollClock(0.2)
 
     clock.sleep(IDLE_SLEEP_S)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from aggregator.store import RunStore
 from privacy.dp import plan_epsilon
 from runtimes.simulation import simulate
@@ -35,3 +37,40 @@ def test_dp_round_with_no_answers_is_still_accounted(db_url: str) -> None:
     summary = simulate(scenario, db_url=db_url)
     (row,) = RunStore(db_url).rounds(summary.run_id)
     assert row.epsilon is not None and row.epsilon > 0
+
+
+def test_distributed_noise_without_secure_aggregation_is_refused() -> None:
+    from scenarios.errors import ScenarioError
+
+    dp = {"enabled": True, "noise_multiplier": 1.0, "placement": "distributed"}
+    with pytest.raises(ScenarioError, match=r"dp\.placement = 'distributed'.*secagg\.enabled = true"):
+        tiny_scenario(dp=dp)
+    assert tiny_scenario(dp=dp, secagg={"enabled": True}).dp.placement == "distributed"
+
+
+def test_secagg_round_with_too_few_sampled_clients_is_skipped_and_accounted(db_url: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from privacy.dp import DPFedAvg, DPState
+
+    # Prepare: distributed DP under secure aggregation, q = 4 / 8; the sample comes out as 1 client,
+    # then none, then all 8 (secure aggregation needs at least 2)
+    cohorts = {1: 1, 2: 0, 3: 8}
+    monkeypatch.setattr(DPFedAvg, "sample", lambda self, ids, k, seed, r: sorted(ids)[:cohorts[r]])
+    scenario = tiny_scenario(rounds=3, federation={"clients": 8, "clients_per_round": 4, "deadline_s": 60.0},
+                             secagg={"enabled": True},
+                             dp={"enabled": True, "noise_multiplier": 1.0, "placement": "distributed"})
+    # Execute
+    summary = simulate(scenario, db_url=db_url)
+    # Assert: no crash; every round released and accounted at q = 0.5, z = 1
+    store = RunStore(db_url)
+    rows = store.rounds(summary.run_id)
+    assert summary.status in ("finished", "degraded") and [r.round for r in rows] == [1, 2, 3]
+    for t, row in enumerate(rows, start=1):
+        assert abs(row.epsilon - plan_epsilon(0.5, t, 1.0, 1e-5, "poisson")) < 1e-9
+    (lone,) = store.client_results(summary.run_id, 1)
+    assert lone.outcome == "dropped" and lone.stage == "setup"
+    assert [r.metrics["status"] for r in rows] == ["empty", "empty", "ok"]
+    # the server saw something only in round 3: all 8 shares, so z sqrt(8 / 8) = 1, one unsampled round
+    assert rows[0].metrics["server-epsilon"] == rows[1].metrics["server-epsilon"] == 0.0
+    assert abs(rows[2].metrics["server-epsilon"] - plan_epsilon(1.0, 1, 1.0, 1e-5)) < 1e-9
+    assert DPState.from_json(store.load_state(summary.run_id).extra["dp"]).rounds == 3

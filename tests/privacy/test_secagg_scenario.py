@@ -31,6 +31,31 @@ def test_secagg_scenario_completes_every_round_with_dropouts_at_each_stage(db_ur
     for row in rows:
         completed = [s["completed"] for s in row.secagg["stages"]]
         assert completed == sorted(completed, reverse=True) and completed[0] == 9
+        # the shipped scenario runs the actively secure protocol, and each round records it
+        assert row.secagg["threat_model"] == "malicious"
+        assert [s["stage"] for s in row.secagg["stages"]][3] == "consistency_check"
+    assert store.get_run(summary.run_id).scenario["secagg"]["threat_model"] == "malicious"
+
+
+def test_shipped_secagg_threshold_is_a_strict_majority() -> None:
+    from privacy.secagg.fit import config_from_spec
+
+    spec = load_scenario(SCENARIOS / "secagg.toml").secagg
+    config = config_from_spec(spec)
+
+    assert (spec.threat_model, config.threshold_for(10)) == ("malicious", 6)  # floor(10/2) + 1
+    assert config_from_spec(type(spec)()).threshold_for(10) == 6  # the schema's default too
+
+
+def test_a_half_threshold_needs_an_explicit_semi_honest_threat_model() -> None:
+    import pytest
+
+    from scenarios.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r"threshold.*0\.5.*semi-honest"):
+        tiny_scenario(secagg={"enabled": True, "threshold": 0.5})
+    relaxed = tiny_scenario(secagg={"enabled": True, "threshold": 0.5, "threat_model": "semi-honest"})
+    assert relaxed.secagg.threat_model == "semi-honest"
 
 
 def test_below_threshold_the_round_fails_cleanly_and_the_run_goes_on(db_url: str) -> None:
@@ -40,7 +65,8 @@ def test_below_threshold_the_round_fails_cleanly_and_the_run_goes_on(db_url: str
     summary = simulate(scenario, db_url=db_url)
     store = RunStore(db_url)
     rows = store.rounds(summary.run_id)
-    assert summary.status == "finished" and len(rows) == 2
+    assert summary.status == "failed" and len(rows) == 2  # no round changed the model (issue 12)
+    assert store.get_run(summary.run_id).error.startswith("no round changed the model: all 2 rounds skipped")
     assert all(r.metrics["status"] == "skipped" and "aborted" in r.secagg for r in rows)
     reasons = {c.reason for c in store.client_results(summary.run_id)}
     assert any("share_keys" in (reason or "") for reason in reasons)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from aggregator.store import RunStore
 from tests.conftest import REPO
 
 TINY = """
@@ -81,3 +82,27 @@ def test_malformed_scenario_is_one_named_line_and_exit_2(tmp_path: Path) -> None
 def test_unknown_run_is_a_clear_error(tmp_path: Path) -> None:
     out = quorum("resume", "nope", "--db", f"sqlite:///{tmp_path / 'r.db'}", check=False)
     assert out.returncode == 2 and "no run 'nope'" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra_toml", "args", "message"),
+    [
+        ("", ("--seed", "-1"), "seed = -1: must be >= 0"),
+        ("", ("--rounds", str(10**20)), "rounds = 100000000000000000000: is out of range"),
+        ("[secagg]\nenabled = true\nbits = 32.0\n", (), "secagg.bits = 32.0: must be one of 32, 64"),
+    ],
+    ids=["seed-negative", "rounds-1e20", "secagg-bits-float"],
+)
+def test_hostile_settings_are_one_line_and_leave_no_running_row(tmp_path: Path, extra_toml: str,
+                                                                 args: tuple[str, ...], message: str) -> None:
+    # Prepare (the loader's other hostile values are in tests/scenarios/test_schema_untrusted.py)
+    scenario = tmp_path / "hostile.toml"
+    scenario.write_text(TINY + extra_toml)
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    # Execute
+    out = quorum("simulate", str(scenario), "--db", db, *args, check=False)
+    # Assert
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1  # one line
+    assert [run.status for run in RunStore(db).list_runs()] == []

@@ -21,7 +21,7 @@ from clients.clientapp import app as client_app
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.ray_engine import NODE_INFO, PartitionGrid, ScenarioClient
-from runtimes.simulation import simulate
+from runtimes.simulation import secagg_identities, simulate
 from tests.conftest import tiny_scenario, wait_for
 
 
@@ -31,7 +31,8 @@ def _flower_like_grid(scenario, seed: int = 5) -> InProcessGrid:
     rng = np.random.default_rng(seed)
     ids = [int(x) for x in rng.integers(2**40, 2**62, size=n)]
     nodes = [NodeSpec(ids[i], {"partition-id": int(i), "num-partitions": n}) for i in rng.permutation(n)]
-    client = ScenarioClient(client_app, {"scenario-json": json.dumps(scenario.to_dict())})
+    client = ScenarioClient(client_app, {"scenario-json": json.dumps(scenario.to_dict())},
+                            secagg_identities(scenario))  # as run_on_ray enrols them
     return InProcessGrid(client, nodes, run_config={})  # type: ignore[arg-type]
 
 

@@ -14,7 +14,6 @@ from privacy.secagg.identity import ClientPolicy
 from privacy.secagg.messages import MaskedInputRequest, UnmaskRequest
 from privacy.secagg.state import state_from_bytes, state_to_bytes
 
-
 SEMI = ClientPolicy("semi-honest")  # these rounds use t = 2 of 3-4: semi-honest only
 
 
@@ -32,7 +31,8 @@ def entropy_from(label: bytes):
 def setup_round(n: int = 4, round_id: int = 1, label: bytes = b"k", config: SecAggConfig | None = None):
     """Run ADVERTISE_KEYS and SHARE_KEYS for clients 0..n-1; return what MASKED_INPUT needs."""
     entropy = entropy_from(label)
-    server = ServerRound(range(n), config or SecAggConfig(threshold=2, threat_model="semi-honest"), round_id=round_id, entropy=entropy)
+    config = config or SecAggConfig(threshold=2, threat_model="semi-honest")
+    server = ServerRound(range(n), config, round_id=round_id, entropy=entropy)
     states = {}
     for node, setup in server.requests().items():
         states[node], reply = advertise_keys(node, setup, entropy, SEMI)

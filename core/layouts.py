@@ -1,0 +1,154 @@
+"""How a model's numbers travel: one flat float32 buffer, or the same numbers as named tensors.
+
+The aggregator works on one flat float32 buffer per model; Flower's message
+API carries a model as an ``ArrayRecord`` shaped like a torch ``state_dict``
+(one ``Array`` per named tensor). A :class:`ParamLayout` (the names and shapes,
+in the order of the flat buffer) converts between the two with one copy each
+way: :func:`encode_named` slices the buffer into ``.npy`` payloads,
+:func:`gather` concatenates received tensors into one new flat buffer. Message
+keys are :mod:`core.messages`' business; nothing here names one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from io import BytesIO
+
+import numpy as np
+from flwr.app import Array
+
+from core.aggregate import all_finite
+from core.errors import UpdateRejected
+
+__all__ = ["ParamLayout", "npy_bytes", "npy_view", "encode_named", "gather", "FLAT_NAME"]
+
+#: The one tensor name of a layout that knows no tensor names (a bare flat buffer).
+FLAT_NAME = "params"
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """The tensors a flat buffer holds: their names and shapes, in buffer order.
+
+    Built from a torch model's ``state_dict`` by ``learning.models.layout_of``;
+    the aggregator sends the global model in this layout, so a stock Flower
+    client can ``load_state_dict`` it, and reads Flower-layout replies back by
+    these names.
+    """
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.shapes) or len(set(self.names)) != len(self.names):
+            raise ValueError(f"a layout needs one shape per distinct name, got {len(self.names)} names "
+                             f"({len(set(self.names))} distinct) and {len(self.shapes)} shapes")
+
+    @classmethod
+    def of(cls, shapes: Mapping[str, Sequence[int]]) -> ParamLayout:
+        """The layout of ``{name: shape}`` in its iteration order."""
+        return cls(tuple(shapes), tuple(tuple(int(d) for d in s) for s in shapes.values()))
+
+    @classmethod
+    def flat(cls, size: int) -> ParamLayout:
+        """A one-tensor layout for a buffer whose tensor names are unknown."""
+        return cls((FLAT_NAME,), ((int(size),),))
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(math.prod(s) for s in self.shapes)
+
+    @property
+    def size(self) -> int:
+        """Scalars in all tensors: the length of the flat buffer."""
+        return sum(self.sizes)
+
+    def describe(self, limit: int = 3) -> str:
+        """``'0.weight' (16, 1, 5, 5), '0.bias' (16,), ... (8 tensors, 12,345 values)``, for error messages."""
+        shown = ", ".join(f"{n!r} {s}" for n, s in zip(self.names[:limit], self.shapes[:limit], strict=True))
+        more = ", ..." if len(self.names) > limit else ""
+        return f"{shown}{more} ({len(self.names)} tensors, {self.size:,} values)"
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """``array`` as ``.npy`` bytes (what ``np.save`` writes), with one copy of its data."""
+    array = np.ascontiguousarray(array)
+    header = BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
+    return b"".join((header.getvalue(), array.reshape(-1).data.cast("B")))
+
+
+def npy_view(data: bytes, what: str = "update") -> np.ndarray:
+    """A read-only view of a floating-point ``.npy`` payload: no copy, never unpickled.
+
+    Raises
+    ------
+    UpdateRejected
+        Not a ``.npy`` buffer, not a floating dtype, Fortran order, or truncated.
+    """
+    stream = BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                  else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = reader(stream)
+    except ValueError as exc:
+        raise UpdateRejected(f"{what} is not a valid .npy buffer: {exc}") from None
+    if dtype.kind != "f" or fortran:
+        raise UpdateRejected(f"{what} is {dtype} {'(Fortran order) ' if fortran else ''}data, "
+                             "expected C-ordered floats")
+    count = math.prod(shape)
+    offset = stream.tell()
+    if len(data) - offset != count * dtype.itemsize:
+        raise UpdateRejected(f"{what} payload is truncated or padded")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+def encode_named(flat: np.ndarray, layout: ParamLayout) -> dict[str, Array]:
+    """Slice ``flat`` into one ``.npy`` ``Array`` per tensor of ``layout`` (one copy of the model in all).
+
+    Raises
+    ------
+    ValueError
+        ``flat`` does not hold ``layout.size`` values.
+    """
+    flat = np.ascontiguousarray(flat, dtype=np.float32).reshape(-1)
+    if flat.size != layout.size:
+        raise ValueError(f"the model buffer holds {flat.size} values; the layout {layout.describe()} needs "
+                         f"{layout.size}")
+    arrays, offset = {}, 0
+    for name, shape, n in zip(layout.names, layout.shapes, layout.sizes, strict=True):
+        part = flat[offset:offset + n].reshape(shape)
+        arrays[name] = Array(dtype="float32", shape=shape, stype="numpy.ndarray", data=npy_bytes(part))
+        offset += n
+    return arrays
+
+
+def gather(tensors: Sequence[tuple[str, Array]], layout: ParamLayout, what: str = "update") -> np.ndarray:
+    """Concatenate ``tensors`` (``layout``'s, in its order) into one new flat float32 buffer.
+
+    Each payload is parsed by :func:`npy_view` (any float dtype, cast while
+    copying); its shape must be the layout's. This is the one copy a named
+    reply costs before it joins the flat-buffer aggregation path.
+
+    Raises
+    ------
+    UpdateRejected
+        A count, shape or dtype that does not match, or NaN / Inf values.
+    """
+    if len(tensors) != len(layout.names):
+        raise UpdateRejected(f"{what} has {len(tensors)} tensors, expected {layout.describe()}")
+    out = np.empty(layout.size, dtype=np.float32)
+    offset = 0
+    for (name, array), shape, n in zip(tensors, layout.shapes, layout.sizes, strict=True):
+        data = array.data if isinstance(array.data, bytes) else bytes(array.data)
+        view = npy_view(data, f"{what} tensor {name!r}")
+        if view.shape != shape:
+            raise UpdateRejected(f"{what} tensor {name!r} has shape {view.shape}, expected {shape}")
+        out[offset:offset + n] = view.reshape(-1)
+        offset += n
+    if not all_finite(out):
+        raise UpdateRejected(f"{what} holds NaN or Inf values")
+    return out

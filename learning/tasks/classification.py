@@ -1,0 +1,77 @@
+"""The built-in classification task: the scenario's ``[data]`` set and ``[model]``, cross-entropy, accuracy.
+
+This is what a scenario without ``[task] entry`` runs: MNIST, digits, FedProx
+Synthetic or a user's CSV/NPZ file, partitioned as ``[data]`` says, with the
+``logreg`` / ``mlp`` / ``cnn`` of ``learning.models``. Every tensor of those
+models trains, so the vector that travels is the whole ``state_dict``, as
+before tasks existed: same seeds, same order of operations, same numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch import nn
+
+from core.messages import TrainConfig
+from learning.datasets import ArrayDataset, ClientData, Federation, load_client_data
+from learning.federation import cached_federation
+from learning.models import build_model
+from learning.task import Metrics, NoOptions, Task
+from learning.training import evaluate, train
+from scenarios.schema import Scenario
+
+__all__ = ["ClassificationTask"]
+
+
+class ClassificationTask(Task):
+    """Image or tabular classification on the scenario's ``[data]`` with the ``[model]`` it names."""
+
+    Options: ClassVar[type] = NoOptions
+    supports_dp_sgd: ClassVar[bool] = True
+
+    def __init__(self, options: Any, scenario: Scenario) -> None:
+        super().__init__(options, scenario)
+        self._device_shape: tuple[tuple[int, ...], int] | None = None
+
+    def _federation(self) -> Federation:
+        return cached_federation(self.scenario)
+
+    def build_model(self, seed: int) -> nn.Module:
+        if self._device_shape is not None:
+            shape, classes = self._device_shape
+        else:
+            fed = self._federation()
+            shape, classes = fed.input_shape, fed.num_classes
+        return build_model(self.scenario.model.name, shape, classes, seed=seed)
+
+    def partition(self, partition_id: int) -> ClientData:
+        fed = self._federation()
+        return fed.clients[partition_id % len(fed.clients)]
+
+    def device_data(self, path: str) -> ClientData:
+        """The device's own CSV or NPZ file, split into train and test by ``client_test_fraction``.
+
+        With ``dataset = "file"`` the model's input shape and classes come from
+        this file (the aggregator reads its own copy at ``[data] path``);
+        otherwise from the named data set.
+        """
+        spec = self.scenario.data
+        data = load_client_data(path, label_column=spec.label_column, test_fraction=spec.client_test_fraction,
+                                seed=self.scenario.seed)
+        if spec.dataset == "file":
+            self._device_shape = (tuple(data.train.x.shape[1:]), int(data.train.y.max()) + 1)
+        return data
+
+    def server_data(self) -> ArrayDataset | None:
+        return self._federation().test
+
+    def train(self, model: nn.Module, data: ArrayDataset, config: TrainConfig, seed: int) -> Metrics:
+        result = train(model, data, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
+                       momentum=config.momentum, proximal_mu=config.proximal_mu, seed=seed)
+        return {"loss": float(result.loss), "num_examples": float(result.num_examples)}
+
+    def evaluate(self, model: nn.Module, data: ArrayDataset) -> Metrics:
+        result = evaluate(model, data)
+        return {"loss": float(result.loss), "accuracy": float(result.accuracy),
+                "num_examples": float(result.num_examples)}

@@ -1,0 +1,219 @@
+"""Use the trained model: export a run's global model, and load it back as a torch module.
+
+``quorum export RUN [--round N] --out DIR`` writes two files:
+
+- ``model.safetensors``: the model's whole ``state_dict`` (trained tensors
+  from the run's checkpoint, frozen ones as the task builds them), never a
+  pickle;
+- ``quorum-model.json``: the manifest: which run and round, the task
+  reference (``entry``, ``path``, options) and the scenario, how to rebuild
+  the module (the built-in models need no data set: name, input shape,
+  classes, seed), the declared input shape, what the outputs are, each
+  tensor's shape and the weights' SHA-256.
+
+:func:`load_model` (exported as ``quorum.load_model``) rebuilds the module from
+the manifest and loads the weights, strictly; ``quorum serve`` answers
+predictions with it (:mod:`quorum.serve`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from aggregator.store import RunStore
+from learning.federation import cached_federation
+from learning.models import build_model
+from learning.task import BUILTIN_ENTRY, Task, TaskModel, load_task
+from learning.tasks.classification import ClassificationTask
+from quorum.errors import ExportError
+from scenarios.errors import ScenarioError
+from scenarios.schema import Scenario, scenario_from_dict
+
+__all__ = ["export_run", "load_model", "load_export", "ExportedModel", "MANIFEST", "WEIGHTS", "FORMAT"]
+
+MANIFEST, WEIGHTS, FORMAT = "quorum-model.json", "model.safetensors", "quorum-model/1"
+
+
+@dataclass(frozen=True)
+class ExportedModel:
+    """A loaded export: the module (in eval mode) and what its manifest declares."""
+
+    module: nn.Module
+    manifest: dict[str, Any]
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.manifest["input_shape"])
+
+    @property
+    def classes(self) -> int | None:
+        """Number of classes when the outputs are class logits, else ``None`` (raw outputs, e.g. regression)."""
+        output = self.manifest["output"]
+        return int(output["classes"]) if output["kind"] == "classes" else None
+
+
+def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None = None) -> Path:
+    """Write the global model of ``run_id`` after ``server_round`` (default: the last committed) to ``out``.
+
+    Returns the manifest's path.
+
+    Raises
+    ------
+    ExportError
+        No such round, or a checkpoint that does not fit the run's task.
+    RunNotFound
+        No such run.
+    """
+    run = store.get_run(run_id)
+    state = store.load_state(run.id, server_round)
+    if state is None:
+        which = f"round {server_round}" if server_round is not None else "any committed round"
+        raise ExportError(f"run {run.id} has no checkpoint of {which} (rounds done: {run.rounds_done})")
+    scenario = scenario_from_dict(run.scenario, source=f"run {run.id}")
+    task = load_task(scenario)
+    model = TaskModel.build(task, scenario.seed)
+    try:
+        model.set_flat(state.params)
+    except ValueError as exc:
+        raise ExportError(f"run {run.id} round {state.round}: the checkpoint does not fit the task's model: "
+                          f"{exc}") from None
+    tensors = {k: v.detach().contiguous() for k, v in model.model.state_dict().items()}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": FORMAT, "run": run.id, "round": str(state.round)})
+    rounds = {r.round: r for r in store.rounds(run.id)}
+    manifest = _manifest(scenario, task, model.model, run, state.round, rounds.get(state.round))
+    manifest["tensors"] = {k: list(v.shape) for k, v in tensors.items()}
+    manifest["sha256"] = _sha256(out / WEIGHTS)
+    path = out / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _manifest(scenario: Scenario, task: Task, module: nn.Module, run: Any, server_round: int,
+              row: Any) -> dict[str, Any]:
+    spec = scenario.task
+    shape = _input_shape(task)
+    classes = _classes(task)
+    manifest: dict[str, Any] = {
+        "format": FORMAT, "weights": WEIGHTS, "exported_at": time.time(),
+        "run": {"id": run.id, "name": run.name, "round": server_round, "status": run.status,
+                "server_accuracy": getattr(row, "server_accuracy", None),
+                "server_loss": getattr(row, "server_loss", None)},
+        "task": {"entry": spec.entry or BUILTIN_ENTRY, "path": spec.path, "options": dict(spec.options)},
+        "input_shape": list(shape),
+        "output": {"kind": "classes", "classes": classes} if classes else {"kind": "values"},
+        "seed": scenario.seed,
+        "scenario": scenario.to_dict(),
+    }
+    if isinstance(task, ClassificationTask):  # rebuilt without the data set
+        manifest["model"] = {"builder": "learning.models.build_model", "name": scenario.model.name,
+                             "input_shape": list(shape), "num_classes": classes}
+    return manifest
+
+
+def _input_shape(task: Task) -> tuple[int, ...]:
+    """The shape of one example: the task's ``input_shape`` if it declares one, else its data's."""
+    declared = getattr(task, "input_shape", None)
+    if declared is not None:
+        return tuple(int(d) for d in declared)
+    data = task.server_data()
+    if data is None or not hasattr(data, "x"):
+        data = getattr(task.partition(0), "train", None)
+    if data is None or not hasattr(data, "x"):
+        raise ExportError(f"{type(task).__name__} declares no input_shape and its data has no 'x' to read it from")
+    return tuple(int(d) for d in data.x.shape[1:])
+
+
+def _classes(task: Task) -> int | None:
+    declared = getattr(task, "num_classes", None)
+    if declared is not None:
+        return int(declared)
+    if isinstance(task, ClassificationTask):
+        return int(cached_federation(task.scenario).num_classes)
+    return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_export(directory: str | Path) -> ExportedModel:
+    """Load an export made by :func:`export_run`: its manifest, and the module with its weights.
+
+    Raises
+    ------
+    ExportError
+        A missing or foreign manifest, weights whose SHA-256 differs from the
+        manifest's, or weights that do not fit the rebuilt module.
+    """
+    folder = Path(directory)
+    manifest = _read_manifest(folder)
+    weights = folder / str(manifest.get("weights", WEIGHTS))
+    if not weights.is_file() or _sha256(weights) != manifest.get("sha256"):
+        raise ExportError(f"{weights}: missing, or not the weights the manifest names (SHA-256 differs)")
+    module = _rebuild(manifest)
+    try:
+        state = load_file(str(weights))
+        module.load_state_dict(state, strict=True)
+    except (SafetensorError, OSError, RuntimeError) as exc:
+        raise ExportError(f"{weights} does not fit the model the manifest describes: {exc}") from None
+    module.eval()
+    return ExportedModel(module, manifest)
+
+
+def load_model(directory: str | Path) -> nn.Module:
+    """The torch module of an export (``quorum export``), in eval mode, weights loaded.
+
+    Examples
+    --------
+    >>> model = quorum.load_model("exported/")          # doctest: +SKIP
+    >>> model(torch.zeros(1, 1, 28, 28)).argmax(1)       # doctest: +SKIP
+    """
+    return load_export(directory).module
+
+
+def _read_manifest(folder: Path) -> dict[str, Any]:
+    path = folder / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{path}: not a Quorum export ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ExportError(f"{path}: format is {manifest.get('format') if isinstance(manifest, dict) else None!r}, "
+                          f"expected {FORMAT!r}")
+    shape = manifest.get("input_shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d > 0 for d in shape) or math.prod(shape) > 2**31:
+        raise ExportError(f"{path}: input_shape = {shape!r} is not a shape")
+    return manifest
+
+
+def _rebuild(manifest: dict[str, Any]) -> nn.Module:
+    """The module, freshly built: by the built-in builder (no data set needed) or by the task."""
+    seed = int(manifest.get("seed", 0))
+    spec = manifest.get("model")
+    with torch.random.fork_rng(devices=[]):
+        if isinstance(spec, dict):
+            try:
+                return build_model(str(spec["name"]), spec["input_shape"], int(spec["num_classes"]), seed=seed)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ExportError(f"manifest model {spec!r} cannot be built: {exc}") from None
+        try:
+            scenario = scenario_from_dict(manifest["scenario"], source="export manifest")
+            return TaskModel.build(load_task(scenario), seed).model
+        except (KeyError, ScenarioError) as exc:
+            raise ExportError(f"the export's task {manifest.get('task')!r} cannot be loaded: {exc}") from None

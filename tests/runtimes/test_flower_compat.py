@@ -1,0 +1,255 @@
+"""Flower compatibility both ways (issue 11, item 3), in-process.
+
+The clients here are written the way Flower 1.42's own quickstart writes them
+(``@app.train()`` / ``@app.evaluate()`` reading ``msg.content["arrays"]`` and
+``msg.content["config"]["lr"]``, answering ``arrays`` plus a ``metrics``
+MetricRecord with ``num-examples``), and as a legacy ``NumPyClient`` behind a
+``client_fn``: nothing in them knows Quorum's own layout. The model is the
+scenario's (McMahan's 2NN on sklearn digits), written as a user writes it;
+their data loader hands out the scenario's partitions, as a user's
+``load_data(partition_id, num_partitions)`` would. Their training loop is
+plain SGD with its shuffle seeded from the round (Flower's ``server-round``)
+and the node, as Quorum's client seeds its own (``client_seed``): the runs
+then differ only in the wire path, so "the same accuracy" is checked tightly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.client import NumPyClient
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+from torch import nn
+
+from aggregator.serverapp import run_federation
+from aggregator.store import RunStore
+from clients.clientapp import app as quorum_client_app
+from core.messages import client_seed
+from learning.federation import cached_federation
+from runtimes.inprocess import InProcessGrid, NodeSpec
+from scenarios.schema import Scenario
+from tests.conftest import tiny_scenario
+
+ROUNDS = 6
+SEED = 3  # tiny_scenario's
+
+
+def scenario() -> Scenario:
+    return tiny_scenario(name="flower-compat", rounds=ROUNDS, model={"name": "mlp"}, training={"local_epochs": 2},
+                         evaluation={"federated": True, "server": True, "every": 1})
+
+
+# -- the user's code, as Flower's quickstart writes it ---------------------------------------------
+
+
+class Net(nn.Sequential):
+    """McMahan et al.'s 2NN: 64-200-200-10 on 8x8 digits."""
+
+    def __init__(self) -> None:
+        super().__init__(nn.Flatten(), nn.Linear(64, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(),
+                         nn.Linear(200, 10))
+
+
+def load_data(partition_id: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    part = getattr(cached_federation(scenario()).clients[partition_id], split)
+    return torch.as_tensor(part.x, dtype=torch.float32), torch.as_tensor(part.y, dtype=torch.long)
+
+
+def train_fn(net: nn.Module, data: tuple[torch.Tensor, torch.Tensor], epochs: int, lr: float,
+             batch_size: int, seed: int) -> float:
+    x, y = data
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    net.train()
+    total, steps = 0.0, 0
+    for _ in range(epochs):
+        order = torch.randperm(len(y), generator=generator)
+        xs, ys = x[order], y[order]
+        for start in range(0, len(ys), batch_size):
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(net(xs[start:start + batch_size]), ys[start:start + batch_size])
+            loss.backward()
+            optimizer.step()
+            total, steps = total + loss.item(), steps + 1
+    return total / steps
+
+
+def shuffle_seed(server_round: int, node_id: int) -> int:
+    return client_seed(SEED, server_round, node_id)
+
+
+def score_fn(net: nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, float]:
+    x, y = data
+    net.eval()
+    with torch.no_grad():
+        out = net(x)
+    return float(nn.functional.cross_entropy(out, y)), float((out.argmax(1) == y).float().mean())
+
+
+flower_app = ClientApp()
+
+
+@flower_app.train()
+def flower_train(msg: Message, context: Context) -> Message:
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    data = load_data(int(context.node_config["partition-id"]), "train")
+    config = msg.content["config"]
+    train_loss = train_fn(model, data, int(context.run_config["local-epochs"]), float(config["lr"]),
+                          int(context.run_config["batch-size"]), shuffle_seed(int(config["server-round"]),
+                                                                              context.node_id))
+    metrics = {"train_loss": train_loss, "num-examples": len(data[0])}
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics)})
+    return Message(content=content, reply_to=msg)
+
+
+@flower_app.evaluate()
+def flower_evaluate(msg: Message, context: Context) -> Message:
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    data = load_data(int(context.node_config["partition-id"]), "test")
+    eval_loss, eval_acc = score_fn(model, data)
+    metrics = {"eval_loss": eval_loss, "eval_acc": eval_acc, "num-examples": len(data[0])}
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+class LegacyClient(NumPyClient):
+    def __init__(self, partition_id: int, node_id: int, local_epochs: int, batch_size: int) -> None:
+        self.net, self.partition_id, self.node_id = Net(), partition_id, node_id
+        self.local_epochs, self.batch_size = local_epochs, batch_size
+
+    def get_parameters(self, config):
+        return [val.cpu().numpy() for _, val in self.net.state_dict().items()]
+
+    def set_parameters(self, parameters) -> None:
+        params_dict = zip(self.net.state_dict().keys(), parameters, strict=True)
+        self.net.load_state_dict(OrderedDict({k: torch.tensor(v) for k, v in params_dict}), strict=True)
+
+    def fit(self, parameters, config):
+        self.set_parameters(parameters)
+        data = load_data(self.partition_id, "train")
+        loss = train_fn(self.net, data, self.local_epochs, float(config["lr"]), self.batch_size,
+                        shuffle_seed(int(config["server-round"]), self.node_id))
+        return self.get_parameters(config={}), len(data[0]), {"train_loss": loss}
+
+    def evaluate(self, parameters, config):
+        self.set_parameters(parameters)
+        data = load_data(self.partition_id, "test")
+        loss, accuracy = score_fn(self.net, data)
+        return loss, len(data[0]), {"accuracy": accuracy}
+
+
+def client_fn(context: Context):
+    return LegacyClient(int(context.node_config["partition-id"]), context.node_id,
+                        int(context.run_config["local-epochs"]), int(context.run_config["batch-size"])).to_client()
+
+
+legacy_app = ClientApp(client_fn=client_fn)
+
+
+# -- runs --------------------------------------------------------------------------------------------
+
+
+def run_config(spec: Scenario) -> dict[str, object]:
+    """What a Flower app's pyproject would give every node, plus Quorum's scenario for its own client."""
+    return {"scenario-json": json.dumps(spec.to_dict()), "local-epochs": spec.training.local_epochs,
+            "batch-size": spec.training.batch_size}
+
+
+def nodes(spec: Scenario) -> list[NodeSpec]:
+    n = spec.federation.clients
+    return [NodeSpec(i + 1, {"partition-id": i, "num-partitions": n}) for i in range(n)]
+
+
+def run_under_quorum(client_app: ClientApp, db_url: str) -> tuple[RunStore, str, str]:
+    spec = scenario()
+    store = RunStore(db_url)
+    with InProcessGrid(client_app, nodes(spec), run_config(spec)) as grid:
+        run_id, result = run_federation(grid, spec, store, engine="inprocess")
+    return store, run_id, result.status
+
+
+@pytest.fixture(scope="module")
+def quorum_accuracy(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """Quorum's own client on the same model, data and settings: the figure to match."""
+    store, run_id, status = run_under_quorum(quorum_client_app, f"sqlite:///{tmp_path_factory.mktemp('q')}/r.db")
+    assert status == "finished"
+    return store.rounds(run_id)[-1].server_accuracy
+
+
+@pytest.mark.parametrize("client_app", [flower_app, legacy_app], ids=["message-api", "legacy-numpyclient"])
+def test_a_stock_flower_client_federates_under_quorums_serverapp(client_app: ClientApp, db_url: str,
+                                                                  quorum_accuracy: float) -> None:
+    # Execute: Quorum's ServerApp logic drives clients that only speak Flower's layouts
+    store, run_id, status = run_under_quorum(client_app, db_url)
+
+    # Assert: every round took every client's update, and the model learned as much as with Quorum's client
+    rounds = store.rounds(run_id)
+    assert status == "finished"
+    assert [r.answered for r in rounds] == [4] * ROUNDS
+    assert all(r.metrics["status"] == "ok" for r in rounds)
+    assert rounds[-1].server_accuracy == pytest.approx(quorum_accuracy, abs=0.01)
+    assert rounds[-1].server_accuracy > 0.85
+    assert rounds[-1].fed_accuracy > 0.85  # the clients' own evaluate replies were read too
+    train_losses = [c.train_loss for c in store.client_results(run_id, ROUNDS)]
+    assert all(loss is not None and 0 < loss < 1 for loss in train_losses)  # Flower's train_loss, read
+
+
+def test_quorums_client_answers_flowers_own_fedavg_serverapp() -> None:
+    # Prepare: a stock Flower ServerApp with Flower's message-API FedAvg, as `flwr new` writes it
+    spec = scenario()
+    server_app = ServerApp()
+    outcome = {}
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        strategy = FlowerFedAvg(fraction_train=1.0, fraction_evaluate=1.0)
+        outcome["result"] = strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()),
+                                           train_config=ConfigRecord({"lr": 0.1}), num_rounds=4)
+
+    # Execute: Quorum's ClientApp on every node
+    with InProcessGrid(quorum_client_app, nodes(spec), run_config(spec)) as grid:
+        server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
+
+    # Assert: Flower aggregated Quorum's replies (one ArrayRecord, one MetricRecord each) into a trained model
+    result = outcome["result"]
+    model = Net()
+    model.load_state_dict(result.arrays.to_torch_state_dict())
+    test = cached_federation(spec).test
+    _, accuracy = score_fn(model, (torch.as_tensor(test.x, dtype=torch.float32), torch.as_tensor(test.y)))
+    assert accuracy > 0.8
+    assert set(result.train_metrics_clientapp) == {1, 2, 3, 4}
+    assert set(result.evaluate_metrics_clientapp[4]) == {"eval_loss", "eval_acc"}
+    assert result.evaluate_metrics_clientapp[4]["eval_acc"] > 0.8
+    assert math.isfinite(result.train_metrics_clientapp[4]["train_loss"])
+
+
+def garbage_app(message: Message, context: Context) -> Message:
+    if message.metadata.message_type == "evaluate":
+        return Message(RecordDict({"metrics": MetricRecord({"score": 1.0})}), reply_to=message)
+    return Message(RecordDict({"weights": ConfigRecord({"w": [1.0, 2.0]})}), reply_to=message)
+
+
+def test_a_reply_in_no_known_layout_is_rejected_with_what_was_expected(db_url: str) -> None:
+    # Execute
+    spec = scenario()
+    store = RunStore(db_url)
+    with InProcessGrid(garbage_app, nodes(spec), run_config(spec)) as grid:
+        run_id, result = run_federation(grid, spec, store, engine="inprocess")
+
+    # Assert: every client rejected with the reason naming the three layouts; the run failed, not finished
+    clients = store.client_results(run_id, 1)
+    assert {c.outcome for c in clients} == {"rejected"}
+    reason = clients[0].reason
+    assert "no 'update'/'delta' array" in reason and "'arrays'" in reason and "'fitres.parameters'" in reason
+    assert "got ['weights']" in reason
+    assert result.status == "failed"
+    assert np.isnan(store.rounds(run_id)[-1].fed_accuracy or np.nan)  # no evaluate reply was readable either

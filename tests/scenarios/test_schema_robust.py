@@ -1,0 +1,96 @@
+"""Scenario keys of robust aggregation and of the attack harness: parsed, validated, refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aggregator.serverapp import build_strategy
+from aggregator.strategies import CenteredClipping, FedMedian, FedTrimmedMean, Krum
+from scenarios.errors import ScenarioError
+from scenarios.schema import ByzantineSpec, load_scenario, scenario_from_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parse(**sections: object):
+    return scenario_from_dict({"name": "x", "federation": {"clients": 10}, **sections}, source="s.toml")
+
+
+@pytest.mark.parametrize("name", ["centered_clipping", "median", "trimmed_mean", "krum"])
+def test_robust_aggregator_with_secure_aggregation_is_refused_naming_both_keys(name: str) -> None:
+    # Prepare / Execute
+    with pytest.raises(ScenarioError) as error:
+        parse(strategy={"name": name}, secagg={"enabled": True})
+
+    # Assert
+    message = str(error.value)
+    assert message.startswith(f"s.toml: strategy.name = '{name}'") and "[secagg] enabled = true" in message
+
+
+def test_robust_aggregator_with_dp_is_refused_with_the_reason() -> None:
+    with pytest.raises(ScenarioError, match=r"strategy.name = 'median'.*\[dp\] enabled = true.*robust rule"):
+        parse(strategy={"name": "median"}, dp={"enabled": True, "noise_multiplier": 1.0})
+
+
+@pytest.mark.parametrize(("strategy", "key", "value"), [
+    ({"name": "centered_clipping", "clip_radius": 0.0}, "strategy.clip_radius", "0.0"),
+    ({"name": "centered_clipping", "bucket_size": 0}, "strategy.bucket_size", "0"),
+    ({"name": "centered_clipping", "momentum": 1.0}, "strategy.momentum", "1.0"),
+    ({"name": "trimmed_mean", "trim_fraction": 0.5}, "strategy.trim_fraction", "0.5"),
+    ({"name": "krum", "num_byzantine": -1}, "strategy.num_byzantine", "-1"),
+    ({"name": "krum", "num_byzantine": 4}, "strategy.num_byzantine", "4"),  # 10 <= 2 * 4 + 2
+    ({"name": "krum", "num_byzantine": 1, "num_selected": 10}, "strategy.num_selected", "10"),
+    ({"name": "bulyan"}, "strategy.name", "'bulyan'"),
+])
+def test_bad_robust_settings_name_the_key_and_value(strategy: dict, key: str, value: str) -> None:
+    with pytest.raises(ScenarioError, match=f"{key} = {value}"):
+        parse(strategy=strategy)
+
+
+def test_byzantine_table_is_parsed_and_survives_a_round_trip() -> None:
+    # Prepare / Execute
+    scenario = parse(faults={"byzantine": {"fraction": 0.2, "attack": "ipm", "epsilon": 0.1}})
+    again = scenario_from_dict(scenario.to_dict())
+
+    # Assert
+    assert scenario.faults.byzantine_spec == ByzantineSpec(fraction=0.2, attack="ipm", epsilon=0.1)
+    assert again.faults == scenario.faults
+
+
+def test_the_legacy_byzantine_fraction_and_kind_still_work() -> None:
+    scenario = parse(faults={"byzantine": 0.5, "byzantine_kind": "wrong_shape"})
+    assert scenario.faults.byzantine_spec == ByzantineSpec(fraction=0.5, attack="wrong_shape")
+
+
+@pytest.mark.parametrize(("faults", "key", "value"), [
+    ({"byzantine": {"fraction": 0.2, "attack": "bitflip"}}, "faults.byzantine.attack", "'bitflip'"),
+    ({"byzantine": {"fraction": 1.0, "attack": "alie"}}, "faults.byzantine.fraction", "1.0"),
+    ({"byzantine": {"fraction": 0.2, "attack": "alie", "z": -1}}, "faults.byzantine.z", "-1"),
+    ({"byzantine": {"fraction": 0.2, "attack": "alie", "typo": 1}}, "faults.byzantine.typo", "1"),
+    ({"byzantine": {"fraction": 0.2}, "byzantine_kind": "garbage"}, "faults.byzantine_kind", "'garbage'"),
+    ({"byzantine": "alie"}, "faults.byzantine", "'alie'"),
+])
+def test_bad_byzantine_settings_name_the_key_and_value(faults: dict, key: str, value: str) -> None:
+    with pytest.raises(ScenarioError, match=f"{key} = {value}"):
+        parse(faults=faults)
+
+
+def test_build_strategy_maps_the_keys() -> None:
+    # Prepare / Execute
+    cc = build_strategy(parse(strategy={"name": "centered_clipping", "clip_radius": 0.3, "bucket_size": 3,
+                                        "momentum": 0.5}))
+    krum = build_strategy(parse(strategy={"name": "krum", "num_byzantine": 2, "num_selected": 3}))
+
+    # Assert
+    assert cc == CenteredClipping(clip_radius=0.3, bucket_size=3, momentum=0.5)
+    assert krum == Krum(num_byzantine=2, num_selected=3)
+    assert build_strategy(parse(strategy={"name": "median"})) == FedMedian()
+    assert build_strategy(parse(strategy={"name": "trimmed_mean", "trim_fraction": 0.1})) == FedTrimmedMean(beta=0.1)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("byzantine-*.toml")), ids=lambda p: p.name)
+def test_shipped_byzantine_scenarios_load(path: Path) -> None:
+    scenario = load_scenario(path)
+    assert scenario.faults.byzantine_spec.fraction == 0.2
