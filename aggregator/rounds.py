@@ -34,7 +34,7 @@ __all__ = ["RoundLoop", "LoopResult"]
 @dataclass(frozen=True)
 class LoopResult:
     state: ServerState
-    status: str  # finished | stopped_budget | failed
+    status: str  # finished | stopped_budget | failed (run_federation refines finished: degraded, failed)
     last: RoundRecord | None
 
 

@@ -23,8 +23,18 @@ from aggregator.evaluation import ServerEvaluator
 from aggregator.fit import PlainFit
 from aggregator.rounds import LoopResult, RoundLoop
 from aggregator.store import RunStore, default_db_url
-from aggregator.strategies import (CenteredClipping, FedAdam, FedAvg, FedAvgM, FedMedian, FedProx, FedTrimmedMean,
-                                   FedYogi, Krum, Strategy)
+from aggregator.strategies import (
+    CenteredClipping,
+    FedAdam,
+    FedAvg,
+    FedAvgM,
+    FedMedian,
+    FedProx,
+    FedTrimmedMean,
+    FedYogi,
+    Krum,
+    Strategy,
+)
 from core.fit import FitWorkflow
 from core.records import RoundRecord
 from core.weighting import WeightPolicy

@@ -276,10 +276,10 @@ def _real(value: Any) -> float | None:
 def _round_row(run_id: str, r: RoundRecord, checkpoint: str) -> Round:
     return Round(run_id=run_id, round=r.round, started_at=r.started_at, duration_s=r.duration_s,
                  sampled=r.sampled, answered=r.count("ok"), dropped=r.count("dropped"),
-                 rejected=r.count("rejected") + r.count("error"), train_loss=r.train_loss,
-                 fed_loss=r.fed_loss, fed_accuracy=r.fed_accuracy, server_loss=r.server_loss,
-                 server_accuracy=r.server_accuracy, bytes_in=r.bytes_in, bytes_out=r.bytes_out,
-                 epsilon=r.epsilon, secagg=r.secagg, metrics=r.metrics or {}, checkpoint=checkpoint)
+                 rejected=r.count("rejected") + r.count("error"), train_loss=_real(r.train_loss),
+                 fed_loss=_real(r.fed_loss), fed_accuracy=_real(r.fed_accuracy), server_loss=_real(r.server_loss),
+                 server_accuracy=_real(r.server_accuracy), bytes_in=r.bytes_in, bytes_out=r.bytes_out,
+                 epsilon=_real(r.epsilon), secagg=r.secagg, metrics=r.metrics or {}, checkpoint=checkpoint)
 
 
 def _client_rows(run_id: str, r: RoundRecord) -> Iterable[ClientResult]:

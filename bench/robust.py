@@ -22,10 +22,11 @@ full MNIST (25 workers, 5 Byzantine, non-IID): centered clipping + momentum
 to 1-77% and coordinate-wise median to 34-75%.
 
 Model: the 2NN (784-200-200-10) by default; ``--model cnn`` for the small
-CNN, about 20x slower per round on two CPU cores (see bench/README.md).
+CNN, which cost about twice the 2NN's time per client epoch when measured on
+the shared two-core machine (see bench/README.md).
 
     python bench/robust.py              # 25 clients, 30 rounds, 35 runs (minutes)
-    python bench/robust.py --quick      # digits, 10 clients, 3 rounds (seconds)
+    python bench/robust.py --quick      # digits, 6 clients, 2 rounds (seconds)
 
 Ends with one JSON line of figures.
 """
@@ -129,10 +130,10 @@ def figures(table: dict[str, dict[str, float]], args: argparse.Namespace, wall_s
         out[f"{aggregator}_worst_attack_accuracy"] = worst[aggregator]
         out[f"{aggregator}_drop_points"] = round(row["none"] - worst[aggregator], 2)
     out["cc_worst_attack"] = min((v, k) for k, v in table["cc"].items() if k != "none")[1]
-    out["mean_max_drop_points"] = out["mean_drop_points"]
     out["target_met"] = out["cc_drop_points"] <= 3.0 and out["mean_drop_points"] > 30.0
     out.update(table=table, clients=args.clients, attackers=round(args.fraction * args.clients),
-               rounds=args.rounds, model=args.model, dataset=args.dataset, tau=args.tau, bucket_size=args.bucket,
+               rounds=args.rounds, model=args.model, dataset=args.dataset, partition=args.partition,
+               alpha=args.alpha, tau=args.tau, bucket_size=args.bucket,
                beta=args.beta, anchor_cc_range=list(ANCHOR["cc"]), anchor_krum_range=list(ANCHOR["krum"]),
                anchor_median_range=list(ANCHOR["median"]), wall_s=round(wall_s, 1))
     return out
@@ -140,7 +141,7 @@ def figures(table: dict[str, dict[str, float]], args: argparse.Namespace, wall_s
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="digits, 10 clients, 3 rounds: seconds")
+    parser.add_argument("--quick", action="store_true", help="digits, 6 clients, 2 rounds: seconds")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--clients", type=int, default=25)
     parser.add_argument("--fraction", type=float, default=0.2, help="attackers, as a fraction of the clients")
@@ -159,7 +160,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (separate processes)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.clients, args.model, args.dataset = 3, 10, "logreg", "digits"
+        args.rounds, args.clients, args.model, args.dataset = 2, 6, "logreg", "digits"
     return args
 
 

@@ -296,6 +296,8 @@ def _malicious_figures(runs: dict) -> dict:
         "malicious_overhead_kregular": round(ratios["kregular"], 3),
         "malicious_overhead_cpu": round(max(cpu.values()), 3),
         "malicious_speedup_vs_flower_secaggplus": _ratio(plus, runs["malicious_kregular"]) if same_n else None,
+        "malicious_speedup_vs_flower_secaggplus_cpu": (_ratio(plus, runs["malicious_kregular"], "cpu_s")
+                                                       if same_n else None),
     }
 
 

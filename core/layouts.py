@@ -126,12 +126,16 @@ def encode_named(flat: np.ndarray, layout: ParamLayout) -> dict[str, Array]:
     return arrays
 
 
-def gather(tensors: Sequence[tuple[str, Array]], layout: ParamLayout, what: str = "update") -> np.ndarray:
+def gather(tensors: Sequence[tuple[str, Array]], layout: ParamLayout, what: str = "update", *,
+           check_finite: bool = True) -> np.ndarray:
     """Concatenate ``tensors`` (``layout``'s, in its order) into one new flat float32 buffer.
 
     Each payload is parsed by :func:`npy_view` (any float dtype, cast while
     copying); its shape must be the layout's. This is the one copy a named
     reply costs before it joins the flat-buffer aggregation path.
+    ``check_finite=False`` leaves the NaN / Inf scan to a caller that scans
+    what it computes from the buffer anyway (a NaN or an infinity survives
+    subtracting finite numbers).
 
     Raises
     ------
@@ -149,6 +153,6 @@ def gather(tensors: Sequence[tuple[str, Array]], layout: ParamLayout, what: str 
             raise UpdateRejected(f"{what} tensor {name!r} has shape {view.shape}, expected {shape}")
         out[offset:offset + n] = view.reshape(-1)
         offset += n
-    if not all_finite(out):
+    if check_finite and not all_finite(out):
         raise UpdateRejected(f"{what} holds NaN or Inf values")
     return out

@@ -385,7 +385,7 @@ def _parse_weights(content: RecordDict, size: int, max_bytes: int, reference: np
     nbytes = sum(len(a.data) for _, a in tensors)
     if nbytes > max_bytes:
         raise UpdateRejected(f"update is {nbytes} bytes, over the {max_bytes}-byte limit")
-    delta = gather(tensors, layout)
+    delta = gather(tensors, layout, check_finite=False)  # NaN / Inf survive the subtraction: scanned once, below
     delta -= reference  # in place: the one flat buffer this reply costs
     if not all_finite(delta):
         raise UpdateRejected("update holds NaN or Inf values")

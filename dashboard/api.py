@@ -13,7 +13,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from dashboard.live import run_events, runs_events
 from dashboard.metrics import CONTENT_TYPE, render_metrics
-from dashboard.privacy import HIDDEN_DETAIL, run_hides_clients, without_private_runs
+from dashboard.privacy import HIDDEN_DETAIL, public_clients, run_hides_clients, without_private_runs
 from dashboard.queries import Reader
 from dashboard.schemas import ClientResultOut, ClientSummaryOut, EventOut, RoundOut, RunDetailOut, RunOut
 from dashboard.views import ROUND_CSV_FIELDS, client_result_data, client_summary_data, round_data, run_data
@@ -140,9 +140,12 @@ def checkpoint(request: Request, run_id: str,
 
 @router.get("/clients", response_model=list[ClientSummaryOut], summary="Every client's participation")
 def list_clients(request: Request, run_id: RunQuery = None) -> list[dict[str, Any]]:
-    if run_id is not None and run_hides_clients(reader_of(request), run_id):
+    reader = reader_of(request)
+    if run_id is None:  # summed over the runs that do not hide their participants (DP)
+        return [client_summary_data(c) for c in public_clients(reader)]
+    if run_hides_clients(reader, run_id):
         return []  # a DP run's participants stay hidden
-    return [client_summary_data(c) for c in reader_of(request).clients(run_id)]
+    return [client_summary_data(c) for c in reader.clients(run_id)]
 
 
 @router.get("/clients/{client}", response_model=list[ClientResultOut],

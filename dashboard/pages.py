@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from dashboard.api import MAX_INT, RoundPath
-from dashboard.privacy import run_hides_clients, without_private_runs
+from dashboard.privacy import public_clients, run_hides_clients, without_private_runs
 from dashboard.queries import Reader
 from dashboard.views import (
     client_result_data,
@@ -115,7 +115,8 @@ def round_page(request: Request, run_id: str, number: RoundPath) -> HTMLResponse
 def clients_page(request: Request, run: Annotated[str | None, Query()] = None) -> HTMLResponse:
     reader = _reader(request)
     hidden = bool(run and run_hides_clients(reader, run))
-    clients = [] if hidden else [client_summary_data(c) for c in reader.clients(run or None)]
+    summaries = [] if hidden else reader.clients(run) if run else public_clients(reader)
+    clients = [client_summary_data(c) for c in summaries]
     runs = [(r.id, r.name) for r, _ in reader.runs()]
     return _render(request, "clients.html", nav="clients", clients=clients, runs=runs, run=run or "",
                    fmt_time=fmt_time)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dashboard.queries import Reader
+from dashboard.queries import RECENT, ClientSummary, Reader, natural_key
 
-__all__ = ["hides_clients", "run_hides_clients", "without_private_runs", "HIDDEN_DETAIL"]
+__all__ = ["hides_clients", "run_hides_clients", "without_private_runs", "public_clients", "HIDDEN_DETAIL"]
 
 HIDDEN_DETAIL = ("this run is differentially private: which clients were sampled stays hidden "
                  "(amplification by sampling needs it secret); the round's counts are in the round itself")
@@ -43,3 +43,25 @@ def without_private_runs(reader: Reader, rows: Iterable[Any]) -> list[Any]:
         if not verdict[run_id]:
             kept.append(row)
     return kept
+
+
+def public_clients(reader: Reader) -> list[ClientSummary]:
+    """Every client's participation summed over the runs that do not hide their clients.
+
+    Without DP runs in the store this is the store's own summary; otherwise
+    the summaries of the other runs are added up run by run (newest first).
+    """
+    runs = [run for run, _ in reader.runs()]
+    if not any(hides_clients(run.scenario) for run in runs):
+        return reader.clients(None)
+    merged: dict[str, ClientSummary] = {}
+    for run in runs:
+        if hides_clients(run.scenario):
+            continue
+        for c in reader.clients(run.id):
+            seen = merged.get(c.client)
+            merged[c.client] = c if seen is None else ClientSummary(
+                client=c.client, rounds=seen.rounds + c.rounds, ok=seen.ok + c.ok, dropped=seen.dropped + c.dropped,
+                rejected=seen.rejected + c.rejected, runs=seen.runs + c.runs, examples=seen.examples + c.examples,
+                last_seen=max(seen.last_seen, c.last_seen), recent=(seen.recent + c.recent)[:RECENT])
+    return [merged[k] for k in sorted(merged, key=natural_key)]

@@ -60,6 +60,10 @@ class AgentSpec:
     insecure: bool = False
     workdir: Path = Path(".quorum-agent")
     max_restarts: int | None = None  # None: forever
+    # secure aggregation against a lying server (docs/secagg.md): this device's enrolled Ed25519
+    # identity key (a file holding its hex) and the operator's enrolment directory (JSON)
+    secagg_identity: Path | None = None
+    secagg_directory: Path | None = None
 
     @property
     def runtime_address(self) -> str:
@@ -71,6 +75,10 @@ def supernode_argv(spec: AgentSpec) -> list[str]:
     node_config = f'data-path="{spec.data.resolve()}"'
     if spec.name:
         node_config += f' client-name="{spec.name}"'
+    if spec.secagg_identity is not None:
+        node_config += f' secagg-identity-key-file="{spec.secagg_identity.resolve()}"'
+    if spec.secagg_directory is not None:
+        node_config += f' secagg-directory="{spec.secagg_directory.resolve()}"'
     argv = ["--superlink", spec.server, "--isolation", "process", "--host", "127.0.0.1",
             "--port", str(spec.runtime_port), "--node-config", node_config]
     if spec.insecure:

@@ -102,6 +102,10 @@ def start(
         help="Seconds one task waits for its model to arrive from the SuperNode before it fails and the "
              "worker takes the next task (Flower's ClientApp waits 2 hours). Raise it on slow links "
              "with large models.")] = 20.0,
+    secagg_identity: Annotated[Path | None, typer.Option(
+        help="Secure aggregation: this device's enrolled Ed25519 identity key (hex, keep it 0600).")] = None,
+    secagg_directory: Annotated[Path | None, typer.Option(
+        help="Secure aggregation: the operator's enrolment directory (JSON, id -> public key).")] = None,
 ) -> None:
     """(device) Run the client agent: a SuperNode plus a warm ClientApp worker, restarted if they die."""
     from deploy.agent import AgentSpec, run_agent
@@ -113,7 +117,7 @@ def start(
                       "updates cross the network in clear. Only for a loopback trial.")
     elif key is None or ca is None:
         _fail("--key and --ca are required (or --insecure for a loopback trial)")
-    for path in (key, ca):
+    for path in (key, ca, secagg_identity, secagg_directory):
         if path is not None and not path.is_file():
             _fail(f"{path}: no such file")
     if not 0.05 <= poll <= 30:
@@ -121,7 +125,8 @@ def start(
     if task_input_timeout <= 0:
         _fail(f"--task-input-timeout {task_input_timeout}: must be a positive number of seconds")
     spec = AgentSpec(server=server, data=data, key=key, ca=ca, name=name, runtime_port=runtime_port,
-                     poll_s=poll, insecure=insecure, workdir=workdir, task_input_s=task_input_timeout)
+                     poll_s=poll, insecure=insecure, workdir=workdir, task_input_s=task_input_timeout,
+                     secagg_identity=secagg_identity, secagg_directory=secagg_directory)
     print(f"client agent {name or '(unnamed)'}: connecting to {server} (data {data}, logs {workdir / 'logs'})",
           flush=True)
     raise typer.Exit(run_agent(spec, say=lambda m: console.print(m)))

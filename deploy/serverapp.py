@@ -99,7 +99,7 @@ def _find_run(store: RunStore, flower_run_id: int) -> str | None:
     """The unfinished stored run a previous ServerApp opened for this Flower run, if any."""
     for run in store.list_runs():
         info = run.info or {}
-        if info.get("flower_run_id") == flower_run_id and run.status not in ("finished", "stopped_budget"):
+        if info.get("flower_run_id") == flower_run_id and run.status not in ("finished", "degraded", "stopped_budget"):
             return run.id
     return None
 

@@ -218,7 +218,7 @@ def serve(
     except QuorumError as exc:
         _fail(str(exc))
     console.print(f"serving {model_dir} on http://{host}:{port}/predict")
-    uvicorn.run(api, host=host, port=port, log_level="warning")
+    uvicorn.run(api, host=host, port=port, log_level="warning", ws="none")  # no websockets: plain HTTP only
 
 
 def _mount_subcommands() -> None:

@@ -16,7 +16,8 @@ from scenarios.schema import CORRUPTIONS, FaultSpec
 
 __all__ = ["FaultPlan", "stage_of"]
 
-_STAGE_CODES = {"train": 1, "advertise_keys": 2, "share_keys": 3, "masked_input": 4, "unmask": 5}
+_STAGE_CODES = {"train": 1, "advertise_keys": 2, "share_keys": 3, "masked_input": 4, "unmask": 5,
+                "consistency_check": 6}
 
 
 def stage_of(message: Message) -> str:

@@ -38,6 +38,7 @@ from aggregator.store import RunStore
 from clients.clientapp import app as client_app
 from core.records import RoundRecord
 from runtimes.faults import FaultPlan
+from runtimes.simulation import secagg_identities
 from scenarios.schema import Scenario
 
 __all__ = ["run_on_ray", "RayOptions", "ScenarioClient", "PartitionGrid", "ray_processes", "NODE_INFO"]
@@ -86,8 +87,6 @@ def run_on_ray(scenario: Scenario, db_url: str, resume_id: str | None = None,
 
     run = _RayRun(scenario, RunStore(db_url), resume_id, on_start, on_round,  # a bad URL fails here
                   options.discovery_timeout_s, _Cluster(tempfile.mkdtemp(prefix="quorum-ray-")))
-    from runtimes.simulation import secagg_identities
-
     client = ScenarioClient(client_app, {"scenario-json": json.dumps(scenario.to_dict())},
                             secagg_identities(scenario))
     try:

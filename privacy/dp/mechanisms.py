@@ -5,7 +5,7 @@ Recurrent Language Models", ICLR 2018, Algorithm 1) bounds each client's
 influence by clipping its model update to L2 norm ``C`` and then adds
 Gaussian noise of standard deviation ``z * C`` to the sum of updates. This
 module holds those pure pieces, plus the client side of the distributed
-placement, where each of ``m`` clients adds its share ``z * C / sqrt(m)``
+placement, where each of the ``K`` sampled clients adds its share ``z * C / sqrt(K)``
 before secure aggregation sums the shares to the full ``z * C``.
 
 What a client must do is carried by :class:`ClientDPConfig`, which travels in
@@ -119,7 +119,7 @@ def privatize_update(
     clip : float
         L2 bound ``C``.
     noise_std : float
-        Per-coordinate noise std this client adds: ``z * C / sqrt(m)`` in the
+        Per-coordinate noise std this client adds: ``z * C / sqrt(K)`` in the
         distributed placement, 0 in the central one.
     rng : np.random.Generator
         Noise source; pass :func:`privacy.dp.secure_rng` outside tests.

@@ -12,9 +12,9 @@ A round, as the round loop drives it::
     nodes = dp.sample(node_ids, m, ...)     # secure Poisson (or fixed-size) sample
     dp = dp.with_cohort(len(nodes))         # noise shares follow the realised sample
     config = dp.configure_train(config)     # dp-* keys for the clients
-    agg = dp.new_aggregate(size)            # model (+1 count bit when adaptive) + 1 accounting slot
+    agg = dp.new_aggregate(size)            # model size (+1 with adaptive clipping)
     agg = dp.accumulate(agg, update, n)     # per reply (central: clips here); or dp.merge(agg, secure_sum)
-    mean = dp.finalize(agg, secure_rng())   # noise, fixed denominator; the slot carries the contributors
+    mean = dp.finalize(agg, secure_rng())   # noise, fixed denominator; + 1 value: the contributors
     state = dp.apply(state, mean)           # inner apply, clip update, accountants (release and server view)
 
 Placements
@@ -216,9 +216,8 @@ class DPFedAvg(Strategy):
         return secure_rng()
 
     def new_aggregate(self, size: int) -> aggregate.MeanState:
-        """An empty sum over ``size`` model values, the count bit when adaptive, and one accounting
-        slot in which :meth:`finalize` hands :meth:`apply` the number of contributors."""
-        return aggregate.empty(size + self.tail + 1)
+        """An empty sum over ``size`` model values, plus the count coordinate when adaptive."""
+        return aggregate.empty(size + self.tail)
 
     def accumulate(self, agg: aggregate.MeanState, update: np.ndarray, num_examples: float, *,
                    checked: bool = False) -> aggregate.MeanState:
@@ -229,10 +228,9 @@ class DPFedAvg(Strategy):
         payload is summed as is.
         """
         self._require_bound()
-        update = aggregate.check_update(update, agg.size - 1, finite=not checked)
+        update = aggregate.check_update(update, agg.size, finite=not checked)
         if self.placement == "distributed":
-            np.add(agg.total[:-1], update, out=agg.total[:-1])
-            return aggregate.MeanState(agg.total, agg.weight + 1.0, agg.count + 1, agg.scratch)
+            return aggregate.add(agg, update, 1.0, checked=True)
         return _fold_clipped(agg, update, self.clip_norm, self.tail)
 
     def merge(self, agg: aggregate.MeanState, partial: aggregate.MeanState) -> aggregate.MeanState:
@@ -248,23 +246,22 @@ class DPFedAvg(Strategy):
         clients could.
         """
         self._require_bound()
-        size = agg.size - 1
-        if partial.size != size or abs(partial.weight - partial.count) > 0.5:
+        if partial.size != agg.size or abs(partial.weight - partial.count) > 0.5:
             raise UpdateRejected(f"secure sum of size {partial.size}, weight {partial.weight} for "
-                               f"{partial.count} clients: expected size {size} and weight 1 per client")
-        total = aggregate.check_update(partial.total, size).copy()
+                               f"{partial.count} clients: expected size {agg.size} and weight 1 per client")
+        total = aggregate.check_update(partial.total, agg.size).copy()
         if self.tail:
             noise = self.client_dp_config().count_noise_std * math.sqrt(partial.count)
-            total[size - 1] = _bounded_bits(float(total[size - 1]), partial.count, noise)
-        np.add(agg.total[:-1], total, out=agg.total[:-1])
-        return aggregate.MeanState(agg.total, agg.weight + partial.weight, agg.count + partial.count, agg.scratch)
+            total[-1] = _bounded_bits(float(total[-1]), partial.count, noise)
+        return aggregate.merge(agg, replace(partial, total=total))
 
     def finalize(self, agg: aggregate.MeanState, rng: np.random.Generator) -> np.ndarray:
         """Add the Gaussian noise and divide by the fixed denominator ``m``.
 
         Returns the mean update, followed (adaptive clipping) by the
         privatised fraction ``b_bar`` of clients under the clip norm, and
-        last the number of contributors; :meth:`apply` consumes both.
+        last the number of contributors ``c`` (one value longer than the
+        aggregate); :meth:`apply` consumes both.
         Distributed: the server adds what the missing ``K - c`` shares would
         have, so the released noise is ``(z C)^2`` for any ``K`` and ``c``.
         ``rng`` must be :func:`privacy.dp.secure_rng` outside tests: noise
@@ -272,14 +269,13 @@ class DPFedAvg(Strategy):
         """
         self._require_bound()
         share = 1.0 if self.placement == "central" else max(0.0, 1.0 - agg.count / self.sampled)
-        size = agg.size - 1 - self.tail
-        out = agg.total.astype(np.float32, copy=True)
+        size = agg.size - self.tail
+        out = np.append(agg.total, np.float32(agg.count)).astype(np.float32, copy=False)
         out[:size] += gaussian_noise(size, self.update_noise_multiplier * self.clip_norm * math.sqrt(share), rng)
-        out /= np.float32(self.expected_clients)
+        out[:-1] /= np.float32(self.expected_clients)
         if self.adaptive is not None:
             count = float(agg.total[size]) + self.count_noise_std * math.sqrt(share) * float(rng.standard_normal())
             out[size] = min(1.0, max(0.0, adapt.below_fraction(count, self.expected_clients)))
-        out[-1] = agg.count
         return out
 
     def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
@@ -362,7 +358,7 @@ class DPFedAvg(Strategy):
 
 def _fold_clipped(agg: aggregate.MeanState, update: np.ndarray, clip: float, tail: int) -> aggregate.MeanState:
     """``agg + clip(update)`` without allocating: the scale rides as the weight of the model part."""
-    size = agg.size - 1 - tail  # the last coordinate is the accounting slot
+    size = agg.size - tail
     head, total = update[:size], agg.total
     scale = np.float32(clip_factor(l2_norm(head), clip))
     scratch = agg.scratch if agg.scratch is not None else aggregate.block_scratch(size)

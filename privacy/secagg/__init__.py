@@ -24,12 +24,15 @@ from privacy.secagg.errors import (
     SecAggError,
     SecAggProtocolError,
 )
+from privacy.secagg.identity import ClientPolicy, IdentityDirectory, enrol
 from privacy.secagg.prg import mask_with_seed
 from privacy.secagg.result import SecureSumResult, StageStats
 from privacy.secagg.server import ServerRound
 from privacy.secagg.stage import Stage
 
 __all__ = [
+    "ClientPolicy",
+    "IdentityDirectory",
     "InsufficientSharesError",
     "SecAggAborted",
     "SecAggConfig",
@@ -41,6 +44,7 @@ __all__ = [
     "ServerRound",
     "Stage",
     "StageStats",
+    "enrol",
     "mask_with_seed",
     "secure_sum",
 ]

@@ -82,7 +82,9 @@ def secure_sum(vectors: Sequence[np.ndarray], weights: Sequence[float], config: 
     Implements Bonawitz et al., "Practical Secure Aggregation for
     Privacy-Preserving Machine Learning" (CCS 2017) with the neighbour graph
     of Bell et al., "Secure Single-Server Aggregation with (Poly)Logarithmic
-    Overhead" (SecAgg+, CCS 2020).
+    Overhead" (SecAgg+, CCS 2020). In the malicious model (the default) the
+    simulated clients are enrolled first, each with a fresh Ed25519 identity
+    key, and run the signed, consistency-checked variant (Sec. 6).
 
     Parameters
     ----------

@@ -168,10 +168,12 @@ def finish_round(comm: Comm, strategy: Strategy, state: ServerState, agg: aggreg
     finalizes the merged aggregate and shares the mean, every rank applies it."""
 
     def shared_mean(merged: aggregate.MeanState) -> np.ndarray:
-        mean = torch.zeros(merged.size, dtype=torch.float32)
-        if comm.rank == 0:
-            mean.numpy()[:] = strategy.finalize(merged, strategy.round_rng(scenario.seed, server_round))
+        # finalize may return more than the aggregate (DP appends its contributor count): rank 0 says how much
+        final = strategy.finalize(merged, strategy.round_rng(scenario.seed, server_round)) if comm.rank == 0 else None
         comm.where = f"round {server_round} mean update"
+        mean = torch.zeros(int(comm.broadcast_json(None if final is None else int(final.size))), dtype=torch.float32)
+        if final is not None:
+            mean.numpy()[:] = final
         comm.broadcast_(mean)
         return mean.numpy()
 

@@ -64,7 +64,7 @@ class RunWriter:
 
 
 def round_record(job: Job, result: RoundResult, server_round: int, started: float, duration_s: float,
-                 server: tuple[float, float] | None) -> RoundRecord:
+                 server: tuple[float, float | None] | None) -> RoundRecord:
     """The round as the run store keeps it, built from the all-reduced per-client table."""
     table, labels = result.table, job.row_labels()
     present = np.flatnonzero(table[:, _C["present"]] > 0)

@@ -17,8 +17,11 @@ from aggregator.serverapp import final_status, run_federation
 from aggregator.store import RunStore
 from aggregator.strategies import FedAvg
 from core import aggregate
+from core.errors import StoreError
 from core.fit import FitOutcome, FitRequest
 from core.messages import eval_reply, parse_instruction, train_reply
+from core.records import RoundRecord
+from core.strategy import ServerState
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from tests.aggregator.test_rounds import initial_params
 from tests.conftest import tiny_scenario
@@ -192,10 +195,6 @@ def test_an_error_after_the_run_row_exists_marks_it_failed(db_url: str) -> None:
 
 
 def test_the_store_refuses_a_non_finite_checkpoint(db_url: str) -> None:
-    from core.errors import StoreError
-    from core.records import RoundRecord
-    from core.strategy import ServerState
-
     store = RunStore(db_url)
     run_id = store.create_run(name="x", scenario={}, seed=0, strategy="fedavg", rounds=1)
     state = ServerState(params=np.array([0.0, np.nan], np.float32), round=1)

@@ -114,14 +114,16 @@ def _record() -> st.SearchStrategy[object]:
     return st.one_of(metric, config, arrays)
 
 
-_replies = st.dictionaries(st.sampled_from(["update", "metrics", "other"]), _record(), max_size=3).map(RecordDict)
+# "arrays" and "fitres.parameters": the Flower and legacy layouts the decoder also reads
+_replies = st.dictionaries(st.sampled_from(["update", "metrics", "other", "arrays", "fitres.parameters"]),
+                           _record(), max_size=3).map(RecordDict)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_replies)
 def test_any_train_reply_is_parsed_within_bounds_or_rejected(content: RecordDict) -> None:
     try:
-        parsed = parse_train_reply(content, SIZE, 10**6)
+        parsed = parse_train_reply(content, SIZE, 10**6, reference=np.zeros(SIZE, np.float32))
     except UpdateRejected as exc:
         assert str(exc)
         return

@@ -156,3 +156,17 @@ def test_dp_run_is_left_out_of_client_histories(client: TestClient, filled_store
     # a run without DP still shows its clients
     history = client.get(f"/api/clients/{sim_client}").json()
     assert history and {row["run_id"] for row in history} == {filled_store.sim_run}
+
+
+def test_cross_run_client_summary_leaves_dp_runs_out(client: TestClient, filled_store: FilledStore) -> None:
+    # Prepare: the per-run summaries of the runs without DP
+    sim = {c["client"]: c for c in client.get(f"/api/clients?run={filled_store.sim_run}").json()}
+    xss = {c["client"]: c for c in client.get(f"/api/clients?run={filled_store.xss_run}").json()}
+    # Execute
+    everyone = {c["client"]: c for c in client.get("/api/clients").json()}
+    page = client.get("/clients").text
+    # Assert: exactly the other runs' clients, with their counts; none of the DP run's "0".."3"
+    assert set(everyone) == set(sim) | set(xss) and not {"0", "1", "2", "3"} & set(everyone)
+    for label, summary in sim.items():
+        assert (everyone[label]["rounds"], everyone[label]["ok"]) == (summary["rounds"], summary["ok"])
+    assert page.count("<tr data-client=") == len(everyone)

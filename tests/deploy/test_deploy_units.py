@@ -210,6 +210,16 @@ def test_the_agent_runs_an_authenticated_supernode_in_process_isolation(tmp_path
         supernode_argv(AgentSpec(server="h:1", data=tmp_path / "d", key=None, ca=None))
 
 
+def test_the_agent_hands_its_secagg_identity_and_directory_to_the_node(tmp_path: Path) -> None:
+    spec = AgentSpec(server="h:1", data=tmp_path / "d.csv", key=None, ca=None, insecure=True,
+                     secagg_identity=tmp_path / "id.hex", secagg_directory=tmp_path / "dir.json")
+
+    node_config = supernode_argv(spec)[supernode_argv(spec).index("--node-config") + 1]
+
+    assert f'secagg-identity-key-file="{(tmp_path / "id.hex").resolve()}"' in node_config
+    assert f'secagg-directory="{(tmp_path / "dir.json").resolve()}"' in node_config
+
+
 def test_the_worker_gets_the_task_input_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     served: list[tuple] = []
     monkeypatch.setattr("deploy.agent.serve_tasks", lambda *args: served.append(args))

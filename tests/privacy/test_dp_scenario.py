@@ -74,3 +74,19 @@ def test_secagg_round_with_too_few_sampled_clients_is_skipped_and_accounted(db_u
     assert rows[0].metrics["server-epsilon"] == rows[1].metrics["server-epsilon"] == 0.0
     assert abs(rows[2].metrics["server-epsilon"] - plan_epsilon(1.0, 1, 1.0, 1e-5)) < 1e-9
     assert DPState.from_json(store.load_state(summary.run_id).extra["dp"]).rounds == 3
+
+
+def test_central_adaptive_dp_updates_are_all_folded(db_url: str) -> None:
+    # Prepare: the plain fit checks each reply against the aggregate's size (model + the count bit)
+    scenario = tiny_scenario(rounds=1, dp={"enabled": True, "noise_multiplier": 0.5, "adaptive_clipping": True,
+                                           "count_noise_multiplier": 2.0})
+    # Execute
+    summary = simulate(scenario, db_url=db_url)
+    # Assert: all 4 replies folded; the clip norm moved; no server-view figure in the central placement
+    store = RunStore(db_url)
+    assert [c.outcome for c in store.client_results(summary.run_id, 1)] == ["ok"] * 4
+    (row,) = store.rounds(summary.run_id)
+    assert row.metrics == {"status": "ok"}
+    from privacy.dp import DPState
+
+    assert DPState.from_json(store.load_state(summary.run_id).extra["dp"]).clip != 1.0

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from aggregator.store import RunStore
+from privacy.secagg.fit import config_from_spec
 from runtimes.simulation import simulate
+from scenarios.errors import ScenarioError
 from scenarios.schema import load_scenario
 from tests.conftest import REPO, tiny_scenario
 
@@ -38,8 +42,6 @@ def test_secagg_scenario_completes_every_round_with_dropouts_at_each_stage(db_ur
 
 
 def test_shipped_secagg_threshold_is_a_strict_majority() -> None:
-    from privacy.secagg.fit import config_from_spec
-
     spec = load_scenario(SCENARIOS / "secagg.toml").secagg
     config = config_from_spec(spec)
 
@@ -48,10 +50,6 @@ def test_shipped_secagg_threshold_is_a_strict_majority() -> None:
 
 
 def test_a_half_threshold_needs_an_explicit_semi_honest_threat_model() -> None:
-    import pytest
-
-    from scenarios.errors import ScenarioError
-
     with pytest.raises(ScenarioError, match=r"threshold.*0\.5.*semi-honest"):
         tiny_scenario(secagg={"enabled": True, "threshold": 0.5})
     relaxed = tiny_scenario(secagg={"enabled": True, "threshold": 0.5, "threat_model": "semi-honest"})

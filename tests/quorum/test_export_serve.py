@@ -27,6 +27,7 @@ from quorum.errors import ExportError
 from quorum.export import MANIFEST, WEIGHTS, export_run, load_export
 from quorum.serve import create_app
 from runtimes.simulation import simulate
+from scenarios.schema import load_scenario
 from tests.conftest import REPO, tiny_scenario
 from tests.runtimes.processes import free_ports
 
@@ -34,7 +35,7 @@ with warnings.catch_warnings():  # starlette's import-time deprecation (httpx2),
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-SCENARIO = tiny_scenario(name="export-tiny", rounds=1)  # sklearn digits, logistic regression
+SCENARIO = tiny_scenario(name="export-tiny", rounds=1, federation={"deadline_s": 300.0})  # digits, logreg
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +163,8 @@ def test_predict_refuses_non_finite_values_and_non_json(client: TestClient) -> N
 def live_server(exported: Path) -> Iterator[str]:
     """``create_app`` under uvicorn on a loopback port this test picked; stopped at the end."""
     port = free_ports(1)[0]
-    server = uvicorn.Server(uvicorn.Config(create_app(exported), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(exported), host="127.0.0.1", port=port, log_level="warning",
+                                           ws="none"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -203,3 +205,22 @@ def test_serve_refuses_a_non_loopback_host_without_consent(exported: Path) -> No
     done = subprocess.run([sys.executable, "-m", "quorum", "serve", str(exported), "--host", "0.0.0.0"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "not loopback" in done.stderr
+
+
+def test_a_regression_task_exports_and_serves_values(tmp_path: Path) -> None:
+    # Prepare: one round of the built-in regression task (a task with no classes)
+    spec = load_scenario(REPO / "scenarios" / "regression.toml").with_overrides(rounds=1)
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    run_id = simulate(spec, db_url=db).run_id
+
+    # Execute
+    export_run(RunStore(db), run_id, tmp_path / "model")
+    client = TestClient(create_app(tmp_path / "model"))
+    answer = client.post("/predict", json={"inputs": [[0.0] * 10, [0.5] * 10]})
+
+    # Assert: the task's reference and the raw outputs, one value per example
+    manifest = load_export(tmp_path / "model").manifest
+    assert manifest["task"]["entry"] == "learning.tasks.regression:RegressionTask" and "model" not in manifest
+    assert manifest["input_shape"] == [10] and manifest["output"] == {"kind": "values"}
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["predictions"]) == 2 and all(isinstance(v, float) for v in answer.json()["predictions"])

@@ -44,6 +44,7 @@ SEED = 3  # tiny_scenario's
 
 def scenario() -> Scenario:
     return tiny_scenario(name="flower-compat", rounds=ROUNDS, model={"name": "mlp"}, training={"local_epochs": 2},
+                         federation={"deadline_s": 300.0},  # a loaded machine must not drop a client
                          evaluation={"federated": True, "server": True, "every": 1})
 
 

@@ -116,7 +116,7 @@ def test_secure_sum_count_bit_is_bounded_to_what_honest_clients_send() -> None:
     bound = central.for_round(central.init_state(np.zeros(2, np.float32))).with_cohort(4)
     for summed, kept in ((7.5, 2.0), (-9.0, -2.0), (1.0, 1.0)):
         agg = bound.merge(bound.new_aggregate(2), _secure_sum([0.1, 0.2, summed], 4))
-        assert float(agg.total[2]) == kept and agg.count == 4 and agg.size == 4
+        assert float(agg.total[2]) == kept and agg.count == 4 and agg.size == 3
     # Distributed: each of K = 4 shares has std sigma_b / sqrt(K) = 2 / 2 = 1; the four summed have std 2,
     # so the honest range is [-2, 2] widened by 6 * 2 = 12: +-14.
     dist = distributed(noise_multiplier=0.5, expected_clients=4, population=40,

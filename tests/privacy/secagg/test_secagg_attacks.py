@@ -36,7 +36,7 @@ from privacy.secagg import (
 from privacy.secagg.client import client_step
 from privacy.secagg.codec import setup_digest
 from privacy.secagg.fit import config_from_spec
-from privacy.secagg.identity import ClientPolicy, IdentityDirectory, enrol, sign
+from privacy.secagg.identity import ClientPolicy, IdentityDirectory, enrol, sign, survivors_message
 from privacy.secagg.keys import agree, pair_mask_key, self_mask_key, session_digest
 from privacy.secagg.messages import (
     ConsistencyReply,
@@ -398,3 +398,39 @@ def test_requests_of_a_malicious_round_carry_signatures():
 
     assert isinstance(directory, KeyDirectory) and len(directory.signatures) == 4
     assert all(len(s) == 64 for s in directory.signatures)
+
+
+@pytest.mark.parametrize(("colluders", "recovered"), [((9,), False), ((8, 9), True)])
+def test_colluding_clients_and_the_documented_bound(colluders, recovered):
+    # Prepare: shipped settings (t = 6 of m = 10); colluders hand the server their identity keys
+    # and shares. docs/secagg.md: safe while 2t > m + c, so c = 1 is safe and c = 2 is not.
+    clients = list(range(10))
+    attacker = Attacker(shipped_config(), clients, enrolled(clients))
+    attacker.run_until_unmask()
+    honest = [u for u in clients if u not in colluders]
+    split = 5 if len(colluders) == 1 else 4  # the best split for the server: both groups near t
+    group_a, group_b = honest[:split], honest[split:]  # TARGET = 0 is in group_a
+    everyone, without = tuple(clients), tuple(clients[1:])
+    signatures: dict[tuple[int, ...], list[SignedSurvivors]] = {everyone: [], without: []}
+    for node in group_a + group_b:
+        told = everyone if node in group_a else without
+        signatures[told].append(SignedSurvivors(node, attacker.ask(node, ConsistencyRequest(told)).signature))
+    for c in colluders:  # a colluder signs both sets
+        for told in (everyone, without):
+            message = survivors_message(attacker.session, told)
+            signatures[told].append(SignedSurvivors(c, sign(attacker.policies[c].identity, message)))
+
+    # Execute: the lie, plus the colluders' own shares of TARGET's two secrets
+    b_points, s_points = lie_at_unmask(attacker, group_a, group_b, signatures)
+    for c in colluders:
+        b_share, s_share = attacker.states[c].held[TARGET]
+        b_points[attacker.server.setup.x_of(c)] = b_share
+        s_points[attacker.server.setup.x_of(c)] = s_share
+
+    # Assert
+    if recovered:
+        assert np.abs(recover(attacker, TARGET, b_points, s_points) - attacker.updates[TARGET]).max() < 1e-3
+    else:
+        assert set(attacker.refused) == set(group_b) and len(s_points) == 1
+        with pytest.raises(InsufficientSharesError):
+            recover(attacker, TARGET, b_points, s_points)
