@@ -4,7 +4,7 @@ split) and server-side (the aggregator scores it on a held-out set)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,8 @@ class EvalSummary:
     loss: float | None
     accuracy: float | None
     train_loss: float | None
-    per_client: dict[int, tuple[float, float, int]]
+    per_client: dict[int, tuple[float, float | None, int]]
+    metrics: dict[str, float] = field(default_factory=dict)  # the task's named figures (mae, r2, ...)
 
 
 def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, config: TrainConfig,
@@ -41,7 +42,8 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     """
     instruction = evaluate_instruction(params, config, layout)  # one message content for every node
     content = {n: instruction for n in nodes}
-    results: dict[int, tuple[float, float, int]] = {}
+    results: dict[int, tuple[float, float | None, int]] = {}
+    named: dict[int, dict[str, int | float]] = {}
     train: list[tuple[float, int]] = []
 
     def on_reply(node: int, reply: Message) -> None:
@@ -52,18 +54,29 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
         except UpdateRejected:
             return
         results[node] = (parsed.loss, parsed.accuracy, parsed.num_examples)
+        named[node] = parsed.metrics
         if parsed.train_loss is not None and parsed.train_examples > 0:
             train.append((parsed.train_loss, parsed.train_examples))
 
     collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
     if not results:
         return EvalSummary(None, None, None, {})
-    losses, accs, counts = zip(*results.values(), strict=True)
-    weights = _ROBUST.weights(counts)
+    nodes_in = list(results)
+    weights = dict(zip(nodes_in, _ROBUST.weights([results[n][2] for n in nodes_in]), strict=True))
     train_loss = (float(np.average([loss for loss, _ in train], weights=_ROBUST.weights([n for _, n in train])))
                   if train else None)
-    return EvalSummary(float(np.average(losses, weights=weights)), float(np.average(accs, weights=weights)),
-                       train_loss, results)
+    loss = _weighted({n: results[n][0] for n in nodes_in}, weights)
+    accuracy = _weighted({n: acc for n, (_, acc, _) in results.items() if acc is not None}, weights)
+    names = sorted({k for figures in named.values() for k in figures})
+    metrics = {k: _weighted({n: named[n][k] for n in nodes_in if k in named[n]}, weights) for k in names}
+    return EvalSummary(loss, accuracy, train_loss, results, {k: v for k, v in metrics.items() if v is not None})
+
+
+def _weighted(values: dict[int, float], weights: dict[int, float]) -> float | None:
+    """The weighted mean of the nodes' ``values`` (``None`` when no node reported one)."""
+    if not values:
+        return None
+    return float(np.average(list(values.values()), weights=[weights[n] for n in values]))
 
 
 _ROBUST = WeightPolicy("median", median_cap=3.0)

@@ -116,6 +116,7 @@ class RoundLoop:
         ev = self.scenario.evaluation
         fed_loss = fed_acc = srv_loss = srv_acc = None
         task_metrics: dict[str, float] = {}  # the task's own server-side scores: server-mae, server-r2, ...
+        fed_metrics: dict[str, float] = {}  # the task's own federated scores: fed-mae, fed-r2, ...
         train_loss = outcome.train_loss
         clients = marked_clients(outcome)  # what a robust rule did to each update
         if server_round % ev.every == 0 or server_round == self.scenario.rounds:
@@ -126,6 +127,7 @@ class RoundLoop:
                                              self._train_config(None, server_round), self.eval_deadline_s,
                                              self.layout)
                 fed_loss, fed_acc = summary.loss, summary.accuracy
+                fed_metrics = {f"fed-{k}": v for k, v in summary.metrics.items()}
                 train_loss = summary.train_loss if summary.train_loss is not None else train_loss
                 clients = [_with_eval(c, summary.per_client) for c in clients]
             if ev.server and self.server_eval is not None:
@@ -138,10 +140,10 @@ class RoundLoop:
             server_loss=srv_loss, server_accuracy=srv_acc, bytes_in=outcome.bytes_in,
             bytes_out=outcome.bytes_out, epsilon=epsilon,
             secagg=outcome.secagg,
-            metrics={"status": status, **task_metrics, **self.strategy.round_metrics(state)})
+            metrics={"status": status, **fed_metrics, **task_metrics, **self.strategy.round_metrics(state)})
 
 
-def _with_eval(record: ClientRecord, per_client: dict[int, tuple[float, float, int]]) -> ClientRecord:
+def _with_eval(record: ClientRecord, per_client: dict[int, tuple[float, float | None, int]]) -> ClientRecord:
     try:
         result = per_client.get(int(record.client))
     except ValueError:

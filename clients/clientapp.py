@@ -27,7 +27,6 @@ from core.messages import (
     read_instruction,
     train_reply,
 )
-from learning.errors import TaskError
 from learning.federation import cached_federation
 from learning.models import layout_of
 from learning.task import LocalData, Metrics, TaskModel, load_task
@@ -175,12 +174,6 @@ def evaluate_handler(message: Message, context: Context) -> Message:
     runtime.model.set_flat(instruction.params)
     result = runtime.model.evaluate(runtime.data.test)
     on_train = runtime.model.evaluate(runtime.data.train)
-    if "accuracy" not in result:
-        # The evaluate reply (core.messages) carries a loss and an accuracy; a task's other metrics
-        # (mae, r2, ...) reach the store through server-side evaluation.
-        raise TaskError(f"{type(runtime.model.task).__name__}.evaluate reports no 'accuracy' "
-                        f"(got {', '.join(sorted(result))}): federated evaluation needs it; "
-                        "set [evaluation] federated = false and score on the server")
-    reply = eval_reply(result["loss"], result["accuracy"], int(result["num_examples"]), on_train["loss"],
-                       int(on_train["num_examples"]), answer_to=instruction)
+    reply = eval_reply(result["loss"], result.get("accuracy"), int(result["num_examples"]), on_train["loss"],
+                       int(on_train["num_examples"]), answer_to=instruction, metrics=result)
     return Message(reply, reply_to=message)

@@ -22,6 +22,7 @@ turned into a delta against the global model sent, one copy) or
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any, TypeGuard
@@ -127,10 +128,11 @@ class EvalReply:
     on its training split (the "training loss" of Li et al. 2020, Fig. 1)."""
 
     loss: float
-    accuracy: float
+    accuracy: float | None  # None: the task reports no accuracy (a regression, say)
     num_examples: int
     train_loss: float | None = None
     train_examples: int = 0
+    metrics: dict[str, int | float] = field(default_factory=dict)  # the task's others (mae, r2, ...)
 
 
 def encode_flat(vector: np.ndarray) -> Array:
@@ -164,22 +166,10 @@ def decode_flat(array: Array, size: int | None = None, max_bytes: int | None = N
 
 
 def _npy_view(data: bytes) -> np.ndarray:
-    from io import BytesIO
-
-    stream = BytesIO(data)
-    try:
-        version = np.lib.format.read_magic(stream)
-        reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                  else np.lib.format.read_array_header_2_0)
-        shape, fortran, dtype = reader(stream)
-    except ValueError as exc:
-        raise UpdateRejected(f"update is not a valid .npy buffer: {exc}") from None
-    if dtype != np.float32 or len(shape) != 1 or fortran:
-        raise UpdateRejected(f"update payload is {dtype} {shape}, expected 1-D float32")
-    offset = stream.tell()
-    if len(data) - offset != shape[0] * 4:
-        raise UpdateRejected("update payload is truncated")
-    return np.frombuffer(data, dtype=np.float32, count=shape[0], offset=offset)
+    view = npy_view(data)  # a view, never unpickled; refuses a bad header, non-floats, a wrong length
+    if view.dtype != np.float32 or view.ndim != 1:
+        raise UpdateRejected(f"update payload is {view.dtype} {view.shape}, expected 1-D float32")
+    return view
 
 
 @dataclass(frozen=True)
@@ -436,22 +426,33 @@ def parse_train_reply(content: RecordDict, size: int, max_bytes: int, *, referen
     return TrainReply(decode_flat(_update_array(content), size, max_bytes), n, clean_metrics(metrics))
 
 
-def eval_reply(loss: float, accuracy: float, num_examples: int, train_loss: float | None = None,
-               train_examples: int = 0, answer_to: Instruction | None = None) -> RecordDict:
-    """An evaluate reply in Quorum's names, or in Flower's (``answer_to`` a Flower instruction)."""
+def eval_reply(loss: float, accuracy: float | None, num_examples: int, train_loss: float | None = None,
+               train_examples: int = 0, answer_to: Instruction | None = None,
+               metrics: Mapping[str, float] | None = None) -> RecordDict:
+    """An evaluate reply in Quorum's names, or in Flower's (``answer_to`` a Flower instruction).
+
+    ``accuracy`` is left out when ``None``; ``metrics`` are the task's other
+    named figures (``mae``, ``r2``, ...), sent as ``eval-<name>`` in Quorum's
+    layout and under their own names in Flower's.
+    """
+    named = {k: float(v) for k, v in (metrics or {}).items() if k not in _EVAL_RESERVED}
+    if accuracy is not None:
+        named["accuracy"] = float(accuracy)
     if answer_to is not None and answer_to.wire is Wire.FLOWER:
-        return RecordDict({"metrics": MetricRecord({"eval_loss": float(loss), "eval_acc": float(accuracy),
+        flower = {("eval_acc" if k == "accuracy" else k): v for k, v in named.items()}
+        return RecordDict({"metrics": MetricRecord({"eval_loss": float(loss), **flower,
                                                     "num-examples": int(num_examples)})})
     if answer_to is not None and answer_to.wire is Wire.LEGACY:
         return RecordDict({"evaluateres.loss": MetricRecord({"loss": float(loss)}),
                            "evaluateres.num_examples": MetricRecord({"num_examples": int(num_examples)}),
-                           "evaluateres.metrics": ConfigRecord({"accuracy": float(accuracy)}),
+                           "evaluateres.metrics": ConfigRecord(dict(named)),
                            "evaluateres.status": _LEGACY_OK})
-    metrics: dict[str, MetricRecordValues] = {"num-examples": int(num_examples), "eval-loss": float(loss),
-                                              "eval-accuracy": float(accuracy)}
+    reply: dict[str, MetricRecordValues] = {"num-examples": int(num_examples), "eval-loss": float(loss),
+                                            **{f"eval-{k}": v for k, v in named.items()}}
+    metrics_out = reply
     if train_loss is not None:
-        metrics.update({"train-loss": float(train_loss), "train-examples": int(train_examples)})
-    return RecordDict({"metrics": MetricRecord(metrics)})
+        metrics_out.update({"train-loss": float(train_loss), "train-examples": int(train_examples)})
+    return RecordDict({"metrics": MetricRecord(metrics_out)})
 
 
 def parse_eval_reply(content: RecordDict) -> EvalReply:
@@ -468,17 +469,22 @@ def parse_eval_reply(content: RecordDict) -> EvalReply:
     metrics = _eval_metrics(content)
     n = _num_examples(metrics)
     loss, acc = metrics.get("eval-loss"), metrics.get("eval-accuracy")
-    if not _in_range(loss, 0.0, MAX_LOSS) or not _in_range(acc, 0.0, 1.0):
-        raise UpdateRejected(f"eval metrics out of range (loss in [0, {MAX_LOSS:g}], accuracy in [0, 1]): "
-                             f"loss={loss!r} accuracy={acc!r}")
+    if not _in_range(loss, 0.0, MAX_LOSS) or not (acc is None or _in_range(acc, 0.0, 1.0)):
+        raise UpdateRejected(f"eval metrics out of range (loss in [0, {MAX_LOSS:g}], accuracy in [0, 1] "
+                             f"or absent): loss={loss!r} accuracy={acc!r}")
     train_loss, train_n = metrics.get("train-loss"), metrics.get("train-examples", 0)
     if not _in_range(train_loss, 0.0, MAX_LOSS) or not _in_range(train_n, 1, MAX_EXAMPLES):
         train_loss, train_n = None, 0
-    return EvalReply(float(loss), float(acc), n, None if train_loss is None else float(train_loss), int(train_n))
+    return EvalReply(float(loss), None if acc is None else float(acc), n,
+                     None if train_loss is None else float(train_loss), int(train_n),
+                     clean_metrics(metrics.get("extra", {})))
 
 
 #: Flower's names of an evaluation's accuracy, the first present wins.
 _ACCURACY_NAMES = ("eval_acc", "eval_accuracy", "accuracy", "acc")
+#: The figures of an evaluate reply that are not a task's own named metrics.
+_FLOWER_EVAL_KEYS = ("eval_loss", "num-examples", "num_examples", "train-loss", "train-examples")
+_EVAL_RESERVED = ("loss", "accuracy", "num_examples", "num-examples")
 
 
 def _eval_metrics(content: RecordDict) -> dict[str, Any]:
@@ -489,17 +495,21 @@ def _eval_metrics(content: RecordDict) -> dict[str, Any]:
         named = dict(extra) if isinstance(extra, ConfigRecord) else {}
         return {"num-examples": dict(_typed(content, "evaluateres.num_examples", MetricRecord)).get("num_examples"),
                 "eval-loss": dict(_typed(content, "evaluateres.loss", MetricRecord)).get("loss"),
-                "eval-accuracy": next((named[k] for k in _ACCURACY_NAMES if k in named), None)}
+                "eval-accuracy": next((named[k] for k in _ACCURACY_NAMES if k in named), None),
+                "extra": {k: v for k, v in named.items() if k not in _ACCURACY_NAMES}}
     if not isinstance(content, RecordDict) or "metrics" not in content:
         raise UpdateRejected("eval reply is in no known layout: expected a 'metrics' MetricRecord with "
                              "'num-examples' and Quorum's 'eval-loss'/'eval-accuracy' or Flower's 'eval_loss'/"
                              "'eval_acc', or a legacy NumPyClient's 'evaluateres.loss'; got "
                              f"{sorted(content) if isinstance(content, RecordDict) else type(content).__name__}")
     metrics = _metrics(content)
-    if "eval-loss" in metrics or "eval_loss" not in metrics:
-        return metrics  # Quorum's names (or none: the range check names what is missing)
+    if "eval-loss" in metrics or "eval_loss" not in metrics:  # Quorum's names (or none: the check names it)
+        own = {k.removeprefix("eval-"): v for k, v in metrics.items()
+               if k.startswith("eval-") and k not in ("eval-loss", "eval-accuracy")}
+        return {**metrics, "extra": own}
     accuracy = next((metrics[k] for k in _ACCURACY_NAMES if k in metrics), None)
-    return {**metrics, "eval-loss": metrics["eval_loss"], "eval-accuracy": accuracy}
+    own = {k: v for k, v in metrics.items() if k not in _ACCURACY_NAMES and k not in _FLOWER_EVAL_KEYS}
+    return {**metrics, "eval-loss": metrics["eval_loss"], "eval-accuracy": accuracy, "extra": own}
 
 
 def content_bytes(content: RecordDict) -> int:

@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from aggregator.store import RunStore
+from learning.errors import TaskError
 from learning.federation import cached_federation
 from learning.models import build_model
 from learning.task import BUILTIN_ENTRY, Task, TaskModel, load_task
@@ -215,5 +216,5 @@ def _rebuild(manifest: dict[str, Any]) -> nn.Module:
         try:
             scenario = scenario_from_dict(manifest["scenario"], source="export manifest")
             return TaskModel.build(load_task(scenario), seed).model
-        except (KeyError, ScenarioError) as exc:
+        except (KeyError, ScenarioError, TaskError) as exc:
             raise ExportError(f"the export's task {manifest.get('task')!r} cannot be loaded: {exc}") from None
