@@ -35,11 +35,16 @@ import json
 import math
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+with warnings.catch_warnings():  # flwr's CLI dependencies (click via typer) warn on import
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import flwr  # noqa: F401 - imported once here, under the filter, before the layers below import it
 
 __all__ = ["main"]
 

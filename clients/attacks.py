@@ -40,7 +40,8 @@ model on every attacker's partition (the simulated federation's data is in
 the process) and takes the statistics over those ``f`` updates; mimic trains
 a copy on its target's partition. Copies are cached per round and process.
 A node that names its own data file (``data-path``) is never an attacker:
-the harness is for simulated federations.
+the harness is for simulated federations. It forges plain train replies, so
+a scenario refuses it together with secure aggregation.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 from flwr.app import Context, Message
@@ -90,8 +92,6 @@ def alie_z(n: int, f: int) -> float:
     than the attackers; ``z = Phi^-1((n - s) / n)``. Floored at 0.1 so that
     ALIE always moves (for ``f`` near ``n / 2`` the formula gives 0 or less).
     """
-    from statistics import NormalDist
-
     s = math.floor(n / 2 + 1) - f
     quantile = min(max((n - s) / n, 1e-6), 1 - 1e-6)
     return max(0.1, NormalDist().inv_cdf(quantile))

@@ -359,6 +359,10 @@ class Scenario:
                        "share hides nothing from a server that sees single updates); use \"central\"")
         if self.strategy.robust:
             _check_robust(self)
+        attack = self.faults.byzantine_spec
+        if attack.fraction > 0 and attack.attack in ATTACKS and self.secagg.enabled:
+            raise _Bad("faults.byzantine.attack", attack.attack, "the attack harness forges plain train replies, "
+                       "and [secagg] enabled = true masks them in protocol stages it does not drive; choose one")
 
     def with_overrides(self, **changes: Any) -> Scenario:
         """Return a copy with top-level values replaced (e.g. rounds, seed), re-validated."""

@@ -29,6 +29,12 @@ def test_robust_aggregator_with_secure_aggregation_is_refused_naming_both_keys(n
     assert message.startswith(f"s.toml: strategy.name = '{name}'") and "[secagg] enabled = true" in message
 
 
+def test_attack_harness_with_secure_aggregation_is_refused_naming_both_keys() -> None:
+    with pytest.raises(ScenarioError, match=r"faults.byzantine.attack = 'alie'.*\[secagg\] enabled = true"):
+        parse(faults={"byzantine": {"fraction": 0.2, "attack": "alie"}}, secagg={"enabled": True})
+    assert parse(faults={"byzantine": 0.2}, secagg={"enabled": True}).secagg.enabled  # corruptions still work
+
+
 def test_robust_aggregator_with_dp_is_refused_with_the_reason() -> None:
     with pytest.raises(ScenarioError, match=r"strategy.name = 'median'.*\[dp\] enabled = true.*robust rule"):
         parse(strategy={"name": "median"}, dp={"enabled": True, "noise_multiplier": 1.0})
