@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 import warnings
@@ -28,7 +27,7 @@ from quorum.export import MANIFEST, WEIGHTS, export_run, load_export
 from quorum.serve import create_app
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
-from tests.conftest import REPO, tiny_scenario
+from tests.conftest import REPO, tiny_scenario, wait_for
 from tests.runtimes.processes import free_ports
 
 with warnings.catch_warnings():  # starlette's import-time deprecation (httpx2), not ours
@@ -167,10 +166,7 @@ def live_server(exported: Path) -> Iterator[str]:
                                            ws="none"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started
+    wait_for(lambda: server.started, 30, f"uvicorn serving the exported model on port {port}")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

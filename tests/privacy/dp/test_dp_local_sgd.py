@@ -3,34 +3,20 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import dp_accounting
 import numpy as np
 import pytest
-import torch
 from dp_accounting.rdp import RdpAccountant
+from dp_support import blobs
 
 from core.messages import TrainConfig
-from learning.datasets import ArrayDataset
 from learning.models import build_model, get_flat
 from learning.training import train
 from privacy.dp import DP_SGD_METRIC, train_client
 from scenarios.schema import DPSpec
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _blobs(n: int, rng: np.random.Generator) -> ArrayDataset:
-    y = rng.integers(0, 2, n)
-    x = rng.standard_normal((n, 10)) + np.where(y[:, None] == 1, 1.5, -1.5)
-    return ArrayDataset(x.astype(np.float32), y.astype(np.int64))
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _epsilon_by_hand(rate: float, steps: int, z: float, delta: float) -> float:
@@ -42,7 +28,7 @@ def _epsilon_by_hand(rate: float, steps: int, z: float, delta: float) -> float:
 
 def test_local_dp_sgd_changes_training_and_reports_the_accountants_epsilon(rng: np.random.Generator) -> None:
     # Prepare: 200 examples, batches of 20, 2 epochs: 2 * ceil(200 / 20) = 20 steps at q = 0.1, z = 1.1
-    data = _blobs(200, rng)
+    data = blobs(200, rng)
     config = TrainConfig(round=1, epochs=2, batch_size=20, lr=0.1, seed=5)
     spec = DPSpec(local_dp_sgd=True, local_noise_multiplier=1.1, local_max_grad_norm=0.5, delta=1e-5)
     models = [build_model("logreg", (10,), 2, seed=0) for _ in range(3)]
@@ -63,7 +49,7 @@ def test_local_dp_sgd_changes_training_and_reports_the_accountants_epsilon(rng: 
 def test_local_dp_sgd_without_noise_reports_no_epsilon(rng: np.random.Generator) -> None:
     spec = DPSpec(local_dp_sgd=True, local_noise_multiplier=0.0)
     config = TrainConfig(round=1, epochs=1, batch_size=10, lr=0.1, seed=0)
-    _, metrics = train_client(build_model("logreg", (10,), 2, seed=0), _blobs(30, rng), config, spec, seed=0, rng=rng)
+    _, metrics = train_client(build_model("logreg", (10,), 2, seed=0), blobs(30, rng), config, spec, seed=0, rng=rng)
     assert metrics == {}  # infinite: nothing to show as a finite figure
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import dp_accounting
 import numpy as np
 import pytest
 import torch
 from dp_accounting.rdp import RdpAccountant
+from dp_support import blobs
 from torch import nn
 from torch.func import grad_and_value, vmap
 from torch.nn import functional as F
@@ -21,27 +21,13 @@ from privacy.dp import train_dp_sgd
 from privacy.dp.dpsgd import _clipped_sum
 from privacy.dp.errors import DPConfigError
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models: threads only contend (the callers of train_dp_sgd choose their own)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _blobs(n: int, rng: np.random.Generator) -> ArrayDataset:
-    """Two well-separated Gaussian classes in 10 dimensions."""
-    y = rng.integers(0, 2, n)
-    x = rng.standard_normal((n, 10)) + np.where(y[:, None] == 1, 1.5, -1.5)
-    return ArrayDataset(x.astype(np.float32), y.astype(np.int64))
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_per_example_clipping_matches_one_backward_per_example(rng: np.random.Generator) -> None:
     # Prepare: a logistic regression and 6 examples
     model = build_model("logreg", (10,), 2, seed=1)
-    data = _blobs(6, rng)
+    data = blobs(6, rng)
     x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
     params = {k: p.detach() for k, p in model.named_parameters()}
 
@@ -68,7 +54,7 @@ def test_per_example_clipping_matches_one_backward_per_example(rng: np.random.Ge
 
 def test_epsilon_is_the_poisson_subsampled_gaussian_of_all_steps(rng: np.random.Generator) -> None:
     model = build_model("logreg", (10,), 2, seed=0)
-    result, eps = train_dp_sgd(model, _blobs(600, rng), epochs=2, batch_size=60, lr=0.1,
+    result, eps = train_dp_sgd(model, blobs(600, rng), epochs=2, batch_size=60, lr=0.1,
                                noise_multiplier=1.1, max_grad_norm=1.0, delta=1e-4, rng=rng)
     accountant = RdpAccountant()
     accountant.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.1)), 20)
@@ -78,10 +64,10 @@ def test_epsilon_is_the_poisson_subsampled_gaussian_of_all_steps(rng: np.random.
 
 def test_dp_sgd_learns_separable_data(rng: np.random.Generator) -> None:
     model = build_model("logreg", (10,), 2, seed=0)
-    data = _blobs(1000, rng)
+    data = blobs(1000, rng)
     result, eps = train_dp_sgd(model, data, epochs=3, batch_size=50, lr=0.5, noise_multiplier=1.0,
                                max_grad_norm=1.0, delta=1e-4, rng=rng)
-    assert evaluate(model, _blobs(500, rng)).accuracy > 0.95
+    assert evaluate(model, blobs(500, rng)).accuracy > 0.95
     assert math.isfinite(result.loss) and 0 < eps < 10
 
 
@@ -98,7 +84,7 @@ def test_dp_sgd_is_reproducible_for_a_seeded_generator_and_runs_a_cnn() -> None:
 
 
 def test_dp_sgd_refuses_batch_norm_and_bad_settings(rng: np.random.Generator) -> None:
-    data = _blobs(10, rng)
+    data = blobs(10, rng)
     with pytest.raises(DPConfigError, match="batch norm"):
         train_dp_sgd(nn.Sequential(nn.Linear(10, 2), nn.BatchNorm1d(2)), data, epochs=1, batch_size=5, lr=0.1,
                      noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-3, rng=rng)
