@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+import scenarios
 from aggregator.store import RunStore, default_db_url
 from core.errors import QuorumError
 from dashboard.cli import app as dashboard_command
@@ -142,7 +143,8 @@ def report(
 
 @app.command()
 def demo(
-    scenario: Annotated[Path, typer.Argument(help="Scenario to run.")] = Path("scenarios/quickstart.toml"),
+    scenario: Annotated[Path | None, typer.Argument(help="Scenario to run (default: the shipped quickstart).")]
+    = None,
     db: DbOption = DEFAULT_DB,
     host: Annotated[str, typer.Option(help="Dashboard address (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Dashboard port.")] = 8000,
@@ -152,6 +154,8 @@ def demo(
     """Start the dashboard, run the quickstart federation, watch it live in the browser."""
     from quorum.demo import run_demo
 
+    if scenario is None:  # the quickstart shipped with the package, wherever the command runs
+        scenario = Path(scenarios.__file__).resolve().parent / "quickstart.toml"
     try:
         run_demo(scenario, db=db, host=host, port=port, keep_serving=keep_serving, console=console)
     except (ScenarioError, QuorumError) as exc:
