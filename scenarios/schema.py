@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from scenarios.errors import ScenarioError
+from scenarios.parse import Bad, at_least, at_most, build, fraction, non_negative, positive, show, show_key
 
 __all__ = [
     "DataSpec", "ModelSpec", "FederationSpec", "TrainingSpec", "StrategySpec",
@@ -51,16 +50,16 @@ class DataSpec:
     label_column: str = "label"
 
     def _check(self) -> None:
-        _positive("alpha", self.alpha)
-        _positive("shards_per_client", self.shards_per_client)
-        _at_most("shards_per_client", self.shards_per_client, 10_000)
+        positive("alpha", self.alpha)
+        positive("shards_per_client", self.shards_per_client)
+        at_most("shards_per_client", self.shards_per_client, 10_000)
         # a test split of 1.0 leaves nothing to train on
-        _fraction("server_test_fraction", self.server_test_fraction, allow_zero=True, allow_one=False)
-        _fraction("client_test_fraction", self.client_test_fraction, allow_zero=True, allow_one=False)
-        _non_negative("synthetic_alpha", self.synthetic_alpha)
-        _non_negative("synthetic_beta", self.synthetic_beta)
+        fraction("server_test_fraction", self.server_test_fraction, allow_zero=True, allow_one=False)
+        fraction("client_test_fraction", self.client_test_fraction, allow_zero=True, allow_one=False)
+        non_negative("synthetic_alpha", self.synthetic_alpha)
+        non_negative("synthetic_beta", self.synthetic_beta)
         if self.dataset == "file" and not self.path:
-            raise _Bad("path", self.path, "is required when dataset = 'file'")
+            raise Bad("path", self.path, "is required when dataset = 'file'")
 
 
 @dataclass(frozen=True)
@@ -85,23 +84,23 @@ class FederationSpec:
     max_update_ratio: float = 10.0
 
     def _check(self) -> None:
-        _positive("clients", self.clients)
-        _at_most("clients", self.clients, MAX_CLIENTS)
-        _fraction("fraction", self.fraction)
-        _non_negative("clients_per_round", self.clients_per_round)
+        positive("clients", self.clients)
+        at_most("clients", self.clients, MAX_CLIENTS)
+        fraction("fraction", self.fraction)
+        non_negative("clients_per_round", self.clients_per_round)
         if self.clients_per_round > self.clients:
-            raise _Bad("clients_per_round", self.clients_per_round, f"exceeds clients = {self.clients}")
-        _positive("min_clients", self.min_clients)
-        _positive("deadline_s", self.deadline_s)
-        _at_most("deadline_s", self.deadline_s, 7 * 86_400.0)
-        _positive("max_update_mb", self.max_update_mb)
-        _at_most("max_update_mb", self.max_update_mb, 65_536.0)
-        _at_least("median_cap", self.median_cap, 1.0)
-        _at_most("median_cap", self.median_cap, 1e6)
-        _positive("max_examples", self.max_examples)
-        _at_most("max_examples", self.max_examples, 10**9)
-        _positive("max_update_ratio", self.max_update_ratio)
-        _at_most("max_update_ratio", self.max_update_ratio, 1e6)
+            raise Bad("clients_per_round", self.clients_per_round, f"exceeds clients = {self.clients}")
+        positive("min_clients", self.min_clients)
+        positive("deadline_s", self.deadline_s)
+        at_most("deadline_s", self.deadline_s, 7 * 86_400.0)
+        positive("max_update_mb", self.max_update_mb)
+        at_most("max_update_mb", self.max_update_mb, 65_536.0)
+        at_least("median_cap", self.median_cap, 1.0)
+        at_most("median_cap", self.median_cap, 1e6)
+        positive("max_examples", self.max_examples)
+        at_most("max_examples", self.max_examples, 10**9)
+        positive("max_update_ratio", self.max_update_ratio)
+        at_most("max_update_ratio", self.max_update_ratio, 1e6)
 
     @property
     def per_round(self) -> int:
@@ -119,13 +118,13 @@ class TrainingSpec:
     momentum: float = 0.0
 
     def _check(self) -> None:
-        _positive("local_epochs", self.local_epochs)
-        _at_most("local_epochs", self.local_epochs, 10_000)
-        _positive("batch_size", self.batch_size)
-        _at_most("batch_size", self.batch_size, 1_000_000)
-        _positive("lr", self.lr)
-        _at_most("lr", self.lr, 100.0)
-        _fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
+        positive("local_epochs", self.local_epochs)
+        at_most("local_epochs", self.local_epochs, 10_000)
+        positive("batch_size", self.batch_size)
+        at_most("batch_size", self.batch_size, 1_000_000)
+        positive("lr", self.lr)
+        at_most("lr", self.lr, 100.0)
+        fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
 
 
 @dataclass(frozen=True)
@@ -147,19 +146,19 @@ class StrategySpec:
     num_selected: int = 1
 
     def _check(self) -> None:
-        _positive("server_lr", self.server_lr)
-        _fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
-        _fraction("beta1", self.beta1, allow_zero=True, allow_one=False)
-        _fraction("beta2", self.beta2, allow_zero=True, allow_one=False)
-        _positive("tau", self.tau)
-        _non_negative("mu", self.mu)
-        _positive("clip_radius", self.clip_radius)
-        _positive("bucket_size", self.bucket_size)
-        _fraction("trim_fraction", self.trim_fraction, allow_zero=True, allow_one=False)
+        positive("server_lr", self.server_lr)
+        fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
+        fraction("beta1", self.beta1, allow_zero=True, allow_one=False)
+        fraction("beta2", self.beta2, allow_zero=True, allow_one=False)
+        positive("tau", self.tau)
+        non_negative("mu", self.mu)
+        positive("clip_radius", self.clip_radius)
+        positive("bucket_size", self.bucket_size)
+        fraction("trim_fraction", self.trim_fraction, allow_zero=True, allow_one=False)
         if not self.trim_fraction < 0.5:
-            raise _Bad("trim_fraction", self.trim_fraction, "must be < 0.5 (a cut at each end)")
-        _non_negative("num_byzantine", self.num_byzantine)
-        _positive("num_selected", self.num_selected)
+            raise Bad("trim_fraction", self.trim_fraction, "must be < 0.5 (a cut at each end)")
+        non_negative("num_byzantine", self.num_byzantine)
+        positive("num_selected", self.num_selected)
 
     @property
     def robust(self) -> bool:
@@ -175,8 +174,8 @@ class EvaluationSpec:
     clients: Literal["sampled", "all"] = "sampled"
 
     def _check(self) -> None:
-        _positive("every", self.every)
-        _at_most("every", self.every, MAX_ROUNDS)
+        positive("every", self.every)
+        at_most("every", self.every, MAX_ROUNDS)
 
 
 @dataclass(frozen=True)
@@ -199,12 +198,12 @@ class ByzantineSpec:
     inflated_examples: int = 10**9  # core.messages.MAX_EXAMPLES: the most a reply may claim
 
     def _check(self) -> None:
-        _fraction("fraction", self.fraction, allow_zero=True, allow_one=False)
-        _positive("scale", self.scale)
-        _positive("epsilon", self.epsilon)
+        fraction("fraction", self.fraction, allow_zero=True, allow_one=False)
+        positive("scale", self.scale)
+        positive("epsilon", self.epsilon)
         if self.z is not None:
-            _positive("z", self.z)
-        _positive("inflated_examples", self.inflated_examples)
+            positive("z", self.z)
+        positive("inflated_examples", self.inflated_examples)
 
 
 @dataclass(frozen=True)
@@ -226,15 +225,15 @@ class FaultSpec:
     def _check(self) -> None:
         for stage, frac in self.dropouts.items():
             if stage not in FAULT_STAGES:
-                raise _Bad(f"dropouts.{stage}", frac, f"unknown stage; expected one of {', '.join(FAULT_STAGES)}")
+                raise Bad(f"dropouts.{stage}", frac, f"unknown stage; expected one of {', '.join(FAULT_STAGES)}")
             if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1:
-                raise _Bad(f"dropouts.{stage}", frac, "must be a fraction in [0, 1)")
-        _fraction("stragglers", self.stragglers, allow_zero=True, allow_one=False)
-        _non_negative("straggler_delay_s", self.straggler_delay_s)
+                raise Bad(f"dropouts.{stage}", frac, "must be a fraction in [0, 1)")
+        fraction("stragglers", self.stragglers, allow_zero=True, allow_one=False)
+        non_negative("straggler_delay_s", self.straggler_delay_s)
         if not isinstance(self.byzantine, ByzantineSpec):
-            _fraction("byzantine", self.byzantine, allow_zero=True, allow_one=False)
+            fraction("byzantine", self.byzantine, allow_zero=True, allow_one=False)
         elif self.byzantine_kind != "nan":
-            raise _Bad("byzantine_kind", self.byzantine_kind, "give the attack inside the byzantine table instead")
+            raise Bad("byzantine_kind", self.byzantine_kind, "give the attack inside the byzantine table instead")
 
 
 @dataclass(frozen=True)
@@ -251,14 +250,14 @@ class SecAggSpec:
     threat_model: Literal["malicious", "semi-honest"] = "malicious"  # see docs/secagg.md
 
     def _check(self) -> None:
-        _non_negative("threshold", self.threshold)
+        non_negative("threshold", self.threshold)
         if 0 < self.threshold <= 0.5 and self.threat_model != "semi-honest":
-            raise _Bad("threshold", self.threshold, "a fraction <= 0.5 is no strict majority of a "
+            raise Bad("threshold", self.threshold, "a fraction <= 0.5 is no strict majority of a "
                        "neighbourhood; a lower threshold needs threat_model = \"semi-honest\"")
-        _non_negative("degree", self.degree)
-        _positive("clip_range", self.clip_range)
-        _positive("max_weight", self.max_weight)
-        _positive("stage_timeout_s", self.stage_timeout_s)
+        non_negative("degree", self.degree)
+        positive("clip_range", self.clip_range)
+        positive("max_weight", self.max_weight)
+        positive("stage_timeout_s", self.stage_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -279,16 +278,16 @@ class DPSpec:
     local_max_grad_norm: float = 1.0
 
     def _check(self) -> None:
-        _positive("clip_norm", self.clip_norm)
+        positive("clip_norm", self.clip_norm)
         if self.noise_multiplier is not None:
-            _non_negative("noise_multiplier", self.noise_multiplier)
+            non_negative("noise_multiplier", self.noise_multiplier)
         if self.target_epsilon is not None:
-            _positive("target_epsilon", self.target_epsilon)
-        _fraction("delta", self.delta, allow_one=False)
-        _fraction("target_quantile", self.target_quantile, allow_one=False)
-        _positive("clip_lr", self.clip_lr)
+            positive("target_epsilon", self.target_epsilon)
+        fraction("delta", self.delta, allow_one=False)
+        fraction("target_quantile", self.target_quantile, allow_one=False)
+        positive("clip_lr", self.clip_lr)
         if self.enabled and self.noise_multiplier is None and self.target_epsilon is None:
-            raise _Bad("noise_multiplier", None, "give noise_multiplier, or target_epsilon to derive it")
+            raise Bad("noise_multiplier", None, "give noise_multiplier, or target_epsilon to derive it")
 
 
 #: Keys of ``[task]`` that Quorum reads; every other key goes to the task itself.
@@ -314,11 +313,23 @@ class TaskSpec:
     source: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_table(cls, raw: Any, key: str) -> TaskSpec:
+        """``[task]``: Quorum's keys as a section, every other key (or an ``options`` table) kept for the task."""
+        if not isinstance(raw, Mapping):
+            raise Bad(key, raw, "must be a table")
+        options = raw.get("options", {})
+        if not isinstance(options, Mapping):
+            raise Bad(key + ".options", options, "must be a table")
+        own = {k: v for k, v in raw.items() if k in TASK_KEYS and k != "options"}
+        spec = build(cls, own, key + ".")
+        return dataclasses.replace(spec, options={**options, **{k: v for k, v in raw.items() if k not in TASK_KEYS}})
+
     def _check(self) -> None:
         if self.entry and not _is_entry(self.entry):
-            raise _Bad("entry", self.entry, "must be \"package.module:Class\" (a module path, a colon, a name)")
+            raise Bad("entry", self.entry, "must be \"package.module:Class\" (a module path, a colon, a name)")
         if self.path and not self.entry:
-            raise _Bad("path", self.path, "needs an entry to import")
+            raise Bad("path", self.path, "needs an entry to import")
 
 
 def _is_entry(entry: str) -> bool:
@@ -346,22 +357,22 @@ class Scenario:
     task: TaskSpec = field(default_factory=TaskSpec)
 
     def _check(self) -> None:
-        _positive("rounds", self.rounds)
-        _at_most("rounds", self.rounds, MAX_ROUNDS)
-        _at_least("seed", self.seed, 0)
-        _at_most("seed", self.seed, 2**63 - 1)
+        positive("rounds", self.rounds)
+        at_most("rounds", self.rounds, MAX_ROUNDS)
+        at_least("seed", self.seed, 0)
+        at_most("seed", self.seed, 2**63 - 1)
         if self.federation.min_clients > self.federation.per_round:
-            raise _Bad("federation.min_clients", self.federation.min_clients,
+            raise Bad("federation.min_clients", self.federation.min_clients,
                        f"exceeds the {self.federation.per_round} clients sampled per round")
         if self.dp.enabled and self.dp.placement == "distributed" and not self.secagg.enabled:
             # Without secure aggregation the server would see each update with noise z / sqrt(K) only.
-            raise _Bad("dp.placement", self.dp.placement, "needs secagg.enabled = true (each client's noise "
+            raise Bad("dp.placement", self.dp.placement, "needs secagg.enabled = true (each client's noise "
                        "share hides nothing from a server that sees single updates); use \"central\"")
         if self.strategy.robust:
             _check_robust(self)
         attack = self.faults.byzantine_spec
         if attack.fraction > 0 and attack.attack in ATTACKS and self.secagg.enabled:
-            raise _Bad("faults.byzantine.attack", attack.attack, "the attack harness forges plain train replies, "
+            raise Bad("faults.byzantine.attack", attack.attack, "the attack harness forges plain train replies, "
                        "and [secagg] enabled = true masks them in protocol stages it does not drive; choose one")
 
     def with_overrides(self, **changes: Any) -> Scenario:
@@ -376,55 +387,19 @@ def _check_robust(scenario: Scenario) -> None:
     """Refuse what a robust aggregator cannot be combined with, naming both keys."""
     name = scenario.strategy.name
     if scenario.secagg.enabled:
-        raise _Bad("strategy.name", name, "a robust aggregator must see every client's update, and "
+        raise Bad("strategy.name", name, "a robust aggregator must see every client's update, and "
                    "[secagg] enabled = true shows the server only their sum; choose one")
     if scenario.dp.enabled:
-        raise _Bad("strategy.name", name, "[dp] enabled = true replaces the strategy's fold with DP-FedAvg's "
+        raise Bad("strategy.name", name, "[dp] enabled = true replaces the strategy's fold with DP-FedAvg's "
                    "clipped sum, so the robust rule would not run (and a rule that ranks or selects "
                    "updates has no sensitivity bound the DP noise is calibrated to); choose one")
     if name == "krum":
         f, n = scenario.strategy.num_byzantine, scenario.federation.per_round
         if n <= 2 * f + 2:
-            raise _Bad("strategy.num_byzantine", f, f"Krum needs more than 2 f + 2 clients per round, got {n}")
+            raise Bad("strategy.num_byzantine", f, f"Krum needs more than 2 f + 2 clients per round, got {n}")
         if scenario.strategy.num_selected > n - f:
-            raise _Bad("strategy.num_selected", scenario.strategy.num_selected,
+            raise Bad("strategy.num_selected", scenario.strategy.num_selected,
                        f"exceeds clients per round minus num_byzantine ({n - f})")
-
-
-class _Bad(Exception):
-    """Internal: a bad value, before the file and section are known."""
-
-    def __init__(self, key: str, value: Any, why: str) -> None:
-        super().__init__(key, value, why)
-        self.key, self.value, self.why = key, value, why
-
-
-def _at_most(key: str, value: float, high: float) -> None:
-    if not value <= high:
-        raise _Bad(key, value, f"must be <= {high:,}")
-
-
-def _at_least(key: str, value: float, low: float) -> None:
-    if not value >= low:
-        raise _Bad(key, value, f"must be >= {low:g}")
-
-
-def _positive(key: str, value: float) -> None:
-    if not value > 0:
-        raise _Bad(key, value, "must be > 0")
-
-
-def _non_negative(key: str, value: float) -> None:
-    if not value >= 0:
-        raise _Bad(key, value, "must be >= 0")
-
-
-def _fraction(key: str, value: float, *, allow_zero: bool = False, allow_one: bool = True) -> None:
-    low_ok = value >= 0 if allow_zero else value > 0
-    high_ok = value <= 1 if allow_one else value < 1
-    if not (low_ok and high_ok):
-        lo, hi = ("[0" if allow_zero else "(0"), ("1]" if allow_one else "1)")
-        raise _Bad(key, value, f"must be in {lo}, {hi}")
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -459,9 +434,9 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str = "<dict>") -> Scenar
     if "name" not in raw:
         raw = {"name": Path(source).stem, **raw}
     try:
-        scenario = _build(Scenario, raw, prefix="")
-    except _Bad as bad:
-        raise ScenarioError(f"{source}: {_show_key(bad.key)} = {_show(bad.value)}: {bad.why}") from None
+        scenario = build(Scenario, raw, prefix="")
+    except Bad as bad:
+        raise ScenarioError(f"{source}: {show_key(bad.key)} = {show(bad.value)}: {bad.why}") from None
     return _locate_task(scenario, source)
 
 
@@ -489,115 +464,11 @@ def build_options(cls: type, options: Mapping[str, Any], source: str) -> Any:
         One line naming ``source``, the key (``task.<key>``) and the value.
     """
     try:
-        return _build(cls, options, prefix="task.")
-    except _Bad as bad:
-        raise ScenarioError(f"{source}: {_show_key(bad.key)} = {_show(bad.value)}: {bad.why}") from None
+        return build(cls, options, prefix="task.")
+    except Bad as bad:
+        raise ScenarioError(f"{source}: {show_key(bad.key)} = {show(bad.value)}: {bad.why}") from None
 
 
 def bad_value(key: str, value: Any, why: str) -> Exception:
     """The error a section's (or a task config's) ``_check`` raises for a bad value of ``key``."""
-    return _Bad(key, value, why)
-
-
-def _show_key(key: str) -> str:
-    """A key as written, or quoted when it holds a newline or another unprintable character."""
-    return key if key.isprintable() else repr(key)
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to one short line (a huge integer has no repr past 4300 digits)."""
-    try:
-        text = repr(value)
-    except ValueError:
-        text = f"<integer of about {value.bit_length() * 0.30103:.0f} digits>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _build(cls: type, raw: Any, prefix: str) -> Any:
-    if not isinstance(raw, Mapping):
-        raise _Bad(prefix.rstrip(".") or "<root>", raw, "must be a table")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        raise _Bad(prefix + unknown[0], raw[unknown[0]], f"unknown key; allowed: {', '.join(sorted(names))}")
-    values = {}
-    for name in names & set(raw):
-        values[name] = _coerce(hints[name], raw[name], prefix + name)
-    try:
-        obj = cls(**values)
-    except TypeError as exc:  # a required key is missing
-        raise _Bad(prefix.rstrip(".") or "<root>", None, str(exc)) from None
-    check = getattr(obj, "_check", None)
-    if check is not None:
-        try:
-            check()
-        except _Bad as bad:
-            raise _Bad(prefix + bad.key, bad.value, bad.why) from None
-    return obj
-
-
-def _coerce(hint: Any, value: Any, key: str) -> Any:
-    if hint is TaskSpec:
-        return _task_spec(value, key)
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return _build(hint, value, key + ".")
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Literal:
-        # by type as well: 32.0 == 32, but bits = 32.0 is not one of the choices
-        if not any(type(value) is type(a) and value == a for a in args):
-            raise _Bad(key, value, f"must be one of {', '.join(repr(a) for a in args)}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        # a table picks the dataclass member of the union (byzantine = 0.2 | { ... })
-        tables = [a for a in inner if dataclasses.is_dataclass(a)]
-        if tables and (isinstance(value, Mapping) or dataclasses.is_dataclass(value)):
-            return _coerce(tables[0], value, key)
-        plain = [a for a in inner if not dataclasses.is_dataclass(a)] or inner
-        return None if value is None else _coerce(plain[0], value, key)
-    if origin in (Mapping, dict) or hint is Mapping:
-        if not isinstance(value, Mapping):
-            raise _Bad(key, value, "must be a table")
-        return dict(value)
-    return _scalar(hint, value, key)
-
-
-def _task_spec(raw: Any, key: str) -> TaskSpec:
-    """``[task]``: Quorum's keys as a section, every other key (or an ``options`` table) kept for the task."""
-    if not isinstance(raw, Mapping):
-        raise _Bad(key, raw, "must be a table")
-    options = raw.get("options", {})
-    if not isinstance(options, Mapping):
-        raise _Bad(key + ".options", options, "must be a table")
-    own = {k: v for k, v in raw.items() if k in TASK_KEYS and k != "options"}
-    spec = _build(TaskSpec, own, key + ".")
-    return dataclasses.replace(spec, options={**options, **{k: v for k, v in raw.items() if k not in TASK_KEYS}})
-
-
-def _scalar(hint: Any, value: Any, key: str) -> Any:
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise _Bad(key, value, "must be true or false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _Bad(key, value, "must be an integer")
-        if not -(2**63) <= value < 2**63:
-            raise _Bad(key, value, "is out of range (a 64-bit integer)")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _Bad(key, value, "must be a number")
-        try:
-            number = float(value)
-        except OverflowError:  # an integer beyond ~1.8e308
-            raise _Bad(key, value, "is out of range (too large for a float)") from None
-        if number != number or number in (float("inf"), float("-inf")):
-            raise _Bad(key, value, "must be a finite number")
-        return number
-    if hint is str:
-        if not isinstance(value, str):
-            raise _Bad(key, value, "must be a string")
-        return value
-    raise _Bad(key, value, f"unsupported type {hint}")  # pragma: no cover - schema bug
+    return Bad(key, value, why)
