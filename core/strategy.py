@@ -124,6 +124,21 @@ class Strategy(ABC):
         """Turn the running aggregate into the mean update (a delta)."""
         return aggregate.finalize(agg)
 
+    def private_term(self, update: np.ndarray) -> np.ndarray:
+        """What a client-level DP wrapper clips, sums and noises for one client's delta.
+
+        The delta itself for the FedAvg family. A robust rule whose per-client
+        influence is a bounded term of a sum (centered clipping) returns that
+        term, so the DP wrapper's noise covers the rule's own release; see
+        :meth:`from_private_mean`.
+        """
+        return update
+
+    def from_private_mean(self, mean_term: np.ndarray) -> np.ndarray:
+        """What :meth:`apply` takes, from the DP wrapper's noised mean of :meth:`private_term` values
+        (post-processing: it may use only what earlier rounds released)."""
+        return mean_term
+
     @abstractmethod
     def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
         """Apply the mean client delta to the global model (server optimiser)."""

@@ -389,10 +389,15 @@ def _check_robust(scenario: Scenario) -> None:
     if scenario.secagg.enabled:
         raise Bad("strategy.name", name, "a robust aggregator must see every client's update, and "
                    "[secagg] enabled = true shows the server only their sum; choose one")
-    if scenario.dp.enabled:
-        raise Bad("strategy.name", name, "[dp] enabled = true replaces the strategy's fold with DP-FedAvg's "
-                   "clipped sum, so the robust rule would not run (and a rule that ranks or selects "
-                   "updates has no sensitivity bound the DP noise is calibrated to); choose one")
+    if scenario.dp.enabled and name != "centered_clipping":
+        raise Bad("strategy.name", name, "[dp] enabled = true needs each client's influence on the release "
+                   "bounded, and a rule that ranks or selects updates (median, trimmed mean, Krum) has no such "
+                   "bound for the DP noise to cover; use name = \"centered_clipping\" (which composes with "
+                   "central DP) or turn one off")
+    if scenario.dp.enabled and scenario.strategy.bucket_size != 1:
+        raise Bad("strategy.bucket_size", scenario.strategy.bucket_size,
+                   "[dp] enabled = true needs bucket_size = 1: a bucket of consecutive arrivals lets one "
+                   "client's presence shift every later bucket, which the DP noise does not cover")
     if name == "krum":
         f, n = scenario.strategy.num_byzantine, scenario.federation.per_round
         if n <= 2 * f + 2:

@@ -146,6 +146,27 @@ class CenteredClipping(Strategy):
             agg = self._close_bucket(replace(agg, total=agg.total.copy(), bucket=agg.bucket.copy()))
         return (agg.center + agg.total / np.float32(agg.buckets)).astype(np.float32, copy=False)
 
+    def private_term(self, update: np.ndarray) -> np.ndarray:
+        """One client's clipped difference ``clip((1 - beta)(x_i - v_{t-1}), tau)``, for central DP.
+
+        Under a client-level DP wrapper each client is its own bucket (the
+        scenario requires ``bucket_size = 1`` there: buckets of consecutive
+        arrivals would let one client's presence shift every later bucket), and
+        the wrapper clips this term again at its ``C``, sums, noises and divides
+        by its fixed denominator; :meth:`from_private_mean` adds the centre back.
+        One client then moves the release by at most ``min(tau, C) / m``.
+        """
+        center = self.center if self.center is not None and self.center.size == update.size \
+            else np.zeros(update.size, np.float32)
+        diff = np.float32(1.0 - self.momentum) * (update - center)
+        return clip_around(diff.astype(np.float32, copy=False), self.clip_radius)
+
+    def from_private_mean(self, mean_term: np.ndarray) -> np.ndarray:
+        """``v_t = v_{t-1} + `` the noised mean of the clipped differences (``v_{t-1}`` was released)."""
+        if self.center is None or self.center.size != mean_term.size:
+            return mean_term
+        return (self.center + mean_term).astype(np.float32, copy=False)
+
     def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
         """``x <- x + server_lr * v_t``; ``v_t`` becomes the next round's centre."""
         params = state.params + np.float32(self.server_lr) * mean_delta

@@ -152,7 +152,7 @@ class DPFedAvg(Strategy):
     def for_round(self, state: ServerState) -> DPFedAvg:
         """This strategy with the clip norm of ``state`` bound, for one round."""
         clip = self.dp_state(state).clip if self.adaptive is not None else self.clip_norm
-        return replace(self, clip_norm=clip, bound_to_round=True)
+        return replace(self, inner=self.inner.for_round(state), clip_norm=clip, bound_to_round=True)
 
     def with_cohort(self, sampled: int) -> DPFedAvg:
         """This strategy told that ``sampled`` clients were drawn this round.
@@ -223,14 +223,19 @@ class DPFedAvg(Strategy):
                    checked: bool = False) -> aggregate.MeanState:
         """Fold one client's payload with weight 1 (example counts would leak and break the bound).
 
-        Central: the model part is clipped to ``C`` and the count bit clamped
-        to [-1/2, 1/2], whatever the client sent. Distributed: the noised
-        payload is summed as is.
+        Central: the inner strategy's per-client term (the delta itself, or a
+        robust rule's bounded term: :meth:`Strategy.private_term`) is clipped
+        to ``C`` and the count bit clamped to [-1/2, 1/2], whatever the client
+        sent. Distributed: the noised payload is summed as is.
         """
         self._require_bound()
         update = aggregate.check_update(update, agg.size, finite=not checked)
         if self.placement == "distributed":
             return aggregate.add(agg, update, 1.0, checked=True)
+        size = agg.size - self.tail
+        term = self.inner.private_term(update[:size])
+        if term is not update[:size]:
+            update = np.concatenate([term, update[size:]]).astype(np.float32, copy=False)
         return _fold_clipped(agg, update, self.clip_norm, self.tail)
 
     def merge(self, agg: aggregate.MeanState, partial: aggregate.MeanState) -> aggregate.MeanState:
@@ -289,7 +294,7 @@ class DPFedAvg(Strategy):
         if mean_delta.shape != (size + self.tail + 1,):
             raise DPStateError(f"mean update has shape {mean_delta.shape}, expected ({size + self.tail + 1},): "
                                "pass finalize's result to apply unchanged")
-        new = self.inner.apply(state, mean_delta[:size])
+        new = self.inner.apply(state, self.inner.from_private_mean(mean_delta[:size]))
         below, clip = None, self.clip_norm
         if self.adaptive is not None:
             below = float(mean_delta[size])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,8 @@ from core.buffer import UpdateBuffer
 from core.fit import FitOutcome, marked_clients
 from core.records import ClientRecord
 from core.strategy import ServerState
+from privacy.dp.mechanisms import gaussian_noise
+from privacy.dp.strategy import DPFedAvg
 
 RNG = np.random.default_rng(0)
 
@@ -128,6 +132,46 @@ def test_apply_steps_by_the_new_momentum_and_keeps_it_as_the_next_centre() -> No
     # Assert: x = (1, 1) + .5 (2, 0); the centre of the next round is (2, 0)
     np.testing.assert_allclose(new.params, [2, 1])
     np.testing.assert_allclose(bound.new_aggregate(2).center, [2, 0])
+
+
+def test_centered_clipping_under_central_dp_clips_each_term_twice_and_noises_the_sum() -> None:
+    # Prepare: CC tau = 1, beta = .5, centre v = (1, 0); DP C = .4, z = 1, m = 2.
+    # x1 = (5, 0):   .5 (x1 - v) = (2, 0)    -> CC clip (1, 0)  -> DP clip (.4, 0)
+    # x2 = (1, .6):  .5 (x2 - v) = (0, .3)   -> kept            -> kept (.3 < .4)
+    # sum (.4, .3) + N(0, (z C)^2) noise; v' = v + sum / m; x' = x + server_lr v'
+    cc = CenteredClipping(clip_radius=1.0, bucket_size=1, momentum=0.5, server_lr=1.0)
+    dp = DPFedAvg(cc, clip_norm=0.4, noise_multiplier=1.0, expected_clients=2, population=4, delta=1e-5)
+    start = dp.init_state(vec(0, 0))
+    state = replace(start, slots={"momentum": vec(1, 0)})
+    noise = gaussian_noise(2, 0.4, np.random.default_rng(7))
+
+    # Execute
+    bound = dp.for_round(state)
+    agg = fold(bound, [(5, 0), (1, 0.6)], 2, weights=[10**6, 1])  # counts are ignored
+    new = bound.apply(state, bound.finalize(agg, np.random.default_rng(7)))
+
+    # Assert
+    expected_v = vec(1, 0) + (vec(0.4, 0.3) + noise) / 2
+    np.testing.assert_allclose(new.slots["momentum"], expected_v, rtol=1e-5)
+    np.testing.assert_allclose(new.params, expected_v, rtol=1e-5)
+    assert bound.epsilon(new) > 0  # the round was accounted
+
+
+def test_one_client_moves_the_dp_centered_clipping_release_by_at_most_min_tau_c_over_m() -> None:
+    # Prepare: the same round with and without an attacker's huge update, noise-free (same rng)
+    cc = CenteredClipping(clip_radius=0.3, bucket_size=1, momentum=0.0)
+    dp = DPFedAvg(cc, clip_norm=1.0, noise_multiplier=1.0, expected_clients=4, population=8, delta=1e-5)
+    state = replace(dp.init_state(vec(0, 0, 0)), slots={"momentum": vec(0.1, 0.2, 0.3)})
+    honest = [(0.2, 0.1, 0.3), (0.0, 0.4, 0.2), (0.3, 0.3, 0.3)]
+
+    # Execute
+    bound = dp.for_round(state)
+    without = bound.finalize(fold(bound, honest, 3), np.random.default_rng(1))
+    with_attacker = bound.finalize(fold(bound, [*honest, (1e6, -1e6, 1e6)], 3), np.random.default_rng(1))
+
+    # Assert: the model part moves by tau / m = .3 / 4 at most (C = 1 is looser)
+    shift = float(np.linalg.norm(with_attacker[:3] - without[:3]))
+    assert 0.07 < shift <= 0.3 / 4 + 1e-6
 
 
 @pytest.mark.parametrize(("key", "value"), [("clip_radius", 0.0), ("bucket_size", 0), ("momentum", 1.0)])

@@ -6,6 +6,11 @@ ServerApp (``aggregator.serverapp:app``) and each SuperNode's SuperExec starts
 a ``flwr-clientapp`` process per message. Two rounds of a tiny scenario take
 about a minute on an idle 2-core machine, most of it Flower's polling
 (SuperNode: 3 s when idle) and one fresh ClientApp process per message.
+
+The same SuperLink and SuperNodes then run a user's own Flower app
+(``tests/runtimes/flower_quickstart``: a stock quickstart ClientApp, its
+pyproject pointing ``serverapp`` at Quorum's) on the same scenario, which must
+reach the accuracy Quorum's own client reached (issue 11).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ rounds = 2
 dataset = "digits"
 partition = "iid"
 [model]
-name = "logreg"
+name = "mlp"                     # the quickstart app's Net: McMahan's 2NN
 [federation]
 clients = 2
 fraction = 1.0
@@ -56,14 +61,13 @@ FLOWER_ENV = {
 }
 START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 240.0
+STOCK_APP = REPO / "tests" / "runtimes" / "flower_quickstart"
 
 
 def test_two_rounds_on_a_superlink_with_two_supernodes(processes: Processes, tmp_path: Path) -> None:
     # Prepare
-    _require_run_config_keys()
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(SCENARIO)
-    db = f"sqlite:///{tmp_path / 'runs.db'}"
     link_port, *node_ports = free_ports(3)
     env = {**FLOWER_ENV, "FLWR_HOME": str(_flower_home(tmp_path, link_port))}
     t0 = time.monotonic()
@@ -79,44 +83,84 @@ def test_two_rounds_on_a_superlink_with_two_supernodes(processes: Processes, tmp
         _wait_for_log(node, "SuperNode ID:", processes)
     t_up = time.monotonic()
 
-    # Execute
-    run = processes.start("flwr-run", [
-        str(VENV_BIN / "flwr"), "run", str(REPO), "local-test", "--stream",
-        "--run-config", f'scenario="{scenario}" db="{db}"'], env)
+    # Execute: Quorum's app, then a user's stock Flower ClientApp under Quorum's ServerApp
+    quorum = _flwr_run(processes, "flwr-run", REPO, scenario, tmp_path / "quorum.db", env)
+    t_quorum = time.monotonic()
+    stock = _flwr_run(processes, "flwr-run-stock", STOCK_APP, scenario, tmp_path / "stock.db", env)
+    t_done = time.monotonic()
+
+    # Assert: both finished both rounds with every client's update, to the same accuracy
+    for store, stored in (quorum, stock):
+        assert (stored.status, stored.rounds_done) == ("finished", 2), \
+            f"{stored.status}: {stored.error}\n{processes.logs()}"
+        rounds = store.rounds(stored.id)
+        assert [r.round for r in rounds] == [1, 2]
+        for r in rounds:
+            results = store.client_results(stored.id, r.round)
+            assert [c.outcome for c in results] == ["ok", "ok"], [(c.client, c.outcome, c.reason) for c in results]
+        assert rounds[-1].server_accuracy is not None
+    accuracy = {name: store.rounds(stored.id)[-1].server_accuracy
+                for name, (store, stored) in (("quorum", quorum), ("stock", stock))}
+    assert accuracy["stock"] == pytest.approx(accuracy["quorum"], abs=0.01), accuracy
+    assert accuracy["quorum"] > 0.5  # two rounds of one epoch: well past chance (0.1), not converged
+    # Federated evaluation has the round loop's fixed 30 s deadline: on a loaded machine a
+    # fresh ClientApp process may miss it, which is data (a late client), not a failure.
+    print(f"deployment: up in {t_up - t0:.1f} s, 2 clients x 2 rounds in {t_quorum - t_up:.1f} s "
+          f"(flwr run: FAB build to exit), the stock app in {t_done - t_quorum:.1f} s; "
+          f"server accuracy {accuracy}")
+
+
+def test_a_stock_flower_clientapp_runs_on_flowers_ray_simulation_under_quorums_serverapp(
+        processes: Processes, tmp_path: Path) -> None:
+    # Prepare: a simulation SuperLink (Flower's Ray runtime), no dependency installation
+    pytest.importorskip("ray", reason="Flower's simulation runtime needs quorum[simulation]")
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(SCENARIO)
+    (link_port,) = free_ports(1)
+    env = {**FLOWER_ENV, "FLWR_HOME": str(_flower_home(tmp_path, link_port)), "RAY_USAGE_STATS_ENABLED": "0"}
+    link = processes.start("superlink-simulation", [
+        str(VENV_BIN / "flower-superlink"), "--simulation", "--insecure", "--host", "127.0.0.1",
+        "--port", str(link_port), "--disable-runtime-dependency-installation"], env)
+    _wait_healthy(link, link_port, processes)
+
+    # Execute: the user's app, two virtual SuperNodes on Ray
+    store, stored = _flwr_run(processes, "flwr-run-ray", STOCK_APP, scenario, tmp_path / "ray.db", env,
+                              "--federation-config", "num-supernodes=2")
+
+    # Assert: every client's update in both rounds; the model learned
+    assert (stored.status, stored.rounds_done) == ("finished", 2), f"{stored.status}: {stored.error}"
+    rounds = store.rounds(stored.id)
+    assert [r.answered for r in rounds] == [2, 2]
+    assert all(c.outcome == "ok" for r in rounds for c in store.client_results(stored.id, r.round))
+    assert rounds[-1].server_accuracy > 0.5
+
+
+def _flwr_run(processes: Processes, name: str, app: Path, scenario: Path, db_path: Path,
+              env: dict[str, str], *extra: str) -> tuple[RunStore, Run]:
+    """``flwr run APP --stream`` on the SuperLink; the one run it stored, once it ended."""
+    _require_run_config_keys(app)
+    db = f"sqlite:///{db_path}"
+    run = processes.start(name, [
+        str(VENV_BIN / "flwr"), "run", str(app), "local-test", "--stream",
+        "--run-config", f'scenario="{scenario}" db="{db}"', *extra], env)
     try:
         rc = run.popen.wait(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"flwr run did not finish in {RUN_TIMEOUT_S:g} s\n{processes.logs()}")
-    t_done = time.monotonic()
-
-    # Assert
-    assert rc == 0, f"flwr run failed (rc {rc})\n{processes.logs()}"
+        pytest.fail(f"{name} did not finish in {RUN_TIMEOUT_S:g} s\n{processes.logs()}")
+    assert rc == 0, f"{name} failed (rc {rc})\n{processes.logs()}"
     store = RunStore(db)
     runs = store.list_runs()
     assert len(runs) == 1, f"expected one run in the store, found {len(runs)}\n{processes.logs()}"
-    stored = _wait_finished(store, runs[0].id)
-    assert (stored.status, stored.rounds_done) == ("finished", 2), \
-        f"{stored.status}: {stored.error}\n{processes.logs()}"
-    rounds = store.rounds(stored.id)
-    assert [r.round for r in rounds] == [1, 2]
-    for r in rounds:
-        results = store.client_results(stored.id, r.round)
-        assert [c.outcome for c in results] == ["ok", "ok"], [(c.client, c.outcome, c.reason) for c in results]
-    assert rounds[-1].server_accuracy is not None
-    # Federated evaluation has the round loop's fixed 30 s deadline: on a loaded machine a
-    # fresh ClientApp process may miss it, which is data (a late client), not a failure.
-    print(f"deployment: up in {t_up - t0:.1f} s, 2 clients x 2 rounds in {t_done - t_up:.1f} s "
-          f"(flwr run: FAB build to exit); accuracy {rounds[-1].server_accuracy:.3f} server, "
-          f"{rounds[-1].fed_accuracy} federated")
+    return store, _wait_finished(store, runs[0].id)
 
 
-def _require_run_config_keys() -> None:
+def _require_run_config_keys(app: Path) -> None:
     """``flwr run --run-config`` accepts only keys the app's pyproject declares."""
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    config = tomllib.loads((app / "pyproject.toml").read_text())
     declared = config.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
     missing = [k for k in RUN_CONFIG_KEYS if k not in declared]
     if missing:
-        pytest.fail(f"pyproject.toml [tool.flwr.app.config] must declare {missing} (e.g. db = \"\"): "
+        pytest.fail(f"{app}/pyproject.toml [tool.flwr.app.config] must declare {missing} (e.g. db = \"\"): "
                     "Flower rejects --run-config keys the app does not declare")
 
 

@@ -1,159 +1,48 @@
 """Flower compatibility both ways (issue 11, item 3), in-process.
 
-The clients here are written the way Flower 1.42's own quickstart writes them
-(``@app.train()`` / ``@app.evaluate()`` reading ``msg.content["arrays"]`` and
+The clients are a user's Flower app, ``tests/runtimes/flower_quickstart``:
+written the way Flower 1.42's own quickstart writes them (``@app.train()`` /
+``@app.evaluate()`` reading ``msg.content["arrays"]`` and
 ``msg.content["config"]["lr"]``, answering ``arrays`` plus a ``metrics``
 MetricRecord with ``num-examples``), and as a legacy ``NumPyClient`` behind a
 ``client_fn``: nothing in them knows Quorum's own layout. The model is the
-scenario's (McMahan's 2NN on sklearn digits), written as a user writes it;
-their data loader hands out the scenario's partitions, as a user's
-``load_data(partition_id, num_partitions)`` would. Their training loop is
-plain SGD with its shuffle seeded from the round (Flower's ``server-round``)
-and the node, as Quorum's client seeds its own (``client_seed``): the runs
-then differ only in the wire path, so "the same accuracy" is checked tightly.
+scenario's (McMahan's 2NN on sklearn digits), written as a user writes it.
+Their training loop is plain SGD with its shuffle seeded as Quorum's client
+seeds its own, so the runs differ only in the wire path and "the same
+accuracy" is checked tightly. The same app runs on a SuperLink in
+``test_deployment.py``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections import OrderedDict
 
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
-from torch import nn
 
 from aggregator.serverapp import run_federation
 from aggregator.store import RunStore
 from clients.clientapp import app as quorum_client_app
-from core.messages import client_seed
 from learning.federation import cached_federation
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from scenarios.schema import Scenario
 from tests.conftest import tiny_scenario
+from tests.runtimes.flower_quickstart.client_app import Net, legacy_app, score_fn
+from tests.runtimes.flower_quickstart.client_app import app as flower_app
 
 ROUNDS = 6
-SEED = 3  # tiny_scenario's
 
 
 def scenario() -> Scenario:
     return tiny_scenario(name="flower-compat", rounds=ROUNDS, model={"name": "mlp"}, training={"local_epochs": 2},
                          federation={"deadline_s": 300.0},  # a loaded machine must not drop a client
                          evaluation={"federated": True, "server": True, "every": 1})
-
-
-# -- the user's code, as Flower's quickstart writes it ---------------------------------------------
-
-
-class Net(nn.Sequential):
-    """McMahan et al.'s 2NN: 64-200-200-10 on 8x8 digits."""
-
-    def __init__(self) -> None:
-        super().__init__(nn.Flatten(), nn.Linear(64, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(),
-                         nn.Linear(200, 10))
-
-
-def load_data(partition_id: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    part = getattr(cached_federation(scenario()).clients[partition_id], split)
-    return torch.as_tensor(part.x, dtype=torch.float32), torch.as_tensor(part.y, dtype=torch.long)
-
-
-def train_fn(net: nn.Module, data: tuple[torch.Tensor, torch.Tensor], epochs: int, lr: float,
-             batch_size: int, seed: int) -> float:
-    x, y = data
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
-    generator = torch.Generator().manual_seed(seed)
-    net.train()
-    total, steps = 0.0, 0
-    for _ in range(epochs):
-        order = torch.randperm(len(y), generator=generator)
-        xs, ys = x[order], y[order]
-        for start in range(0, len(ys), batch_size):
-            optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(net(xs[start:start + batch_size]), ys[start:start + batch_size])
-            loss.backward()
-            optimizer.step()
-            total, steps = total + loss.item(), steps + 1
-    return total / steps
-
-
-def shuffle_seed(server_round: int, node_id: int) -> int:
-    return client_seed(SEED, server_round, node_id)
-
-
-def score_fn(net: nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, float]:
-    x, y = data
-    net.eval()
-    with torch.no_grad():
-        out = net(x)
-    return float(nn.functional.cross_entropy(out, y)), float((out.argmax(1) == y).float().mean())
-
-
-flower_app = ClientApp()
-
-
-@flower_app.train()
-def flower_train(msg: Message, context: Context) -> Message:
-    model = Net()
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    data = load_data(int(context.node_config["partition-id"]), "train")
-    config = msg.content["config"]
-    train_loss = train_fn(model, data, int(context.run_config["local-epochs"]), float(config["lr"]),
-                          int(context.run_config["batch-size"]), shuffle_seed(int(config["server-round"]),
-                                                                              context.node_id))
-    metrics = {"train_loss": train_loss, "num-examples": len(data[0])}
-    content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics)})
-    return Message(content=content, reply_to=msg)
-
-
-@flower_app.evaluate()
-def flower_evaluate(msg: Message, context: Context) -> Message:
-    model = Net()
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    data = load_data(int(context.node_config["partition-id"]), "test")
-    eval_loss, eval_acc = score_fn(model, data)
-    metrics = {"eval_loss": eval_loss, "eval_acc": eval_acc, "num-examples": len(data[0])}
-    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
-
-
-class LegacyClient(NumPyClient):
-    def __init__(self, partition_id: int, node_id: int, local_epochs: int, batch_size: int) -> None:
-        self.net, self.partition_id, self.node_id = Net(), partition_id, node_id
-        self.local_epochs, self.batch_size = local_epochs, batch_size
-
-    def get_parameters(self, config):
-        return [val.cpu().numpy() for _, val in self.net.state_dict().items()]
-
-    def set_parameters(self, parameters) -> None:
-        params_dict = zip(self.net.state_dict().keys(), parameters, strict=True)
-        self.net.load_state_dict(OrderedDict({k: torch.tensor(v) for k, v in params_dict}), strict=True)
-
-    def fit(self, parameters, config):
-        self.set_parameters(parameters)
-        data = load_data(self.partition_id, "train")
-        loss = train_fn(self.net, data, self.local_epochs, float(config["lr"]), self.batch_size,
-                        shuffle_seed(int(config["server-round"]), self.node_id))
-        return self.get_parameters(config={}), len(data[0]), {"train_loss": loss}
-
-    def evaluate(self, parameters, config):
-        self.set_parameters(parameters)
-        data = load_data(self.partition_id, "test")
-        loss, accuracy = score_fn(self.net, data)
-        return loss, len(data[0]), {"accuracy": accuracy}
-
-
-def client_fn(context: Context):
-    return LegacyClient(int(context.node_config["partition-id"]), context.node_id,
-                        int(context.run_config["local-epochs"]), int(context.run_config["batch-size"])).to_client()
-
-
-legacy_app = ClientApp(client_fn=client_fn)
 
 
 # -- runs --------------------------------------------------------------------------------------------

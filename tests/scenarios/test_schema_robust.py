@@ -35,9 +35,23 @@ def test_attack_harness_with_secure_aggregation_is_refused_naming_both_keys() ->
     assert parse(faults={"byzantine": 0.2}, secagg={"enabled": True}).secagg.enabled  # corruptions still work
 
 
-def test_robust_aggregator_with_dp_is_refused_with_the_reason() -> None:
-    with pytest.raises(ScenarioError, match=r"strategy.name = 'median'.*\[dp\] enabled = true.*robust rule"):
-        parse(strategy={"name": "median"}, dp={"enabled": True, "noise_multiplier": 1.0})
+@pytest.mark.parametrize("name", ["median", "trimmed_mean", "krum"])
+def test_a_rank_based_robust_rule_with_dp_is_refused_with_the_reason(name: str) -> None:
+    strategy = {"name": name, "num_byzantine": 1} if name == "krum" else {"name": name}
+    with pytest.raises(ScenarioError, match=rf"strategy.name = '{name}'.*\[dp\] enabled = true.*centered_clipping"):
+        parse(strategy=strategy, dp={"enabled": True, "noise_multiplier": 1.0})
+
+
+def test_centered_clipping_composes_with_central_dp_without_buckets() -> None:
+    # Prepare / Execute
+    spec = parse(strategy={"name": "centered_clipping", "bucket_size": 1},
+                 dp={"enabled": True, "noise_multiplier": 1.0})
+    strategy = build_strategy(spec)
+
+    # Assert: DP wraps the rule, which still decides each client's term
+    assert strategy.name == "dp-fedavg" and isinstance(strategy.inner, CenteredClipping)
+    with pytest.raises(ScenarioError, match=r"strategy.bucket_size = 2.*\[dp\] enabled = true needs bucket_size = 1"):
+        parse(strategy={"name": "centered_clipping"}, dp={"enabled": True, "noise_multiplier": 1.0})
 
 
 @pytest.mark.parametrize(("strategy", "key", "value"), [
