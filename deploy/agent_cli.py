@@ -31,27 +31,37 @@ def enroll(
     public_key: Annotated[Path | None, typer.Option(
         help="The device's own public key (OpenSSH, ECDSA P-384). Without it a key pair is made here.")]
     = None,
+    secagg_public_key: Annotated[Path | None, typer.Option(
+        help="The device's own secure-aggregation identity, a file holding its Ed25519 public key as 64 hex "
+             "digits. Without it one is made here.")] = None,
 ) -> None:
-    """(aggregator) Register a device's key with the running aggregator; print what the device needs."""
+    """(aggregator) Register a device's key with the running aggregator and its secure-aggregation identity
+    in the enrolment directory; print what the device needs."""
     from core.errors import QuorumError
     from deploy.config import load_config
+    from deploy.enroll import directory_path
     from deploy.enroll import enroll as do_enroll
 
     try:
         cfg = load_config(config)
-        done = do_enroll(cfg, name, public_key)
+        done = do_enroll(cfg, name, public_key, secagg_public_key)
     except QuorumError as exc:
         _fail(str(exc))
     d = done.device
-    print(f"enrolled {d.name}: node {d.node_id}, key {d.fingerprint}", flush=True)
-    ca = cfg.state.tls / "ca.pem"
-    files = [str(ca)] + ([str(done.private_key)] if done.private_key else [])
-    print(f"copy to the device: {' '.join(files)}", flush=True)
-    if done.private_key:
-        print(f"  (the private key was made here: copy it securely, then delete {done.private_key})", flush=True)
+    print(f"enrolled {d.name}: node {d.node_id}, key {d.fingerprint}, "
+          f"secure-aggregation identity {d.secagg_public_key[:16]}...", flush=True)
+    ca, directory = cfg.state.tls / "ca.pem", directory_path(cfg)
+    made = [p for p in (done.private_key, done.secagg_identity) if p is not None]
+    print(f"copy to the device: {' '.join(str(p) for p in [ca, directory, *made])}", flush=True)
+    for path in made:
+        print(f"  ({path.name} was made here: copy it securely, then delete {path})", flush=True)
+    print(f"  ({directory.name} changes with every enrolment: give every device the current one, "
+          "by a channel the aggregator does not control)", flush=True)
     key = done.private_key.name if done.private_key else "YOUR-PRIVATE-KEY"
+    identity = done.secagg_identity.name if done.secagg_identity else "YOUR-SECAGG-KEY"
     print(f"on the device run:  quorum client start --server {cfg.device_address} --data YOUR-DATA.csv "
-          f"--key {key} --ca ca.pem --name {d.name}", flush=True)
+          f"--key {key} --ca ca.pem --name {d.name} --secagg-identity {identity} "
+          f"--secagg-directory {directory.name}", flush=True)
 
 
 @app.command()

@@ -10,6 +10,15 @@ Best practice is for the device to make its own key (``ssh-keygen -t ecdsa
 -b 384 -f device.key`` or ``quorum client keygen``) and send only the public
 half; ``enroll NAME`` without ``--public-key`` makes the pair here instead,
 for a trial or a device that cannot.
+
+Enrolling also issues the device's secure-aggregation identity (an Ed25519
+key, separate from the SuperNode key Flower uses for node authentication;
+``--secagg-public-key`` takes the device's own public half, as 64 hex digits)
+and republishes the enrolment directory ``devices/secagg-directory.json``
+(``node id -> public key``) that every device checks its neighbours'
+signatures against (``quorum client start --secagg-directory``). Whoever can
+write that file can add Sybil clients: hand it to the devices out of band
+(docs/secagg.md).
 """
 
 from __future__ import annotations
@@ -25,8 +34,9 @@ from deploy.config import DeployConfig
 from deploy.errors import EnrollError
 from deploy.flower import register_key, unregister_node
 from deploy.pki import load_public_key, make_node_key, public_key_fingerprint
+from privacy.secagg.identity import IdentityDirectory, public_identity
 
-__all__ = ["Device", "Enrolled", "enroll", "revoke", "load_registry", "device_names"]
+__all__ = ["Device", "Enrolled", "enroll", "revoke", "load_registry", "device_names", "directory_path"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -39,12 +49,19 @@ class Device:
     public_key: str
     enrolled_at: float
     key_made_here: bool
+    secagg_public_key: str = ""  # hex of its Ed25519 secure-aggregation identity ("" in older registries)
 
 
 @dataclass(frozen=True)
 class Enrolled:
     device: Device
     private_key: Path | None   # only when the pair was made here: copy it to the device, then delete it
+    secagg_identity: Path | None = None  # likewise, the secure-aggregation identity made here (hex, 0600)
+
+
+def directory_path(config: DeployConfig) -> Path:
+    """The published secure-aggregation enrolment directory (``node id -> hex public key``)."""
+    return config.state.registry.parent / "secagg-directory.json"
 
 
 def load_registry(config: DeployConfig) -> dict[str, Device]:
@@ -55,11 +72,40 @@ def load_registry(config: DeployConfig) -> dict[str, Device]:
 
 
 def _save(config: DeployConfig, devices: dict[str, Device]) -> None:
+    """The registry, then the directory of the devices' secure-aggregation identities."""
     path = config.state.registry
     path.parent.mkdir(parents=True, exist_ok=True)
+    _replace(path, json.dumps({n: asdict(d) for n, d in sorted(devices.items())}, indent=2))
+    keys = {d.node_id: bytes.fromhex(d.secagg_public_key) for d in devices.values() if d.secagg_public_key}
+    _replace(directory_path(config), IdentityDirectory(keys).to_json() + "\n")
+
+
+def _replace(path: Path, text: str) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({n: asdict(d) for n, d in sorted(devices.items())}, indent=2))
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _secagg_identity(config: DeployConfig, name: str, public: Path | None) -> tuple[str, Path | None]:
+    """(hex public key, private key file made here or None) of ``name``'s secure-aggregation identity."""
+    if public is not None:
+        text = Path(public).read_text().strip()
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            raw = b""
+        if len(raw) != 32:
+            raise EnrollError(f"{public}: a secure-aggregation public key is 64 hex digits (32 bytes), "
+                              f"got {text[:80]!r}")
+        return raw.hex(), None
+    private = os.urandom(32)
+    path = config.state.keys / f"{name}.secagg.key"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(private.hex() + "\n")
+    return public_identity(private).hex(), path
 
 
 def device_names(config: DeployConfig) -> dict[int, str]:
@@ -67,8 +113,10 @@ def device_names(config: DeployConfig) -> dict[int, str]:
     return {d.node_id: d.name for d in load_registry(config).values()}
 
 
-def enroll(config: DeployConfig, name: str, public_key: Path | None = None) -> Enrolled:
-    """Register ``name``'s key with the SuperLink (making a key pair here when none is given)."""
+def enroll(config: DeployConfig, name: str, public_key: Path | None = None,
+           secagg_public_key: Path | None = None) -> Enrolled:
+    """Register ``name``'s key with the SuperLink and its secure-aggregation identity in the directory
+    (making either key pair here when its public half is not given)."""
     if not _NAME.match(name):
         raise EnrollError(f"device name {name!r}: use letters, digits, '.', '_' and '-' (at most 63)")
     devices = load_registry(config)
@@ -84,12 +132,13 @@ def enroll(config: DeployConfig, name: str, public_key: Path | None = None) -> E
         load_public_key(text)
     except ValueError as exc:
         raise EnrollError(f"{public_key}: {exc}") from None
+    secagg_public, secagg_private = _secagg_identity(config, name, secagg_public_key)
     node_id = register_key(config, Path(public_key), name)
     device = Device(name=name, node_id=node_id, fingerprint=public_key_fingerprint(text), public_key=text,
-                    enrolled_at=time.time(), key_made_here=private is not None)
+                    enrolled_at=time.time(), key_made_here=private is not None, secagg_public_key=secagg_public)
     devices[name] = device
     _save(config, devices)
-    return Enrolled(device, private)
+    return Enrolled(device, private, secagg_private)
 
 
 def revoke(config: DeployConfig, name: str) -> Device:
@@ -102,6 +151,7 @@ def revoke(config: DeployConfig, name: str) -> Device:
     unregister_node(config, device.node_id)
     del devices[name]
     _save(config, devices)
-    for path in (config.state.keys / f"{name}.key", config.state.keys / f"{name}.key.pub"):
+    for path in (config.state.keys / f"{name}.key", config.state.keys / f"{name}.key.pub",
+                 config.state.keys / f"{name}.secagg.key"):
         path.unlink(missing_ok=True)
     return device

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from deploy.config import load_config
+from deploy.enroll import directory_path
 from deploy.errors import ProcessFailed
 from learning.datasets import build_federation
 from scenarios.schema import load_scenario
@@ -205,6 +206,9 @@ class LoopbackFederation:
                 "--runtime-port", str(port), "--poll", str(self.poll_s), "--workdir", str(self.workdir / name)]
         argv += ["--insecure"] if self.insecure else ["--key", str(key or self.key(name)),
                                                        "--ca", str(self.deploy.state.tls / "ca.pem")]
+        identity = self.deploy.state.keys / f"{name}.secagg.key"  # issued by `quorum client enroll`
+        if identity.exists():
+            argv += ["--secagg-identity", str(identity), "--secagg-directory", str(directory_path(self.deploy))]
         agent = self.procs.start(f"agent-{name}", argv)
         self.agents[name] = agent
         if wait:

@@ -136,6 +136,16 @@ class Task(ABC):
     def evaluate(self, model: nn.Module, data: Any) -> Metrics:
         """Score ``model`` on ``data``: at least ``loss`` and ``num_examples``, plus named metrics."""
 
+    def serving_module(self, model: nn.Module) -> nn.Module:
+        """The module ``quorum export`` writes and ``quorum serve`` runs, around the trained ``model``.
+
+        It maps inputs as a user holds them to outputs in the task's own
+        units: wrap ``model`` with the preprocessing the task's data loader
+        applies (as registered buffers, so they travel in the export's
+        ``safetensors``). By default the model itself.
+        """
+        return model
+
 
 def check_metrics(metrics: Any, method: str, task: object) -> Metrics:
     """A task's metrics as finite floats, with ``loss`` and ``num_examples`` present.

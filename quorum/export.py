@@ -2,9 +2,10 @@
 
 ``quorum export RUN [--round N] --out DIR`` writes two files:
 
-- ``model.safetensors``: the model's whole ``state_dict`` (trained tensors
-  from the run's checkpoint, frozen ones as the task builds them), never a
-  pickle;
+- ``model.safetensors``: the whole ``state_dict`` of the task's serving
+  module (``Task.serving_module``: the model, wrapped with the task's
+  preprocessing as buffers when it has any; trained tensors from the run's
+  checkpoint, frozen ones as the task builds them), never a pickle;
 - ``quorum-model.json``: the manifest: which run and round, the task
   reference (``entry``, ``path``, options) and the scenario, how to rebuild
   the module (the built-in models need no data set: name, input shape,
@@ -89,7 +90,7 @@ def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None
     except ValueError as exc:
         raise ExportError(f"run {run.id} round {state.round}: the checkpoint does not fit the task's model: "
                           f"{exc}") from None
-    tensors = {k: v.detach().contiguous() for k, v in model.model.state_dict().items()}
+    tensors = {k: v.detach().contiguous() for k, v in task.serving_module(model.model).state_dict().items()}
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / WEIGHTS), metadata={"format": FORMAT, "run": run.id, "round": str(state.round)})
     rounds = {r.round: r for r in store.rounds(run.id)}
@@ -215,6 +216,7 @@ def _rebuild(manifest: dict[str, Any]) -> nn.Module:
                 raise ExportError(f"manifest model {spec!r} cannot be built: {exc}") from None
         try:
             scenario = scenario_from_dict(manifest["scenario"], source="export manifest")
-            return TaskModel.build(load_task(scenario), seed).model
+            task = load_task(scenario)
+            return task.serving_module(TaskModel.build(task, seed).model)
         except (KeyError, ScenarioError, TaskError) as exc:
             raise ExportError(f"the export's task {manifest.get('task')!r} cannot be loaded: {exc}") from None

@@ -14,7 +14,9 @@ metrics. Two data sets, both without a download:
 Features and target are standardised with the whole set's mean and standard
 deviation (public constants of the data set, not a client's statistics); the
 model and the loss work in standard units, MAE and RMSE are reported in the
-target's own units.
+target's own units. The exported model (:meth:`RegressionTask.serving_module`)
+carries those constants as buffers: it takes raw features and predicts in the
+target's units.
 """
 
 from __future__ import annotations
@@ -141,6 +143,11 @@ class RegressionTask(Task):
                        momentum=config.momentum, proximal_mu=config.proximal_mu, seed=seed, loss_fn=_mse)
         return {"loss": float(result.loss), "num_examples": float(result.num_examples)}
 
+    def serving_module(self, model: nn.Module) -> nn.Module:
+        """``model`` between the data set's standardisation and its inverse: raw features in, target units out."""
+        x_mean, x_std, y_mean, y_scale = _standardisation(self.options, self.scenario.seed)
+        return Standardised(model, x_mean, x_std, y_mean, y_scale)
+
     def evaluate(self, model: nn.Module, data: RegressionData) -> Metrics:
         if len(data) == 0:
             return regression_metrics(np.zeros(0), np.zeros(0))
@@ -150,16 +157,45 @@ class RegressionTask(Task):
         return regression_metrics(pred, data.y, data.scale)
 
 
+class Standardised(nn.Module):
+    """A regressor on standardised data, wrapped to take raw features and predict raw targets."""
+
+    def __init__(self, model: nn.Module, x_mean: np.ndarray, x_std: np.ndarray, y_mean: float,
+                 y_scale: float) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("x_mean", torch.as_tensor(x_mean, dtype=torch.float32))
+        self.register_buffer("x_std", torch.as_tensor(x_std, dtype=torch.float32))
+        self.register_buffer("y_mean", torch.tensor(float(y_mean), dtype=torch.float32))
+        self.register_buffer("y_scale", torch.tensor(float(y_scale), dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.model((x - self.x_mean) / self.x_std)
+        return out * self.y_scale + self.y_mean
+
+
+@functools.lru_cache(maxsize=4)
+def _raw(options: RegressionOptions, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The whole data set in its own units (read or generated once per process)."""
+    if options.dataset == "diabetes":
+        return _diabetes()
+    return _friedman1(options.examples, options.noise, np.random.default_rng(seed))
+
+
+@functools.lru_cache(maxsize=4)
+def _standardisation(options: RegressionOptions, seed: int) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """``(x_mean, x_std, y_mean, y_scale)`` of the whole set (a constant feature keeps std 1)."""
+    x, y = _raw(options, seed)
+    std = x.std(axis=0)
+    return x.mean(axis=0), np.where(std > 0, std, 1.0), float(y.mean()), float(y.std()) or 1.0
+
+
 @functools.lru_cache(maxsize=4)
 def _pool(options: RegressionOptions, seed: int) -> RegressionData:
-    """The whole data set, standardised (read or generated once per process)."""
-    if options.dataset == "diabetes":
-        x, y = _diabetes()
-    else:
-        x, y = _friedman1(options.examples, options.noise, np.random.default_rng(seed))
-    x = (x - x.mean(axis=0)) / np.where(x.std(axis=0) > 0, x.std(axis=0), 1.0)
-    scale = float(y.std()) or 1.0
-    return RegressionData(x.astype(np.float32), ((y - y.mean()) / scale).astype(np.float32), scale)
+    """The whole data set, standardised."""
+    x, y = _raw(options, seed)
+    x_mean, x_std, y_mean, scale = _standardisation(options, seed)
+    return RegressionData(((x - x_mean) / x_std).astype(np.float32), ((y - y_mean) / scale).astype(np.float32), scale)
 
 
 @functools.lru_cache(maxsize=4)

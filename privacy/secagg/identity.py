@@ -39,6 +39,7 @@ __all__ = [
     "enrol",
     "node_config",
     "policy_from_node_config",
+    "public_identity",
     "sign",
     "survivors_message",
 ]
@@ -150,12 +151,16 @@ def survivors_message(session: bytes, survivors: Iterable[int]) -> bytes:
     return _SURVIVORS + session + struct.pack(f">I{len(ids)}Q", len(ids), *ids)
 
 
+def public_identity(identity: bytes) -> bytes:
+    """The raw 32-byte Ed25519 public key of the raw private key ``identity``."""
+    return _private(identity).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
 def enrol(nodes: Iterable[int],
           entropy: Callable[[int], bytes] = os.urandom) -> tuple[dict[int, bytes], IdentityDirectory]:
     """Simulation enrolment: a fresh identity key per node, and the directory of their public keys."""
     private = {u: entropy(32) for u in nodes}
-    public = {u: _private(k).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for u, k in private.items()}
-    return private, IdentityDirectory(public)
+    return private, IdentityDirectory({u: public_identity(k) for u, k in private.items()})
 
 
 def node_config(nodes: Iterable[int], threat_model: str = MALICIOUS,

@@ -64,9 +64,9 @@ class Fed:
     def store(self) -> RunStore:
         return RunStore(self.lb.deploy.db_url)
 
-    def scenario(self, name: str, rounds: int = 3, deadline: float = 40.0) -> Path:
+    def scenario(self, name: str, rounds: int = 3, deadline: float = 40.0, extra: str = "") -> Path:
         path = self.lb.workdir / f"{name}.toml"
-        path.write_text(SCENARIO.format(name=name, rounds=rounds, deadline=deadline))
+        path.write_text(SCENARIO.format(name=name, rounds=rounds, deadline=deadline) + extra)
         return path
 
     def submit(self, scenario: Path) -> int:

@@ -123,6 +123,22 @@ def test_three_rounds_over_tls_with_authenticated_clients(fed: Fed) -> None:
           f"accuracy {rounds[-1].server_accuracy:.3f}")
 
 
+def test_secure_aggregation_runs_with_the_identities_enrol_issued(fed: Fed) -> None:
+    # Prepare: the devices were started with the identity and directory `quorum client enroll` wrote
+    scenario = fed.scenario("secagg", rounds=1, extra="[secagg]\nenabled = true\n")
+
+    # Execute: the actively secure protocol (the default threat model), signed adverts checked
+    run = fed.wait_finished(fed.stored_run(fed.submit(scenario)).id, timeout_s=180)
+
+    # Assert: every device signed, was verified and contributed to the masked sum
+    assert (run.status, run.rounds_done) == ("finished", 1), f"{run.status}: {run.error}\n{fed.logs()}"
+    (row,) = fed.store.rounds(run.id)
+    assert row.secagg is not None and row.secagg["threat_model"] == "malicious", row.secagg
+    assert [s["stage"] for s in row.secagg["stages"]][3] == "consistency_check"
+    assert [c.outcome for c in fed.store.client_results(run.id, 1)] == ["ok"] * 3
+    assert row.server_accuracy > 0.3
+
+
 def _serverapp_pids(fed: Fed) -> list[int]:
     """The SuperLink's SuperExec and ServerApp processes (detached into sessions of their own)."""
     found = []

@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 import torch
 import uvicorn
+from sklearn.datasets import load_diabetes
 
 import quorum
 from aggregator.store import RunStore
 from learning.federation import cached_federation
 from learning.models import get_flat
 from quorum.errors import ExportError
-from quorum.export import MANIFEST, WEIGHTS, export_run, load_export
+from quorum.export import MANIFEST, WEIGHTS, export_run, load_export, load_model
 from quorum.serve import create_app
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
@@ -220,3 +221,23 @@ def test_a_regression_task_exports_and_serves_values(tmp_path: Path) -> None:
     assert manifest["input_shape"] == [10] and manifest["output"] == {"kind": "values"}
     assert answer.status_code == 200, answer.text
     assert len(answer.json()["predictions"]) == 2 and all(isinstance(v, float) for v in answer.json()["predictions"])
+
+
+def test_an_exported_regressor_takes_raw_features_and_predicts_in_the_targets_units(tmp_path: Path) -> None:
+    # Prepare: the diabetes regression, exported; the raw data straight from scikit-learn
+    spec = load_scenario(REPO / "scenarios" / "regression.toml").with_overrides(rounds=2)
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    export_run(RunStore(db), simulate(spec, db_url=db).run_id, tmp_path / "model")
+    x, y = load_diabetes(return_X_y=True, scaled=False)
+
+    # Execute
+    module = load_model(tmp_path / "model")
+    with torch.no_grad():
+        served = module(torch.as_tensor(x, dtype=torch.float32)).squeeze(-1).numpy()
+        standard = module.model(torch.as_tensor((x - x.mean(0)) / x.std(0), dtype=torch.float32)).squeeze(-1)
+
+    # Assert: the served module is the trained one between the data set's standardisation and its
+    # inverse, so its predictions sit in the target's range (a standard-units model predicts near 0)
+    np.testing.assert_allclose(served, standard.numpy() * y.std() + y.mean(), rtol=1e-4, atol=1e-3)
+    assert abs(served.mean() - y.mean()) < y.std()
+    assert np.mean(np.abs(served - y)) < np.mean(np.abs(y - y.mean()))  # better than the mean after 2 rounds
