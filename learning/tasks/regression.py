@@ -160,6 +160,11 @@ class RegressionTask(Task):
 class Standardised(nn.Module):
     """A regressor on standardised data, wrapped to take raw features and predict raw targets."""
 
+    x_mean: torch.Tensor
+    x_std: torch.Tensor
+    y_mean: torch.Tensor
+    y_scale: torch.Tensor
+
     def __init__(self, model: nn.Module, x_mean: np.ndarray, x_std: np.ndarray, y_mean: float,
                  y_scale: float) -> None:
         super().__init__()
