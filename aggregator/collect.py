@@ -30,7 +30,8 @@ def push(grid: Grid, contents: Mapping[int, RecordDict], message_type: str, serv
          ttl: float | None = None) -> Outstanding:
     """Send one message per node; returns what is owed."""
     nodes = list(contents)
-    messages = [grid.create_message(contents[n], message_type, n, str(server_round), ttl=ttl) for n in nodes]
+    # The Message constructor, not Grid.create_message (deprecated in Flower 1.42, warns on every run)
+    messages = [Message(contents[n], n, message_type, ttl=ttl, group_id=str(server_round)) for n in nodes]
     ids = list(grid.push_messages(messages))
     return Outstanding(dict(zip(ids, nodes, strict=True)))
 

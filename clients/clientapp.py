@@ -18,6 +18,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from clients.attacks import AttackMod, AttackPlan, flip_labels
+from core.errors import UpdateRejected
 from core.messages import (
     Instruction,
     TrainConfig,
@@ -32,6 +33,7 @@ from learning.models import layout_of
 from learning.task import LocalData, Metrics, TaskModel, load_task
 from privacy.dp import ClientDPConfig, client_payload, secure_rng, train_client
 from privacy.secagg.flower_mod import secagg_mod
+from privacy.secagg.flower_records import RECORD
 from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario
 
@@ -125,6 +127,9 @@ def train_handler(message: Message, context: Context) -> Message:
     delta = runtime.model.get_flat() - params
     metrics = {"train-loss": result["loss"], "duration-s": time.monotonic() - started,
                **_named("train-", result), **sgd_metrics}
+    if config.extra.get("dp-discrete") and RECORD not in message.content:
+        raise UpdateRejected("the round asks for discrete DP noise, which only secure aggregation adds "
+                             "(on its grid): refusing to send the update unmasked and un-noised")
     delta, extra = _privatize(delta, config)
     return Message(train_reply(delta, int(result["num_examples"]), {**metrics, **extra}, answer_to=instruction),
                    reply_to=message)
@@ -163,6 +168,7 @@ def _privatize(delta: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, dict
     dp = ClientDPConfig.from_config(config.extra)
     if dp is None:
         return delta, {}
+    # A discrete share is added by secure aggregation on its grid (privacy.secagg.flower_mod, privacy.dp.discrete).
     return client_payload(delta, dp, secure_rng()).astype(np.float32, copy=False), {"secagg-weight": 1.0}
 
 

@@ -65,6 +65,9 @@ class Strategy(ABC):
     #: Whether a round with fewer than ``min_clients`` usable updates leaves the
     #: model and state untouched. DP strategies must account every round.
     skip_when_short: bool = True
+    #: Whether :meth:`private_term` is not the delta itself but a term centred elsewhere (centered
+    #: clipping): a central DP wrapper then must not have clients clip their raw deltas first.
+    centres_private_terms: bool = False
 
     def for_round(self, state: ServerState) -> Strategy:
         """This strategy with per-round settings taken from ``state`` bound."""

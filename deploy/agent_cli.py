@@ -85,12 +85,22 @@ def revoke(
 def keygen(
     path: Annotated[Path, typer.Argument(help="Where to write the private key (the public one gets .pub).")],
     name: Annotated[str, typer.Option(help="Comment in the public key.")] = "quorum-device",
+    secagg: Annotated[bool, typer.Option(
+        "--secagg", help="Make the secure-aggregation identity instead (Ed25519, hex): enroll it with "
+                         "--secagg-public-key PATH.pub, so the aggregator never holds this device's signing key.")]
+    = False,
 ) -> None:
     """(device) Make this device's key pair; send only the .pub file to the aggregator."""
     from deploy.pki import make_node_key, public_key_fingerprint
+    from privacy.secagg.identity import write_identity
 
     if path.exists():
         _fail(f"{path} exists; not overwriting a key")
+    if secagg:
+        public = write_identity(path)
+        print(f"secure-aggregation identity {path} (stays here, 0600), public key {public} "
+              f"({public.read_text().strip()[:16]}...)", flush=True)
+        return
     key = make_node_key(path, name)
     print(f"private key {key.private} (stays here), public key {key.public} "
           f"({public_key_fingerprint(key.public_openssh)})", flush=True)

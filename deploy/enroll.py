@@ -11,10 +11,12 @@ Best practice is for the device to make its own key (``ssh-keygen -t ecdsa
 half; ``enroll NAME`` without ``--public-key`` makes the pair here instead,
 for a trial or a device that cannot.
 
-Enrolling also issues the device's secure-aggregation identity (an Ed25519
-key, separate from the SuperNode key Flower uses for node authentication;
-``--secagg-public-key`` takes the device's own public half, as 64 hex digits)
-and republishes the enrolment directory ``devices/secagg-directory.json``
+Enrolling also registers the device's secure-aggregation identity (an
+Ed25519 key, separate from the SuperNode key Flower uses for node
+authentication): best made on the device (``quorum client keygen --secagg``)
+and enrolled with ``--secagg-public-key``; without it the pair is made here,
+and the aggregator host then holds a key that can sign for that device
+until it is deleted. It republishes the enrolment directory ``devices/secagg-directory.json``
 (``node id -> public key``) that every device checks its neighbours'
 signatures against (``quorum client start --secagg-directory``). Whoever can
 write that file can add Sybil clients: hand it to the devices out of band
@@ -34,7 +36,7 @@ from deploy.config import DeployConfig
 from deploy.errors import EnrollError
 from deploy.flower import register_key, unregister_node
 from deploy.pki import load_public_key, make_node_key, public_key_fingerprint
-from privacy.secagg.identity import IdentityDirectory, public_identity
+from privacy.secagg.identity import IdentityDirectory, write_identity
 
 __all__ = ["Device", "Enrolled", "enroll", "revoke", "load_registry", "device_names", "directory_path"]
 
@@ -89,7 +91,10 @@ def _replace(path: Path, text: str) -> None:
 def _secagg_identity(config: DeployConfig, name: str, public: Path | None) -> tuple[str, Path | None]:
     """(hex public key, private key file made here or None) of ``name``'s secure-aggregation identity."""
     if public is not None:
-        text = Path(public).read_text().strip()
+        try:
+            text = Path(public).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EnrollError(f"{public}: cannot read the secure-aggregation public key ({exc})") from None
         try:
             raw = bytes.fromhex(text)
         except ValueError:
@@ -98,14 +103,11 @@ def _secagg_identity(config: DeployConfig, name: str, public: Path | None) -> tu
             raise EnrollError(f"{public}: a secure-aggregation public key is 64 hex digits (32 bytes), "
                               f"got {text[:80]!r}")
         return raw.hex(), None
-    private = os.urandom(32)
     path = config.state.keys / f"{name}.secagg.key"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(private.hex() + "\n")
-    return public_identity(private).hex(), path
+    public_path = write_identity(path)
+    text = public_path.read_text().strip()
+    public_path.unlink()  # the registry and the directory hold the public half
+    return text, path
 
 
 def device_names(config: DeployConfig) -> dict[int, str]:

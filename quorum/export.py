@@ -118,7 +118,8 @@ def _manifest(scenario: Scenario, task: Task, module: nn.Module, run: Any, serve
         "seed": scenario.seed,
         "scenario": scenario.to_dict(),
     }
-    if isinstance(task, ClassificationTask):  # rebuilt without the data set
+    # rebuilt without the data set, unless the task wraps its model for serving (then the task rebuilds it)
+    if isinstance(task, ClassificationTask) and type(task).serving_module is Task.serving_module:
         manifest["model"] = {"builder": "learning.models.build_model", "name": scenario.model.name,
                              "input_shape": list(shape), "num_classes": classes}
     return manifest

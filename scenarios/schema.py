@@ -276,6 +276,9 @@ class DPSpec:
     local_dp_sgd: bool = False
     local_noise_multiplier: float = 1.0
     local_max_grad_norm: float = 1.0
+    # The noise the clients add in the distributed placement: continuous Gaussian (float, before
+    # quantisation), or the distributed discrete Gaussian on the secure-aggregation grid.
+    mechanism: Literal["gaussian", "discrete_gaussian"] = "gaussian"
 
     def _check(self) -> None:
         positive("clip_norm", self.clip_norm)
@@ -368,6 +371,8 @@ class Scenario:
             # Without secure aggregation the server would see each update with noise z / sqrt(K) only.
             raise Bad("dp.placement", self.dp.placement, "needs secagg.enabled = true (each client's noise "
                        "share hides nothing from a server that sees single updates); use \"central\"")
+        if self.dp.enabled and self.dp.mechanism == "discrete_gaussian":
+            _check_discrete(self)
         if self.strategy.robust:
             _check_robust(self)
         attack = self.faults.byzantine_spec
@@ -381,6 +386,42 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+#: The distributed discrete Gaussian (privacy.dp.discrete): clients a round below this fit a 64-bit
+#: ring with the noise's headroom; secagg.clip_range >= this x z x C keeps the noise below 2^46 steps.
+DISCRETE_MAX_CLIENTS = 2048
+DISCRETE_CLIP_RANGE_FACTOR = 128.0
+
+
+def _check_discrete(scenario: Scenario) -> None:
+    """The distributed discrete Gaussian lives on the secure-aggregation grid: refuse what it cannot run on."""
+    dp = scenario.dp
+    if dp.placement != "distributed":
+        raise Bad("dp.mechanism", dp.mechanism, "is noise the clients add on the secure-aggregation grid: "
+                   "it needs dp.placement = \"distributed\" (and [secagg] enabled = true)")
+    if scenario.secagg.bits != 64:
+        raise Bad("secagg.bits", scenario.secagg.bits, "dp.mechanism = \"discrete_gaussian\" needs bits = 64: "
+                   "a 32-bit ring leaves too few grid steps under the noise and no headroom for its sum")
+    if dp.adaptive_clipping:
+        raise Bad("dp.adaptive_clipping", True, "is not supported with dp.mechanism = \"discrete_gaussian\" "
+                   "(its count bit is noised in floats); use a fixed clip_norm")
+    if dp.noise_multiplier == 0:
+        raise Bad("dp.noise_multiplier", 0, "dp.mechanism = \"discrete_gaussian\" needs noise (z > 0)")
+    n = scenario.federation.per_round
+    if n >= DISCRETE_MAX_CLIENTS:
+        raise Bad("federation.per_round", n, f"dp.mechanism = \"discrete_gaussian\" sums at most "
+                   f"{DISCRETE_MAX_CLIENTS - 1} clients a round in a 64-bit ring with room for the noise")
+    # A client's share is sigma = z (C scale + sqrt(d)) / sqrt(K) grid steps, scale <= 2^52 / clip_range
+    # (privacy.secagg.quantize); the sampler is exact only up to 2^46 steps, so even K = 1 must stay below.
+    # (A z derived from target_epsilon is known only at run time: the clients refuse such a grid then.)
+    z = dp.noise_multiplier
+    need = DISCRETE_CLIP_RANGE_FACTOR * (z or 0.0) * dp.clip_norm
+    if z is not None and scenario.secagg.clip_range < need:
+        raise Bad("secagg.clip_range", scenario.secagg.clip_range,
+                   f"dp.mechanism = \"discrete_gaussian\" with noise_multiplier {z:g} and clip_norm "
+                   f"{dp.clip_norm:g} needs clip_range >= {need:g}: a finer grid makes the noise more than 2^46 "
+                   "steps, which the sampler cannot draw exactly")
 
 
 def _check_robust(scenario: Scenario) -> None:

@@ -97,6 +97,7 @@ class CenteredClipping(Strategy):
     server_lr: float = 1.0
     name: str = "centered_clipping"
     center: np.ndarray | None = field(default=None, repr=False, compare=False)
+    centres_private_terms = True  # class attribute (no annotation): the DP term is centred on the momentum
 
     def __post_init__(self) -> None:
         if not 0 < self.clip_radius < float("inf"):

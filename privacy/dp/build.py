@@ -38,4 +38,4 @@ def make_dp_strategy(
         adaptive = adapt.AdaptiveClipConfig(spec.target_quantile, spec.clip_lr, spec.count_noise_multiplier)
     return DPFedAvg(inner, clip_norm=spec.clip_norm, noise_multiplier=z, expected_clients=clients_per_round,
                     population=population, delta=spec.delta, sampling=spec.sampling, placement=spec.placement,
-                    adaptive=adaptive, target_epsilon=spec.target_epsilon)
+                    adaptive=adaptive, target_epsilon=spec.target_epsilon, mechanism=spec.mechanism)

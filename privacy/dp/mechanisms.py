@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from privacy.dp.discrete import GridNoise
 from privacy.dp.errors import DPConfigError
 
 __all__ = [
@@ -51,17 +52,23 @@ class ClientDPConfig:
         as one extra coordinate of its update.
     count_noise_std : float
         The client's share of the noise on that bit (distributed), else 0.
+    discrete : bool
+        Whether the noise share is the distributed discrete Gaussian, added by
+        secure aggregation's encoder on its integer grid
+        (:mod:`privacy.dp.discrete`) instead of in floats here.
     """
 
     clip: float
     noise_std: float = 0.0
     adaptive: bool = False
     count_noise_std: float = 0.0
+    discrete: bool = False
 
     def to_config(self) -> dict[str, float | bool]:
         """The ``dp-*`` keys sent to the client in its ``ConfigRecord``."""
         return {"dp-clip": self.clip, "dp-noise-std": self.noise_std,
-                "dp-adaptive": self.adaptive, "dp-count-noise-std": self.count_noise_std}
+                "dp-adaptive": self.adaptive, "dp-count-noise-std": self.count_noise_std,
+                "dp-discrete": self.discrete}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ClientDPConfig | None:
@@ -70,10 +77,17 @@ class ClientDPConfig:
             return None
         out = cls(clip=float(config["dp-clip"]), noise_std=float(config.get("dp-noise-std", 0.0)),
                   adaptive=bool(config.get("dp-adaptive", False)),
-                  count_noise_std=float(config.get("dp-count-noise-std", 0.0)))
+                  count_noise_std=float(config.get("dp-count-noise-std", 0.0)),
+                  discrete=bool(config.get("dp-discrete", False)))
         if not (out.clip > 0 and out.noise_std >= 0 and out.count_noise_std >= 0):
             raise DPConfigError("client_config", config, "needs dp-clip > 0 and non-negative noise")
+        if out.discrete and (out.noise_std <= 0 or out.adaptive):
+            raise DPConfigError("client_config", config, "discrete noise needs dp-noise-std > 0 and no adaptive bit")
         return out
+
+    def grid_noise(self) -> GridNoise | None:
+        """The discrete share secure aggregation's encoder adds, or ``None`` (continuous or no noise)."""
+        return GridNoise(self.noise_std, self.clip) if self.discrete else None
 
 
 def l2_norm(vector: np.ndarray) -> float:
@@ -153,7 +167,8 @@ def client_payload(delta: np.ndarray, config: ClientDPConfig | None, rng: np.ran
     """
     if config is None:
         return delta
-    update, _, below = privatize_update(delta, config.clip, config.noise_std, rng)
+    noise_std = 0.0 if config.discrete else config.noise_std  # discrete: added on the grid by secagg
+    update, _, below = privatize_update(delta, config.clip, noise_std, rng)
     if not config.adaptive:
         return update
     bit = (0.5 if below else -0.5) + config.count_noise_std * float(rng.standard_normal())

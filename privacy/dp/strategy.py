@@ -51,6 +51,7 @@ from core.messages import TrainConfig
 from core.strategy import ServerState, Strategy
 from privacy.dp import adaptive as adapt
 from privacy.dp.accountant import RoundEvent, Sampling, epsilon_of
+from privacy.dp.discrete import CryptoStream
 from privacy.dp.errors import DPConfigError, DPStateError
 from privacy.dp.mechanisms import ClientDPConfig, Placement, clip_factor, gaussian_noise, l2_norm
 from privacy.dp.rng import secure_rng
@@ -88,6 +89,12 @@ class DPFedAvg(Strategy):
         Adaptive clipping settings, or ``None`` for a fixed clip norm.
     target_epsilon : float | None
         Budget; :meth:`would_exceed_budget` says when to stop.
+    mechanism : {"gaussian", "discrete_gaussian"}
+        Distributed placement: the clients' noise shares are continuous
+        Gaussian (added in floats before quantisation), or the distributed
+        discrete Gaussian added on the secure-aggregation grid
+        (:mod:`privacy.dp.discrete`); the server's top-up for dropouts then
+        comes from a cryptographic stream too.
     """
 
     inner: Strategy
@@ -100,6 +107,7 @@ class DPFedAvg(Strategy):
     placement: Placement = "central"
     adaptive: adapt.AdaptiveClipConfig | None = None
     target_epsilon: float | None = None
+    mechanism: str = "gaussian"
     bound_to_round: bool = False  # set by for_round(): the clip norm of one round is fixed
     cohort: int | None = None  # set by with_cohort(): clients sampled this round (K), else m
     name: str = "dp-fedavg"
@@ -110,6 +118,12 @@ class DPFedAvg(Strategy):
             raise DPConfigError("clip_norm", self.clip_norm, "must be a positive number")
         if self.placement not in ("central", "distributed"):
             raise DPConfigError("placement", self.placement, "must be 'central' or 'distributed'")
+        if self.mechanism not in ("gaussian", "discrete_gaussian"):
+            raise DPConfigError("mechanism", self.mechanism, "must be 'gaussian' or 'discrete_gaussian'")
+        if self.discrete and (self.placement != "distributed" or self.adaptive is not None
+                              or not self.noise_multiplier > 0):
+            raise DPConfigError("mechanism", self.mechanism, "the discrete Gaussian needs the distributed "
+                                "placement, a fixed clip norm and a noise multiplier above 0")
         if self.target_epsilon is not None and not self.target_epsilon > 0:
             raise DPConfigError("target_epsilon", self.target_epsilon, "must be > 0")
         if not 0 < self.delta < 1:
@@ -119,6 +133,11 @@ class DPFedAvg(Strategy):
             adapt.update_noise_multiplier(self.noise_multiplier, self.count_noise_std)
 
     # ------------------------------------------------------------ derived figures
+
+    @property
+    def discrete(self) -> bool:
+        """Whether the clients' shares are the distributed discrete Gaussian."""
+        return self.mechanism == "discrete_gaussian"
 
     @property
     def rate(self) -> float:
@@ -193,8 +212,18 @@ class DPFedAvg(Strategy):
         return replace(state, extra={**state.extra, STATE_KEY: DPState(clip=self.clip_norm).to_json()})
 
     def configure_train(self, config: TrainConfig) -> TrainConfig:
-        """The inner strategy's settings plus the ``dp-*`` keys of :class:`ClientDPConfig`."""
+        """The inner strategy's settings plus the ``dp-*`` keys of :class:`ClientDPConfig`.
+
+        Central placement around a rule whose private term is centred elsewhere
+        (centered clipping): no ``dp-*`` keys, since a client clipping its raw
+        delta to ``C`` first would shrink honest updates towards 0 before the
+        rule centres them; the server clips the rule's term, which is what the
+        sensitivity needs.
+        """
         inner = self.inner.configure_train(config)
+        if self.placement == "central" and self.inner.centres_private_terms:
+            self._require_bound()
+            return inner
         return replace(inner, extra={**inner.extra, **self.client_dp_config().to_config()})
 
     def client_dp_config(self) -> ClientDPConfig:
@@ -204,7 +233,8 @@ class DPFedAvg(Strategy):
             return ClientDPConfig(clip=self.clip_norm, adaptive=self.adaptive is not None)
         share = math.sqrt(self.sampled)
         return ClientDPConfig(clip=self.clip_norm, noise_std=self.update_noise_multiplier * self.clip_norm / share,
-                              adaptive=self.adaptive is not None, count_noise_std=self.count_noise_std / share)
+                              adaptive=self.adaptive is not None, count_noise_std=self.count_noise_std / share,
+                              discrete=self.discrete)
 
     def sample(self, node_ids: Sequence[int], k: int, seed: int, server_round: int) -> list[int]:
         """Clients for one round, drawn from a secure generator: a sample anyone
@@ -233,8 +263,9 @@ class DPFedAvg(Strategy):
         if self.placement == "distributed":
             return aggregate.add(agg, update, 1.0, checked=True)
         size = agg.size - self.tail
-        term = self.inner.private_term(update[:size])
-        if term is not update[:size]:
+        head = update[:size]
+        term = self.inner.private_term(head)
+        if term is not head:
             update = np.concatenate([term, update[size:]]).astype(np.float32, copy=False)
         return _fold_clipped(agg, update, self.clip_norm, self.tail)
 
@@ -276,7 +307,11 @@ class DPFedAvg(Strategy):
         share = 1.0 if self.placement == "central" else max(0.0, 1.0 - agg.count / self.sampled)
         size = agg.size - self.tail
         out = np.append(agg.total, np.float32(agg.count)).astype(np.float32, copy=False)
-        out[:size] += gaussian_noise(size, self.update_noise_multiplier * self.clip_norm * math.sqrt(share), rng)
+        std = self.update_noise_multiplier * self.clip_norm * math.sqrt(share)
+        if self.discrete and std > 0:  # the missing shares' variance, from a cryptographic stream
+            out[:size] += CryptoStream().normal(size, std).astype(np.float32)
+        else:
+            out[:size] += gaussian_noise(size, std, rng)
         out[:-1] /= np.float32(self.expected_clients)
         if self.adaptive is not None:
             count = float(agg.total[size]) + self.count_noise_std * math.sqrt(share) * float(rng.standard_normal())
@@ -311,6 +346,7 @@ class DPFedAvg(Strategy):
                 "update_noise_multiplier": self.update_noise_multiplier,
                 "expected_clients": self.expected_clients, "population": self.population,
                 "delta": self.delta, "sampling": self.sampling, "placement": self.placement,
+                "mechanism": self.mechanism,
                 "adaptive": None if self.adaptive is None else {
                     "target_quantile": self.adaptive.target_quantile,
                     "learning_rate": self.adaptive.learning_rate, "count_noise_std": self.count_noise_std},

@@ -19,6 +19,7 @@ from dataclasses import replace
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from privacy.dp.discrete import GridNoise
 from privacy.secagg.aead import open_share, seal_share, share_aad
 from privacy.secagg.codec import setup_digest
 from privacy.secagg.config import is_majority
@@ -76,7 +77,9 @@ __all__ = [
 ]
 
 Entropy = Callable[[int], bytes]
-Trainer = Callable[[], tuple[np.ndarray, float]]
+#: Trains for the masked-input stage: ``(update, weight)``, or ``(update, weight, noise)`` with the
+#: client's share of the distributed discrete Gaussian (``privacy.dp.discrete.GridNoise``) to add on the grid.
+Trainer = Callable[[], tuple[np.ndarray, float] | tuple[np.ndarray, float, GridNoise | None]]
 _STRICT = ClientPolicy()
 
 
@@ -250,8 +253,9 @@ def normalised_weight(weight: float, max_weight: float) -> float:
 
 
 def masked_input(state: ClientState, request: MaskedInputRequest, update: np.ndarray,
-                 weight: float, rng: np.random.Generator) -> tuple[ClientState, MaskedInput]:
-    """Round 2: decrypt the shares received, then quantise and mask ``[w x, w]``."""
+                 weight: float, rng: np.random.Generator,
+                 noise: GridNoise | None = None) -> tuple[ClientState, MaskedInput]:
+    """Round 2: decrypt the shares received, then quantise (adding ``noise`` on the grid) and mask ``[w x, w]``."""
     _expect(state, Stage.SHARE_KEYS)
     held = _open_all(state, request.shares)
     setup = state.setup
@@ -262,7 +266,7 @@ def masked_input(state: ClientState, request: MaskedInputRequest, update: np.nda
     state = replace(state, stage=Stage.MASKED_INPUT, held=held,
                     peers=tuple(sorted(held.keys() - {state.node})))
     quantizer = Quantizer(setup.bits, setup.clip_range, len(setup.participants))
-    vector, fill = quantizer.encoder(update, normalised_weight(weight, setup.max_weight), rng)
+    vector, fill = quantizer.encoder(update, normalised_weight(weight, setup.max_weight), rng, noise)
     plus, minus = _mask_seeds(state, vector.shape[0])
     # Encode and mask chunk by chunk: the vector goes through memory once.
     MaskExpander(vector.shape[0], setup.bits).add_all(vector, plus, minus, fill=fill)
@@ -367,7 +371,8 @@ def client_step(state: ClientState | None, node: int, request: Request, *, entro
         if train is None:
             raise ValueError("the masked-input stage needs a trainer")
         _expect(state, Stage.SHARE_KEYS)  # before spending a training run
-        return masked_input(state, request, *train(), rng)
+        update, weight, *noise = train()
+        return masked_input(state, request, update, weight, rng, noise[0] if noise else None)
     if isinstance(request, UnmaskRequest):
         return unmask(state, request, policy)
     raise SecAggProtocolError(f"client {node}: unknown request {type(request).__name__}")

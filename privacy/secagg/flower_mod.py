@@ -24,6 +24,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricR
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.constant import ErrorCode
 
+from core.messages import QUORUM_WIRE, TrainConfig
+from privacy.dp.discrete import GridNoise
+from privacy.dp.mechanisms import ClientDPConfig
 from privacy.secagg.client import client_step
 from privacy.secagg.errors import SecAggError
 from privacy.secagg.flower_records import (
@@ -70,6 +73,22 @@ def _save_state(context: Context, round_id: int, state: ClientState) -> None:
     )
 
 
+def _instructed_noise(message: Message) -> GridNoise | None:
+    """The discrete noise share the server's round instruction asks for (``dp-discrete``), or ``None``.
+
+    Read from the instruction itself, not from what the wrapped ClientApp
+    answers: a task or app that forgets to ask for noise cannot skip it.
+    """
+    settings = message.content.get("config")
+    if not isinstance(settings, ConfigRecord) or QUORUM_WIRE not in settings:
+        return None
+    try:
+        dp = ClientDPConfig.from_config(TrainConfig.from_record(settings).extra)
+    except (TypeError, ValueError) as exc:  # DPConfigError is a ValueError
+        raise SecAggError(f"the round's DP settings are malformed: {exc}") from exc
+    return dp.grid_noise() if dp is not None else None
+
+
 def _update_of(content: RecordDict) -> tuple[np.ndarray, float]:
     update = record_of(content, UPDATE_RECORD, ArrayRecord)
     metrics = record_of(content, METRICS_RECORD, MetricRecord)
@@ -78,13 +97,16 @@ def _update_of(content: RecordDict) -> tuple[np.ndarray, float]:
             raise KeyError(UPDATE_RECORD if update is None else METRICS_RECORD)
         delta = ndarray_of(update[UPDATE_KEY])
         # A client may override its weight (DP-FedAvg: every client weighs 1).
-        value = metrics.get(OVERRIDE_WEIGHT_KEY, metrics[WEIGHT_KEY])
-        if isinstance(value, list):
-            raise TypeError(f"weight is a list, not a number: {value!r}")
-        weight = float(value)
+        weight = _number(metrics.get(OVERRIDE_WEIGHT_KEY, metrics[WEIGHT_KEY]))
     except (KeyError, TypeError, ValueError) as exc:
         raise SecAggError("the training reply lacks update/delta or metrics/num-examples") from exc
     return np.asarray(delta).reshape(-1), weight
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
 
 
 def _error(message: Message, exc: BaseException) -> Message:
@@ -114,14 +136,15 @@ def secagg_mod(message: Message, context: Context, call_next: ClientAppCallable)
         return call_next(message, context)
     kept: dict[str, RecordDict] = {}
 
-    def train() -> tuple[np.ndarray, float]:
+    def train() -> tuple[np.ndarray, float, GridNoise | None]:
+        noise = _instructed_noise(message)
         out = call_next(message, context)
         if out.has_error():
             raise _TrainingFailed(out)
         metrics = record_of(out.content, METRICS_RECORD, MetricRecord)
         if metrics is not None and metrics_wanted(message.content):
             kept["metrics"] = RecordDict({METRICS_RECORD: metrics})
-        return _update_of(out.content)
+        return (*_update_of(out.content), noise)
 
     try:
         stage, round_id, request = read_request(message.content)

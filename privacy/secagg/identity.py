@@ -40,6 +40,7 @@ __all__ = [
     "node_config",
     "policy_from_node_config",
     "public_identity",
+    "write_identity",
     "sign",
     "survivors_message",
 ]
@@ -154,6 +155,23 @@ def survivors_message(session: bytes, survivors: Iterable[int]) -> bytes:
 def public_identity(identity: bytes) -> bytes:
     """The raw 32-byte Ed25519 public key of the raw private key ``identity``."""
     return _private(identity).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def write_identity(path: Path) -> Path:
+    """Make an identity key pair on disk: ``path`` (private, hex, 0600) and ``path.pub`` (public, hex).
+
+    Run on the device (``quorum client keygen --secagg``), the private half
+    never leaves it; the ``.pub`` file is what the operator enrols.
+    """
+    private = os.urandom(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(private.hex() + "\n")
+    public = path.with_name(path.name + ".pub")
+    public.write_text(public_identity(private).hex() + "\n")
+    return public
 
 
 def enrol(nodes: Iterable[int],

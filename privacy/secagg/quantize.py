@@ -13,11 +13,13 @@ error of the sum is below ``n / scale`` per coordinate and zero in mean
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from privacy.dp.discrete import CryptoStream, GridNoise, discrete_gaussian
 from privacy.secagg.prg import MaskExpander, dtype_for
 
 __all__ = ["Quantizer"]
@@ -76,13 +78,20 @@ class Quantizer:
         fill(0, out.shape[0])
         return out
 
-    def encoder(self, vector: np.ndarray, weight: float,
-                rng: np.random.Generator) -> tuple[np.ndarray, Callable[[int, int], None]]:
+    def encoder(self, vector: np.ndarray, weight: float, rng: np.random.Generator,
+                noise: GridNoise | None = None) -> tuple[np.ndarray, Callable[[int, int], None]]:
         """The output buffer and a ``fill(start, stop)`` that encodes ``out[start:stop]``.
 
         Lets the caller encode a chunk and mask it while it is still in cache
         (:meth:`MaskExpander.add_all`'s ``fill``). Raises ``ValueError`` for a
         non-finite update when the offending chunk is filled.
+
+        ``noise``: this client's share of the distributed discrete Gaussian
+        (:mod:`privacy.dp.discrete`), added to every rounded model coordinate
+        as integers from a cryptographic stream (never to the weight).
+        Wrapping in the ring is harmless; only the sum must fit, and it does
+        with ten standard deviations of the summed noise to spare, or this
+        raises ``ValueError``.
         """
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"normalised weight must be in [0, 1], got {weight}")
@@ -94,6 +103,8 @@ class Quantizer:
         rounder = _Rounder32(rng) if self.bits == 32 else _Rounder64(rng)
         y = np.empty(max(1, min(d, _CHUNK)))
         factor, limit = weight * self.scale, weight * self.bound
+        sigma = self._noise_sigma(noise, factor, d) if noise is not None else 0.0
+        stream = CryptoStream() if sigma else None
 
         def fill(start: int, stop: int) -> None:
             for low in range(start, min(stop, d), _CHUNK):
@@ -104,10 +115,24 @@ class Quantizer:
                 if not np.isfinite(np.add.reduce(np.clip(yv, -limit, limit, out=yv))):
                     raise ValueError("the update must be finite")
                 rounder.round_into(yv, signed[low:high])
+                if stream is not None:
+                    part = signed[low:high]
+                    np.add(part, discrete_gaussian(high - low, sigma, stream).astype(part.dtype), out=part)
             if start <= d < stop:
                 rounder.round_into(np.array([limit]), signed[d:])
 
         return out, fill
+
+    def _noise_sigma(self, noise: GridNoise, factor: float, size: int) -> float:
+        """The share's ``sigma`` in grid steps, after checking the summed noise cannot wrap the sum."""
+        if factor <= 0:
+            raise ValueError("discrete noise needs a positive weight")
+        sigma = noise.sigma(factor, size)
+        spare = 2 ** (self.bits - 1) - 1 - self.participants * (self.bound + 1)
+        if 10.0 * sigma * math.sqrt(self.participants) >= spare:
+            raise ValueError(f"discrete noise of {sigma:.3g} steps from {self.participants} clients could wrap "
+                             f"the {self.bits}-bit sum: raise bits or clip_range, or lower the noise")
+        return sigma
 
     def decode(self, total: np.ndarray) -> tuple[np.ndarray, float]:
         """Signed view of the unmasked sum: ``(sum w_i x_i, sum w_i)`` in float64."""

@@ -14,8 +14,10 @@ import stat
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from deploy import enroll as enrolling
+from deploy.agent_cli import app as client_cli
 from deploy.config import AggregatorSpec, DeployConfig
 from deploy.errors import EnrollError
 from privacy.secagg.identity import DIRECTORY_KEY, IDENTITY_FILE_KEY, policy_from_node_config, public_identity, sign
@@ -51,24 +53,30 @@ def test_enrolling_issues_an_identity_the_published_directory_verifies(config: D
     assert len(policy.directory) == 2
 
 
-def test_a_devices_own_public_identity_is_enrolled_and_a_malformed_one_refused(
+def test_a_device_made_identity_is_enrolled_and_a_malformed_or_missing_one_refused(
         config: DeployConfig, tmp_path: Path) -> None:
-    # Prepare
-    own = bytes(range(32))
-    good, bad = tmp_path / "own.pub", tmp_path / "bad.pub"
-    good.write_text(public_identity(own).hex() + "\n")
+    # Prepare: the device makes its identity (`quorum client keygen --secagg`); only the .pub travels
+    keygen = CliRunner().invoke(client_cli, ["keygen", "--secagg", str(tmp_path / "dev.secagg.key")])
+    private = tmp_path / "dev.secagg.key"
+    bad = tmp_path / "bad.pub"
     bad.write_text("not hex at all")
 
     # Execute
-    done = enrolling.enroll(config, "phone-1", secagg_public_key=good)
+    done = enrolling.enroll(config, "phone-1", secagg_public_key=tmp_path / "dev.secagg.key.pub")
 
-    # Assert: nothing private was made here; the directory holds the device's key
-    assert done.secagg_identity is None
+    # Assert: nothing private was made on the aggregator; the directory verifies the device's own key
+    assert keygen.exit_code == 0, keygen.output
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert done.secagg_identity is None and not list(config.state.keys.glob("phone-1.secagg*"))
+    identity = bytes.fromhex(private.read_text().strip())
     policy = policy_from_node_config({DIRECTORY_KEY: str(enrolling.directory_path(config))})
-    assert policy.directory is not None and policy.directory.verify(done.device.node_id, sign(own, b"m"), b"m")
+    assert policy.directory is not None
+    assert policy.directory.verify(done.device.node_id, sign(identity, b"m"), b"m")
     with pytest.raises(EnrollError, match="64 hex digits"):
         enrolling.enroll(config, "phone-2", secagg_public_key=bad)
-    assert "phone-2" not in enrolling.load_registry(config)  # refused before anything was registered
+    with pytest.raises(EnrollError, match="cannot read"):
+        enrolling.enroll(config, "phone-3", secagg_public_key=tmp_path / "missing.pub")
+    assert set(enrolling.load_registry(config)) == {"phone-1"}  # refused before anything was registered
 
 
 def test_revoking_a_device_takes_its_identity_out_of_the_directory(config: DeployConfig) -> None:

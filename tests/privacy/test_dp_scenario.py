@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from aggregator.store import RunStore
 from privacy.dp import plan_epsilon
 from runtimes.simulation import simulate
+from scenarios.errors import ScenarioError
 from scenarios.schema import load_scenario
 from tests.conftest import REPO, tiny_scenario
 
@@ -90,3 +93,71 @@ def test_central_adaptive_dp_updates_are_all_folded(db_url: str) -> None:
     from privacy.dp import DPState
 
     assert DPState.from_json(store.load_state(summary.run_id).extra["dp"]).clip != 1.0
+
+
+def test_distributed_discrete_gaussian_noises_on_the_grid_and_is_accounted(db_url: str,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import privacy.secagg.quantize as quantize
+
+    # Prepare: 6 clients, all sampled (fixed), z = 0.5, C = 1, a 64-bit ring; every share drawn is recorded
+    draws: list[tuple[int, float]] = []
+    real = quantize.discrete_gaussian
+    monkeypatch.setattr(quantize, "discrete_gaussian",
+                        lambda count, sigma, stream: draws.append((count, sigma)) or real(count, sigma, stream))
+    dp = {"enabled": True, "noise_multiplier": 0.5, "clip_norm": 1.0, "placement": "distributed",
+          "sampling": "fixed", "mechanism": "discrete_gaussian"}
+    scenario = tiny_scenario(rounds=3, federation={"clients": 6, "deadline_s": 60.0},
+                             secagg={"enabled": True, "bits": 64, "clip_range": 64.0}, dp=dp)
+
+    # Execute
+    summary = simulate(scenario, db_url=db_url)
+
+    # Assert: it ran, every round was accounted as the Gaussian mechanism at z (tau is 0 at these
+    # sigmas), and every model coordinate of every client got an integer share of the planned size
+    rows = RunStore(db_url).rounds(summary.run_id)
+    assert summary.status == "finished" and all(r.answered == 6 for r in rows)
+    for t, row in enumerate(rows, start=1):
+        assert abs(row.epsilon - plan_epsilon(1.0, t, 0.5, 1e-5, "fixed")) < 1e-9
+    assert summary.final_accuracy is not None and 0.0 <= summary.final_accuracy <= 1.0  # noise is not seedable
+    size = 64 * 10 + 10  # logreg on 8x8 digits
+    assert sum(count for count, _ in draws) == 3 * 6 * size
+    scale = quantize.Quantizer(64, scenario.secagg.clip_range, 6).scale
+    expected = 0.5 / math.sqrt(6) * (1.0 * scale + math.sqrt(size))  # z (C scale + sqrt(d)) / sqrt(K)
+    assert all(sigma == pytest.approx(expected, rel=1e-9) for _, sigma in draws)
+
+
+@pytest.mark.parametrize(("dp", "secagg", "key"), [
+    ({"placement": "central"}, {"enabled": True, "bits": 64}, "dp.mechanism"),
+    ({"placement": "distributed"}, {"enabled": True, "bits": 32}, "secagg.bits"),
+    ({"placement": "distributed", "adaptive_clipping": True}, {"enabled": True, "bits": 64}, "dp.adaptive_clipping"),
+    ({"placement": "distributed"}, {"enabled": True, "bits": 64, "clip_range": 8.0}, "secagg.clip_range"),
+])
+def test_the_discrete_gaussian_refuses_what_it_cannot_run_on(dp: dict, secagg: dict, key: str) -> None:
+    with pytest.raises(ScenarioError, match=rf"{key} = .*discrete"):
+        tiny_scenario(dp={"enabled": True, "noise_multiplier": 1.0, "mechanism": "discrete_gaussian", **dp},
+                      secagg=secagg)
+
+
+def test_centered_clipping_under_central_dp_runs_and_clients_send_raw_deltas(db_url: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import clients.clientapp as clientapp
+
+    # Prepare: every client's round config is recorded
+    seen: list[dict] = []
+    real = clientapp._privatize
+    monkeypatch.setattr(clientapp, "_privatize", lambda delta, config: seen.append(dict(config.extra))
+                        or real(delta, config))
+    scenario = tiny_scenario(rounds=2, strategy={"name": "centered_clipping", "bucket_size": 1, "clip_radius": 0.5,
+                                                 "momentum": 0.5},
+                             dp={"enabled": True, "noise_multiplier": 0.3, "clip_norm": 1.0, "sampling": "fixed"})
+
+    # Execute
+    summary = simulate(scenario, db_url=db_url)
+
+    # Assert: the server clips the rule's centred term; a client clipping its raw delta first would bias
+    # it, so no client was asked to; both rounds released and accounted
+    rows = RunStore(db_url).rounds(summary.run_id)
+    assert summary.status == "finished" and [r.answered for r in rows] == [4, 4]
+    assert len(seen) == 8 and not any(k.startswith("dp-") for extra in seen for k in extra)
+    for t, row in enumerate(rows, start=1):
+        assert abs(row.epsilon - plan_epsilon(1.0, t, 0.3, 1e-5, "fixed")) < 1e-9

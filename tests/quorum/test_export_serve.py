@@ -241,3 +241,36 @@ def test_an_exported_regressor_takes_raw_features_and_predicts_in_the_targets_un
     np.testing.assert_allclose(served, standard.numpy() * y.std() + y.mean(), rtol=1e-4, atol=1e-3)
     assert abs(served.mean() - y.mean()) < y.std()
     assert np.mean(np.abs(served - y)) < np.mean(np.abs(y - y.mean()))  # better than the mean after 2 rounds
+
+
+WRAPPED_TASK = '''
+from torch import nn
+
+from learning.tasks.classification import ClassificationTask
+
+
+class WrappedTask(ClassificationTask):
+    """The built-in classifier, served as probabilities."""
+
+    def serving_module(self, model):
+        return nn.Sequential(model, nn.Softmax(dim=1))
+'''
+
+
+def test_a_task_that_wraps_its_model_for_serving_exports_and_loads_the_wrapper(tmp_path: Path) -> None:
+    # Prepare: a classification task whose serving module adds a softmax
+    (tmp_path / "wrapped_task.py").write_text(WRAPPED_TASK)
+    spec = tiny_scenario(rounds=1, task={"entry": "wrapped_task:WrappedTask", "path": str(tmp_path)})
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    export_run(RunStore(db), simulate(spec, db_url=db).run_id, tmp_path / "model")
+
+    # Execute
+    exported = load_export(tmp_path / "model")
+    x = torch.as_tensor(cached_federation(spec).test.x[:5], dtype=torch.float32)
+    with torch.no_grad():
+        out = exported.module(x)
+
+    # Assert: rebuilt through the task (not the built-in builder), so the wrapper's weights load strictly
+    assert "model" not in exported.manifest
+    assert isinstance(exported.module, torch.nn.Sequential) and isinstance(exported.module[1], torch.nn.Softmax)
+    np.testing.assert_allclose(out.sum(dim=1).numpy(), 1.0, rtol=1e-5)
