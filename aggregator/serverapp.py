@@ -20,6 +20,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from aggregator.evaluation import ServerEvaluator
+from aggregator.fedbuff import BufferedLoop
 from aggregator.fit import PlainFit
 from aggregator.rounds import LoopResult, RoundLoop
 from aggregator.store import RunStore, default_db_url
@@ -133,15 +134,28 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
         strategy, fit = build_strategy(scenario), build_fit(scenario)
     except ValueError as exc:  # SecAggConfigError, DPConfigError: a setting the schema let through
         raise ScenarioError(f"{scenario.name}: {exc}") from None
+    if scenario.asynchronous.enabled and engine != "inprocess":
+        raise ScenarioError(f"{scenario.name}: async.enabled = true runs on the in-process engine's virtual "
+                            f"clock only (engine {engine!r}); run it with `quorum simulate`")
     run_id, state, factory, test = open_run(store, scenario, strategy, engine, resume_id)
     try:
         if on_start is not None:
             on_start(run_id)
         evaluator = ServerEvaluator(factory, test) if test is not None and scenario.evaluation.server else None
         model = factory()  # its tensor names and shapes: the global model travels as its state dict
-        loop = RoundLoop(scenario=scenario, strategy=strategy, fit=fit, store=store, run_id=run_id,
-                         server_eval=evaluator, on_round=on_round, layout=layout_of(model.model, model.names))
-        result = loop.run(grid, state)
+        layout = layout_of(model.model, model.names)
+        if scenario.asynchronous.enabled:
+            fed = scenario.federation
+            buffered = BufferedLoop(scenario=scenario, strategy=strategy, store=store, run_id=run_id,
+                                    server_eval=evaluator, on_round=on_round, layout=layout,
+                                    weighting=WeightPolicy(fed.weighting, median_cap=fed.median_cap,
+                                                           max_examples=fed.max_examples))
+            state, loop_status, last = buffered.run(grid, state)
+            result = LoopResult(state, loop_status, last)
+        else:
+            loop = RoundLoop(scenario=scenario, strategy=strategy, fit=fit, store=store, run_id=run_id,
+                             server_eval=evaluator, on_round=on_round, layout=layout)
+            result = loop.run(grid, state)
     except BaseException as exc:
         store.set_status(run_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
                          error=f"{type(exc).__name__}: {exc}")

@@ -73,13 +73,14 @@ def build(cls: type, raw: Any, prefix: str) -> Any:
     if not isinstance(raw, Mapping):
         raise Bad(prefix.rstrip(".") or "<root>", raw, "must be a table")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
+    keys: dict[str, str] = getattr(cls, "TOML_KEYS", {})  # field name -> the key a file writes
+    names = {keys.get(f.name, f.name): f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(names))
     if unknown:
         raise Bad(prefix + unknown[0], raw[unknown[0]], f"unknown key; allowed: {', '.join(sorted(names))}")
     values = {}
-    for name in names & set(raw):
-        values[name] = _coerce(hints[name], raw[name], prefix + name)
+    for key in set(names) & set(raw):
+        values[names[key]] = _coerce(hints[names[key]], raw[key], prefix + key)
     try:
         obj = cls(**values)
     except TypeError as exc:  # a required key is missing

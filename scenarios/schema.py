@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from scenarios.errors import ScenarioError
 from scenarios.parse import Bad, at_least, at_most, build, fraction, non_negative, positive, show, show_key
@@ -237,6 +237,46 @@ class FaultSpec:
 
 
 @dataclass(frozen=True)
+class AsyncSpec:
+    """``[async]``: buffered asynchronous aggregation (FedBuff) on the in-process engine's virtual clock.
+
+    ``concurrency`` clients train at all times; every ``buffer_size`` replies,
+    folded with weight ``staleness_weight(s)`` (``s``: server steps since the
+    reply's model version), make one server step, stored like a round
+    (``rounds`` counts steps). A reply staler than ``max_staleness`` is
+    rejected. Training is real; time is simulated: a client's training takes
+    ``base_time_s x local_epochs x`` its speed factor (lognormal with
+    ``speed_sigma``, median 1; a ``stragglers`` fraction of the clients
+    ``straggler_factor`` times slower) ``x`` a lognormal jitter per dispatch.
+    """
+
+    enabled: bool = False
+    concurrency: int = 10
+    buffer_size: int = 5
+    max_staleness: int = 20
+    staleness: Literal["sqrt", "constant"] = "sqrt"   # 1 / sqrt(1 + s), or 1
+    base_time_s: float = 1.0
+    speed_sigma: float = 0.5
+    jitter_sigma: float = 0.1
+    stragglers: float = 0.0
+    straggler_factor: float = 10.0
+
+    def _check(self) -> None:
+        positive("concurrency", self.concurrency)
+        positive("buffer_size", self.buffer_size)
+        non_negative("max_staleness", self.max_staleness)
+        positive("base_time_s", self.base_time_s)
+        non_negative("speed_sigma", self.speed_sigma)
+        non_negative("jitter_sigma", self.jitter_sigma)
+        fraction("stragglers", self.stragglers, allow_zero=True, allow_one=False)
+        at_least("straggler_factor", self.straggler_factor, 1.0)
+        for key in ("speed_sigma", "jitter_sigma"):
+            at_most(key, getattr(self, key), 5.0)
+        at_most("straggler_factor", self.straggler_factor, 1e6)
+        at_most("base_time_s", self.base_time_s, 1e9)
+
+
+@dataclass(frozen=True)
 class SecAggSpec:
     enabled: bool = False
     threshold: float = 0.0          # 0: strict majority of each neighbourhood; < 1: a fraction; else t
@@ -358,6 +398,10 @@ class Scenario:
     secagg: SecAggSpec = field(default_factory=SecAggSpec)
     dp: DPSpec = field(default_factory=DPSpec)
     task: TaskSpec = field(default_factory=TaskSpec)
+    asynchronous: AsyncSpec = field(default_factory=AsyncSpec)  # [async] in the file (a Python keyword)
+
+    #: Field name -> the key a file writes (and to_dict gives back).
+    TOML_KEYS: ClassVar[dict[str, str]] = {"asynchronous": "async"}
 
     def _check(self) -> None:
         positive("rounds", self.rounds)
@@ -375,6 +419,8 @@ class Scenario:
             _check_discrete(self)
         if self.strategy.robust:
             _check_robust(self)
+        if self.asynchronous.enabled:
+            _check_async(self)
         attack = self.faults.byzantine_spec
         if attack.fraction > 0 and attack.attack in ATTACKS and self.secagg.enabled:
             raise Bad("faults.byzantine.attack", attack.attack, "the attack harness forges plain train replies, "
@@ -385,7 +431,32 @@ class Scenario:
         return scenario_from_dict({**self.to_dict(), **changes}, source="<override>")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        return {self.TOML_KEYS.get(k, k): v for k, v in out.items()}
+
+
+def _check_async(scenario: Scenario) -> None:
+    """What the buffered asynchronous mode does not combine with (yet), each naming both keys."""
+    spec, fed = scenario.asynchronous, scenario.federation
+    if spec.concurrency > fed.clients:
+        raise Bad("async.concurrency", spec.concurrency, f"exceeds federation.clients = {fed.clients}")
+    if spec.buffer_size > spec.concurrency:
+        raise Bad("async.buffer_size", spec.buffer_size, f"exceeds async.concurrency = {spec.concurrency}: "
+                   "the buffer could never fill from the clients in flight")
+    if scenario.secagg.enabled:
+        raise Bad("async.enabled", True, "[secagg] enabled = true: secure aggregation over an asynchronous "
+                   "buffer needs a protocol of its own (the masks of one set of clients must cancel in one sum); "
+                   "choose one")
+    if scenario.dp.enabled:
+        raise Bad("async.enabled", True, "[dp] enabled = true: a buffer release is a DP step only with its "
+                   "sampling accounted, which the asynchronous mode does not do yet; choose one")
+    if scenario.strategy.robust:
+        raise Bad("async.enabled", True, f"strategy.name = {scenario.strategy.name!r} ranks or clips a round's "
+                   "updates against each other, which a buffer of stale updates does not give; use fedavg, "
+                   "fedavgm, fedadam or fedyogi")
+    attack = scenario.faults.byzantine_spec
+    if attack.fraction > 0 and attack.attack in ATTACKS:
+        raise Bad("async.enabled", True, "the attack harness needs a round's honest updates (faults.byzantine)")
 
 
 #: The distributed discrete Gaussian (privacy.dp.discrete): clients a round below this fit a 64-bit

@@ -20,10 +20,11 @@ def test_quickstart_reaches_90_percent(db_url: str) -> None:
 
 def test_fedprox_has_lower_training_loss_than_fedavg_on_synthetic(db_url: str) -> None:
     # Li et al. 2020, Fig. 1: on Synthetic(1,1) FedProx (mu=1) trains to a lower loss than
-    # FedAvg. The gap is visible from round 8 (the full 40-round runs: 0.55 vs 1.22).
+    # FedAvg. The gap is clear from round 4 (rounds 1-5: FedAvg 2.14, 2.52, 2.07, 5.44, 4.76;
+    # FedProx 2.17, 2.25, 1.98, 1.96, 1.80; the full 40-round runs: 0.55 vs 1.22).
     losses = {}
     for algo in ("fedavg", "fedprox"):
-        scenario = load_scenario(SCENARIOS / f"fedprox-synthetic-{algo}.toml").with_overrides(rounds=8)
+        scenario = load_scenario(SCENARIOS / f"fedprox-synthetic-{algo}.toml").with_overrides(rounds=5)
         summary = simulate(scenario, db_url=db_url)
         losses[algo] = [r.train_loss for r in RunStore(db_url).rounds(summary.run_id)]
     assert losses["fedprox"][-1] < losses["fedavg"][-1]

@@ -1,0 +1,248 @@
+"""Buffered asynchronous aggregation (FedBuff) on a virtual clock.
+
+Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation",
+AISTATS 2022. No round barrier: ``concurrency`` clients train at all times.
+Each reply is folded, as it arrives, into a buffer through the strategy's
+aggregation monoid with weight ``staleness_weight(s)`` (``s``: server steps
+since the model version the client trained on); after ``buffer_size``
+replies the buffer is applied with the server optimiser (FedAvg, FedAvgM,
+FedAdam, FedYogi): one *step*, committed like a round (checkpoint, clients,
+their versions and staleness). A reply staler than ``max_staleness`` is
+rejected with the reason; the client that sent it is dispatched again.
+
+Time is simulated, training is real. The in-process grid answers a dispatch
+at once (the client trains on the model it was sent); the reply's *arrival*
+is scheduled at ``dispatch time + the client's training time`` on a virtual
+clock (:class:`DeviceSpeeds`), and replies are processed in virtual-time
+order. Every step records its virtual time (``virtual-time-s``); the run's
+info says the clock is virtual. The same speeds give the synchronous loop's
+round times (:meth:`DeviceSpeeds.sync_round_time`), so the two compare on one
+timeline (``bench/async.py``).
+
+A resumed run restarts from its last committed step with every client idle:
+replies in flight at the kill are never folded, so none is counted twice.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from aggregator.evaluation import ServerEvaluator, task_round_metrics
+from aggregator.step import advance, train_config
+from aggregator.store import RunStore
+from core.aggregate import step_problem
+from core.errors import UpdateRejected
+from core.fit import accumulate
+from core.layouts import ParamLayout
+from core.messages import content_bytes, parse_train_reply, train_instruction
+from core.records import ClientRecord, RoundRecord
+from core.strategy import ServerState, Strategy
+from core.weighting import WeightPolicy
+from scenarios.schema import AsyncSpec, Scenario
+
+__all__ = ["DeviceSpeeds", "BufferedLoop", "staleness_weight"]
+
+_CLOCK_KEY = "async"  # ServerState.extra: the virtual time of the last committed step (JSON)
+
+
+def staleness_weight(staleness: int, rule: str = "sqrt") -> float:
+    """FedBuff's discount of a reply ``staleness`` server steps old: ``1 / sqrt(1 + s)`` (or 1)."""
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, got {staleness}")
+    return 1.0 / math.sqrt(1.0 + staleness) if rule == "sqrt" else 1.0
+
+
+@dataclass(frozen=True)
+class DeviceSpeeds:
+    """Each client's training time on the virtual clock, a pure function of (seed, node, dispatch).
+
+    A client's speed factor is lognormal (median 1, ``speed_sigma``); a
+    ``stragglers`` fraction of the clients (chosen by the seed) is
+    ``straggler_factor`` times slower. One dispatch takes ``base_time_s x
+    epochs x factor x`` a lognormal jitter (``jitter_sigma``).
+    """
+
+    spec: AsyncSpec
+    seed: int
+    nodes: tuple[int, ...]
+    epochs: int = 1
+    factors: dict[int, float] = field(default_factory=dict, compare=False)
+    stragglers: set[int] = field(default_factory=set, compare=False)  # the nodes ``straggler_factor`` slower
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng([self.seed, 0xA5])
+        ordered = sorted(self.nodes)
+        base = rng.lognormal(0.0, self.spec.speed_sigma, len(ordered))
+        slow = rng.permutation(len(ordered))[:int(round(self.spec.stragglers * len(ordered)))]
+        self.stragglers.update(ordered[i] for i in slow.tolist())
+        self.factors.update({n: float(base[i] * (self.spec.straggler_factor if n in self.stragglers else 1.0))
+                             for i, n in enumerate(ordered)})
+
+    def duration(self, node: int, dispatch: int) -> float:
+        """Virtual seconds ``node`` trains on its ``dispatch``-th model."""
+        jitter = np.random.default_rng([self.seed, 0xA6, node, dispatch]).lognormal(0.0, self.spec.jitter_sigma)
+        return self.spec.base_time_s * self.epochs * self.factors[node] * float(jitter)
+
+    def sync_round_time(self, nodes: Sequence[int], server_round: int, deadline_s: float | None = None) -> float:
+        """A synchronous round's virtual length: its slowest sampled client, or the deadline."""
+        slowest = max(self.duration(n, server_round) for n in nodes) if nodes else 0.0
+        return slowest if deadline_s is None else min(slowest, deadline_s)
+
+
+@dataclass(order=True)
+class _InFlight:
+    arrival: float
+    seq: int
+    node: int = field(compare=False)
+    version: int = field(compare=False)
+    params: np.ndarray = field(compare=False, repr=False)
+    reply: Message | None = field(compare=False, repr=False)
+    dispatched: float = field(compare=False)
+
+
+@dataclass
+class BufferedLoop:
+    """Runs FedBuff steps ``state.round + 1 .. scenario.rounds`` for one stored run on a virtual clock."""
+
+    scenario: Scenario
+    strategy: Strategy
+    store: RunStore
+    run_id: str
+    server_eval: ServerEvaluator | None = None
+    on_round: Callable[[RoundRecord], None] | None = None
+    layout: ParamLayout | None = None
+    weighting: WeightPolicy = field(default_factory=WeightPolicy)
+
+    def run(self, grid: Grid, state: ServerState) -> tuple[ServerState, str, RoundRecord | None]:
+        spec, fed = self.scenario.asynchronous, self.scenario.federation
+        nodes = sorted(grid.get_node_ids())
+        speeds = DeviceSpeeds(spec, self.scenario.seed, tuple(nodes), self.scenario.training.local_epochs)
+        now = json.loads(state.extra.get(_CLOCK_KEY, "{}")).get("virtual_time_s", 0.0)
+        rng = np.random.default_rng([self.scenario.seed, 0xB0, state.round])
+        idle = [int(n) for n in rng.permutation(nodes)]
+        flight: list[_InFlight] = []
+        dispatches = {n: 0 for n in nodes}
+        seq = 0
+        size = state.params.size
+        bound = fed.max_update_ratio
+        agg = self.strategy.new_aggregate(size)
+        folded: list[ClientRecord] = []
+        last: RoundRecord | None = None
+        bytes_in = bytes_out = 0
+        step_started, t0 = time.time(), time.monotonic()
+
+        def dispatch(node: int, at: float) -> None:
+            nonlocal seq, bytes_out
+            # A fresh seed per dispatch: a client sent the same version twice must not repeat its shuffle.
+            config = replace(train_config(self.scenario, self.strategy, state.round + 1),
+                             seed=int(np.random.SeedSequence([self.scenario.seed, state.round, seq]).generate_state(
+                                 1, np.uint64)[0] >> np.uint64(1)))
+            content = train_instruction(state.params, config, self.layout)
+            bytes_out += content_bytes(content)
+            message = Message(content, node, "train", ttl=fed.deadline_s, group_id=str(state.round + 1))
+            replies = list(grid.send_and_receive([message], timeout=fed.deadline_s))
+            dispatches[node] += 1
+            arrival = at + speeds.duration(node, dispatches[node])
+            heapq.heappush(flight, _InFlight(arrival, seq, node, state.round, state.params, replies[0] if replies
+                                             else None, at))
+            seq += 1
+
+        while idle and len(flight) < spec.concurrency:
+            dispatch(idle.pop(0), now)
+        while state.round < self.scenario.rounds and flight:
+            item = heapq.heappop(flight)
+            now = item.arrival
+            staleness = state.round - item.version
+            record, nbytes, delta = self._fold(item, staleness, size, bound)
+            bytes_in += nbytes
+            if delta is not None and record.metrics is not None:
+                agg = accumulate(self.strategy, agg, delta, float(record.metrics["weight"]), {})
+            folded.append(record)
+            idle.append(item.node)
+            if agg.count >= spec.buffer_size:  # the step first: the clients dispatched next get its model
+                state, last = self._step(state, agg, folded, now, len(flight), step_started, t0, bytes_in,
+                                         bytes_out)
+                agg, folded, bytes_in, bytes_out = self.strategy.new_aggregate(size), [], 0, 0
+                step_started, t0 = time.time(), time.monotonic()
+            while idle and len(flight) < spec.concurrency and state.round < self.scenario.rounds:
+                dispatch(idle.pop(0), now)
+        status = "finished" if state.round >= self.scenario.rounds else "failed"
+        return state, status, last
+
+    def _fold(self, item: _InFlight, staleness: int, size: int,
+              ratio: float) -> tuple[ClientRecord, int, np.ndarray | None]:
+        """Validate one arrived reply: its record, its bytes, and (``ok``) its delta for the buffer."""
+        spec = self.scenario.asynchronous
+        base = {"version": item.version, "staleness": staleness, "virtual-duration-s": item.arrival - item.dispatched}
+        label = str(item.node)
+        if item.reply is None:
+            return ClientRecord(client=label, outcome="dropped", stage="train", reason="no reply",
+                                metrics=base), 0, None
+        if item.reply.has_error():
+            return ClientRecord(client=label, outcome="error", stage="train", reason=str(item.reply.error.reason),
+                                metrics=base), 0, None
+        nbytes = content_bytes(item.reply.content)
+        if staleness > spec.max_staleness:
+            why = f"staleness {staleness} exceeds async.max_staleness = {spec.max_staleness}"
+            return ClientRecord(client=label, outcome="rejected", stage="train", bytes_in=nbytes, metrics=base,
+                                reason=why), nbytes, None
+        try:
+            parsed = parse_train_reply(item.reply.content, size, int(self.scenario.federation.max_update_mb * 2**20),
+                                       reference=item.params, layout=self.layout)
+            norm = float(np.linalg.norm(parsed.delta))
+            limit = ratio * max(1.0, float(np.linalg.norm(item.params)))
+            if not norm <= limit:
+                raise UpdateRejected(f"update norm {norm:.4g} exceeds the bound {limit:.4g} "
+                                     "(max_update_ratio x model norm)")
+        except UpdateRejected as exc:
+            return ClientRecord(client=label, outcome="rejected", stage="train", reason=str(exc), bytes_in=nbytes,
+                                metrics=base), nbytes, None
+        # A count policy that needs the round's median has no round here: such updates weigh 1.
+        count = self.weighting.weight(parsed.num_examples) if self.weighting.streams else 1.0
+        weight = count * staleness_weight(staleness, spec.staleness)
+        loss = parsed.metrics.get("train-loss")
+        return ClientRecord(client=label, outcome="ok", num_examples=parsed.num_examples, bytes_in=nbytes,
+                            train_loss=float(loss) if isinstance(loss, (int, float)) else None,
+                            metrics={**base, "weight": weight}), nbytes, parsed.delta
+
+    def _step(self, state: ServerState, agg, folded: list[ClientRecord], now: float, in_flight: int,
+              started: float, t0: float, bytes_in: int, bytes_out: int) -> tuple[ServerState, RoundRecord]:
+        """Apply the full buffer as one server step, evaluate, and commit it like a round."""
+        step = state.round + 1
+        strategy = self.strategy.for_round(state)
+        new, status = advance(strategy, state, agg, min_clients=1, server_round=step,
+                              mean_of=lambda a: strategy.finalize(a, strategy.round_rng(self.scenario.seed, step)))
+        problem = step_problem(state.params, new.params, self.scenario.federation.max_update_ratio)
+        if problem is not None:
+            self.store.log(self.run_id, f"step {step}: aggregate rejected: {problem}; model unchanged", "warning")
+            new, status = replace(state, round=step), "rejected"
+        clock = {"virtual_time_s": now}
+        new = replace(new, extra={**new.extra, _CLOCK_KEY: json.dumps(clock)})
+        ok = [c for c in folded if c.outcome == "ok"]
+        stale = [int(c.metrics["staleness"]) for c in ok if c.metrics]
+        losses = [c.train_loss for c in ok if c.train_loss is not None]
+        srv_loss = srv_acc = None
+        task_metrics: dict[str, float] = {}
+        ev = self.scenario.evaluation
+        if ev.server and self.server_eval is not None and (step % ev.every == 0 or step == self.scenario.rounds):
+            scores = self.server_eval.score(new.params)
+            srv_loss, srv_acc, task_metrics = scores["loss"], scores.get("accuracy"), task_round_metrics(scores)
+        record = RoundRecord(
+            round=step, started_at=started, duration_s=time.monotonic() - t0, sampled=len(folded), clients=folded,
+            train_loss=float(np.mean(losses)) if losses else None, server_loss=srv_loss, server_accuracy=srv_acc,
+            bytes_in=bytes_in, bytes_out=bytes_out,
+            metrics={"status": status, "virtual-time-s": now, "staleness-mean": float(np.mean(stale)) if stale else 0.0,
+                     "staleness-max": max(stale, default=0), "in-flight": in_flight, **task_metrics})
+        self.store.commit_round(self.run_id, record, new)
+        if self.on_round is not None:
+            self.on_round(record)
+        return new, record

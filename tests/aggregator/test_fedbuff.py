@@ -1,0 +1,125 @@
+"""Buffered asynchronous aggregation (FedBuff) on the in-process engine's virtual clock."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from aggregator.fedbuff import DeviceSpeeds, staleness_weight
+from aggregator.serverapp import run_federation
+from aggregator.store import RunStore
+from core.records import RoundRecord
+from runtimes.simulation import simulate
+from scenarios.errors import ScenarioError
+from scenarios.schema import AsyncSpec, scenario_from_dict
+from tests.conftest import tiny_scenario
+
+ASYNC = {"enabled": True, "concurrency": 6, "buffer_size": 3, "stragglers": 0.25, "straggler_factor": 10.0}
+
+
+def scenario(rounds: int = 10, **spec: object):
+    return tiny_scenario(rounds=rounds, federation={"clients": 8, "deadline_s": 60.0}, **{"async": {**ASYNC, **spec}})
+
+
+def test_staleness_discount_is_one_over_root_one_plus_s() -> None:
+    assert staleness_weight(0) == 1.0 and staleness_weight(3) == 0.5 and staleness_weight(8) == pytest.approx(1 / 3)
+    assert staleness_weight(5, "constant") == 1.0
+    with pytest.raises(ValueError, match="staleness"):
+        staleness_weight(-1)
+
+
+def test_device_speeds_are_seeded_and_stragglers_are_factor_times_slower() -> None:
+    spec = AsyncSpec(enabled=True, speed_sigma=0.0, jitter_sigma=0.0, stragglers=0.25, straggler_factor=10.0,
+                     base_time_s=2.0)
+    speeds = DeviceSpeeds(spec, seed=4, nodes=tuple(range(1, 9)), epochs=3)
+    again = DeviceSpeeds(spec, seed=4, nodes=tuple(range(1, 9)), epochs=3)
+    assert speeds.stragglers == again.stragglers and len(speeds.stragglers) == 2
+    for node in range(1, 9):  # base 2 s x 3 epochs, x10 for a straggler
+        assert speeds.duration(node, 1) == pytest.approx(60.0 if node in speeds.stragglers else 6.0)
+    assert speeds.sync_round_time(range(1, 9), 1) == pytest.approx(60.0)
+    assert speeds.sync_round_time(range(1, 9), 1, deadline_s=10.0) == 10.0
+
+
+def test_fedbuff_steps_without_waiting_for_stragglers_and_discounts_stale_replies(db_url: str) -> None:
+    # Execute
+    summary = simulate(scenario(), db_url=db_url)
+
+    # Assert: ten steps of exactly three folded replies, on an increasing virtual clock
+    store = RunStore(db_url)
+    rows = store.rounds(summary.run_id)
+    assert summary.status == "finished" and [r.round for r in rows] == list(range(1, 11))
+    times = [r.metrics["virtual-time-s"] for r in rows]
+    assert times == sorted(times) and times[0] > 0
+    replies = [c for r in rows for c in store.client_results(summary.run_id, r.round)]
+    assert all(sum(c.outcome == "ok" for c in store.client_results(summary.run_id, r.round)) == 3 for r in rows)
+    # every weight is the staleness discount (the default count policy needs a round's median: weight 1)
+    assert all(c.metrics["weight"] == pytest.approx(1 / math.sqrt(1 + c.metrics["staleness"])) for c in replies)
+    assert max(c.metrics["staleness"] for c in replies) >= 2
+    # the stragglers (10x slower) fold far less often than the others, and with more staleness
+    speeds = DeviceSpeeds(scenario().asynchronous, 3, tuple(range(1, 9)))
+    folds = Counter(int(c.client) for c in replies)
+    slow, fast = [folds[n] for n in speeds.stragglers], [folds[n] for n in range(1, 9) if n not in speeds.stragglers]
+    assert max(slow) < min(fast)
+    assert summary.final_accuracy > 0.5
+
+
+def test_a_reply_staler_than_the_limit_is_rejected_with_the_reason(db_url: str) -> None:
+    summary = simulate(scenario(rounds=4, max_staleness=0), db_url=db_url)
+    store = RunStore(db_url)
+    rejected = [c for r in store.rounds(summary.run_id) for c in store.client_results(summary.run_id, r.round)
+                if c.outcome == "rejected"]
+    assert summary.status == "finished" and rejected
+    assert all("exceeds async.max_staleness = 0" in c.reason and c.metrics["staleness"] > 0 for c in rejected)
+    ok = [c for r in store.rounds(summary.run_id) for c in store.client_results(summary.run_id, r.round)
+          if c.outcome == "ok"]
+    assert all(c.metrics["staleness"] == 0 for c in ok)
+
+
+def test_a_killed_async_run_resumes_from_its_last_step_without_counting_a_reply_twice(db_url: str) -> None:
+    # Prepare: the run is interrupted right after step 3 is committed
+    def stop_after_three(record: RoundRecord) -> None:
+        if record.round == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        simulate(scenario(rounds=6), db_url=db_url, on_round=stop_after_three)
+    store = RunStore(db_url)
+    run_id = store.list_runs()[0].id
+    clock_at_kill = store.rounds(run_id)[-1].metrics["virtual-time-s"]
+
+    # Execute
+    summary = simulate(scenario(rounds=6), db_url=db_url, resume_id=run_id)
+
+    # Assert: steps 1..6 once each, the clock continues, each step folded exactly its buffer
+    rows = store.rounds(run_id)
+    assert summary.status == "finished" and [r.round for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[3].metrics["virtual-time-s"] > clock_at_kill
+    assert all(sum(c.outcome == "ok" for c in store.client_results(run_id, r.round)) == 3 for r in rows)
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    ({"secagg": {"enabled": True}}, r"async.enabled = True: \[secagg\] enabled = true"),
+    ({"dp": {"enabled": True, "noise_multiplier": 1.0}}, r"async.enabled = True: \[dp\] enabled = true"),
+    ({"strategy": {"name": "median"}}, r"async.enabled = True: strategy.name = 'median'"),
+])
+def test_what_the_async_mode_does_not_combine_with_is_refused_naming_both_keys(extra: dict, match: str) -> None:
+    with pytest.raises(ScenarioError, match=match):
+        tiny_scenario(federation={"clients": 8}, **{"async": ASYNC}, **extra)
+
+
+def test_async_settings_are_validated_and_survive_a_round_trip() -> None:
+    with pytest.raises(ScenarioError, match=r"async.buffer_size = 7: exceeds async.concurrency = 6"):
+        tiny_scenario(federation={"clients": 8}, **{"async": {**ASYNC, "buffer_size": 7}})
+    with pytest.raises(ScenarioError, match=r"async.stragglers = 1.0"):
+        tiny_scenario(federation={"clients": 8}, **{"async": {**ASYNC, "stragglers": 1.0}})
+    spec = scenario()
+    assert "async" in spec.to_dict() and "asynchronous" not in spec.to_dict()
+    assert scenario_from_dict(spec.to_dict(), source="again") == spec
+
+
+def test_the_async_mode_refuses_an_engine_without_a_virtual_clock(db_url: str) -> None:
+    with pytest.raises(ScenarioError, match="in-process engine's virtual clock only"):
+        run_federation(object(), scenario(), RunStore(db_url), engine="flower")  # type: ignore[arg-type]
+    assert RunStore(db_url).list_runs() == []  # refused before a run row exists
