@@ -29,6 +29,7 @@ import heapq
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -121,6 +122,7 @@ class BufferedLoop:
     on_round: Callable[[RoundRecord], None] | None = None
     layout: ParamLayout | None = None
     weighting: WeightPolicy = field(default_factory=WeightPolicy)
+    failure: str | None = None  # why the loop gave up (status "failed"), for the run row
 
     def run(self, grid: Grid, state: ServerState) -> tuple[ServerState, str, RoundRecord | None]:
         spec, fed = self.scenario.asynchronous, self.scenario.federation
@@ -158,6 +160,7 @@ class BufferedLoop:
 
         while idle and len(flight) < spec.concurrency:
             dispatch(idle.pop(0), now)
+        futile, limit = 0, max(20, 5 * spec.concurrency)  # replies in a row that could not be folded
         while state.round < self.scenario.rounds and flight:
             item = heapq.heappop(flight)
             now = item.arrival
@@ -166,7 +169,16 @@ class BufferedLoop:
             bytes_in += nbytes
             if delta is not None and record.metrics is not None:
                 agg = accumulate(self.strategy, agg, delta, float(record.metrics["weight"]), {})
+                futile = 0
+            else:
+                futile += 1
             folded.append(record)
+            if futile >= limit:
+                reasons = Counter(c.reason for c in folded if c.outcome != "ok")
+                self.failure = (f"{futile} replies in a row could not be folded (most common: "
+                                f"{reasons.most_common(1)[0][0]}); stopped before step {state.round + 1}")
+                self.store.log(self.run_id, self.failure, "error")
+                break
             idle.append(item.node)
             if agg.count >= spec.buffer_size:  # the step first: the clients dispatched next get its model
                 state, last = self._step(state, agg, folded, now, len(flight), step_started, t0, bytes_in,

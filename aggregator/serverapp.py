@@ -161,6 +161,8 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
                          error=f"{type(exc).__name__}: {exc}")
         raise
     status, error = final_status(store, run_id, result.status)
+    if scenario.asynchronous.enabled and result.status == "failed":
+        error = buffered.failure
     store.set_status(run_id, status, error=error)
     return run_id, replace(result, status=status)
 

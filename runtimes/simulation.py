@@ -20,6 +20,7 @@ from core.records import RoundRecord
 from privacy.secagg.identity import node_config
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec
+from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario
 
 __all__ = ["simulate", "RunSummary", "summarize"]
@@ -47,6 +48,9 @@ def simulate(scenario: Scenario, *, db_url: str, engine: str = "inprocess",
              on_start: Callable[[str], None] | None = None) -> RunSummary:
     """Run ``scenario`` (or resume run ``resume_id``) and summarise it."""
     started = time.monotonic()
+    if scenario.asynchronous.enabled and engine != "inprocess":
+        raise ScenarioError(f"{scenario.name}: async.enabled = true runs on the in-process engine's virtual "
+                            f"clock only, not engine {engine!r}")
     store = RunStore(db_url)
     if engine == "ray":
         from runtimes.ray_engine import run_on_ray

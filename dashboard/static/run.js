@@ -99,15 +99,21 @@
     }
     const x = rounds.map((r) => r.round);
     const col = (key) => rounds.map((r) => r[key]);
+    // An asynchronous (FedBuff) run's steps carry their virtual time: accuracy and loss are drawn against it.
+    const clock = rounds.map((r) => (r.metrics || {})["virtual-time-s"]);
+    const virtual = clock.length > 0 && clock.every((v) => typeof v === "number" && Number.isFinite(v));
+    const tx = virtual ? clock : x;
+    const timeAxis = virtual ? { xaxis: { title: { text: "virtual time (s)" }, ticksuffix: " s", gridcolor: "#eef0f3",
+                                          zeroline: false, rangemode: "tozero" } } : {};
     plot("chart-accuracy", [
-      line("server", x, col("server_accuracy"), COLORS.server),
-      line("federated", x, col("fed_accuracy"), COLORS.fed),
-    ], { yaxis: { tickformat: ".0%", rangemode: "tozero" } });
+      line("server", tx, col("server_accuracy"), COLORS.server),
+      line("federated", tx, col("fed_accuracy"), COLORS.fed),
+    ], { yaxis: { tickformat: ".0%", rangemode: "tozero" }, ...timeAxis });
     plot("chart-loss", [
-      line("train", x, col("train_loss"), COLORS.train),
-      line("federated", x, col("fed_loss"), COLORS.fed),
-      line("server", x, col("server_loss"), COLORS.server),
-    ], { yaxis: { rangemode: "tozero" } });
+      line("train", tx, col("train_loss"), COLORS.train),
+      line("federated", tx, col("fed_loss"), COLORS.fed),
+      line("server", tx, col("server_loss"), COLORS.server),
+    ], { yaxis: { rangemode: "tozero" }, ...timeAxis });
     plot("chart-clients", [
       bar("answered", x, col("answered"), COLORS.ok),
       bar("dropped", x, col("dropped"), COLORS.dropped),

@@ -122,4 +122,20 @@ def test_async_settings_are_validated_and_survive_a_round_trip() -> None:
 def test_the_async_mode_refuses_an_engine_without_a_virtual_clock(db_url: str) -> None:
     with pytest.raises(ScenarioError, match="in-process engine's virtual clock only"):
         run_federation(object(), scenario(), RunStore(db_url), engine="flower")  # type: ignore[arg-type]
+    with pytest.raises(ScenarioError, match="not engine 'ray'"):
+        simulate(scenario(), db_url=db_url, engine="ray")
     assert RunStore(db_url).list_runs() == []  # refused before a run row exists
+
+
+def test_an_async_run_in_which_no_reply_can_be_folded_fails_with_the_reason(db_url: str) -> None:
+    # Prepare: every update is longer than the (absurdly small) bound, so none can be folded
+    spec = tiny_scenario(rounds=3, federation={"clients": 8, "deadline_s": 60.0, "max_update_ratio": 1e-9},
+                         **{"async": ASYNC})
+
+    # Execute
+    summary = simulate(spec, db_url=db_url)
+
+    # Assert: it stopped (no endless re-dispatching), failed, and says why
+    run = RunStore(db_url).get_run(summary.run_id)
+    assert run.status == "failed" and run.rounds_done == 0
+    assert "could not be folded" in run.error and "exceeds the bound" in run.error
