@@ -2,25 +2,29 @@
 
 Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation",
 AISTATS 2022. No round barrier: ``concurrency`` clients train at all times.
-Each reply is folded, as it arrives, into a buffer through the strategy's
-aggregation monoid with weight ``staleness_weight(s)`` (``s``: server steps
-since the model version the client trained on); after ``buffer_size``
-replies the buffer is applied with the server optimiser (FedAvg, FedAvgM,
-FedAdam, FedYogi): one *step*, committed like a round (checkpoint, clients,
-their versions and staleness). A reply staler than ``max_staleness`` is
-rejected with the reason; the client that sent it is dispatched again.
+Each reply's delta is discounted by ``staleness_weight(s)`` (``s``: server
+steps since the model version the client trained on) and folded, as it
+arrives, into a buffer through the strategy's aggregation monoid, weighted by
+its count policy (1 each under ``uniform``); after ``buffer_size`` replies the
+buffer's mean, ``sum c_i a(s_i) delta_i / sum c_i`` (FedBuff's
+``(1/K) sum a(s_i) delta_i`` with equal counts), is applied with the server
+optimiser (FedAvg, FedAvgM, FedAdam, FedYogi): one *step*, committed like a
+round (checkpoint, clients, their versions, staleness, discount and weight). A
+buffer of stale replies therefore takes a shorter step. A reply staler than
+``max_staleness`` is rejected with the reason, and its client rejoins the idle
+queue.
 
 Time is simulated, training is real. The in-process grid answers a dispatch
 at once (the client trains on the model it was sent); the reply's *arrival*
 is scheduled at ``dispatch time + the client's training time`` on a virtual
 clock (:class:`DeviceSpeeds`), and replies are processed in virtual-time
-order. Every step records its virtual time (``virtual-time-s``); the run's
-info says the clock is virtual. The same speeds give the synchronous loop's
+order. Every step records its virtual time (``virtual-time-s``). The same speeds give the synchronous loop's
 round times (:meth:`DeviceSpeeds.sync_round_time`), so the two compare on one
 timeline (``bench/async.py``).
 
-A resumed run restarts from its last committed step with every client idle:
-replies in flight at the kill are never folded, so none is counted twice.
+A resumed run restarts from its last committed step with every client idle,
+its clock and dispatch counters restored: replies in flight at the kill are
+never folded, so none is counted twice.
 """
 
 from __future__ import annotations
@@ -128,12 +132,13 @@ class BufferedLoop:
         spec, fed = self.scenario.asynchronous, self.scenario.federation
         nodes = sorted(grid.get_node_ids())
         speeds = DeviceSpeeds(spec, self.scenario.seed, tuple(nodes), self.scenario.training.local_epochs)
-        now = json.loads(state.extra.get(_CLOCK_KEY, "{}")).get("virtual_time_s", 0.0)
+        clock = json.loads(state.extra.get(_CLOCK_KEY, "{}"))
+        now = float(clock.get("virtual_time_s", 0.0))
         rng = np.random.default_rng([self.scenario.seed, 0xB0, state.round])
         idle = [int(n) for n in rng.permutation(nodes)]
         flight: list[_InFlight] = []
-        dispatches = {n: 0 for n in nodes}
-        seq = 0
+        dispatches = {n: int(clock.get("dispatches", {}).get(str(n), 0)) for n in nodes}
+        seq = int(clock.get("seq", 0))
         size = state.params.size
         bound = fed.max_update_ratio
         agg = self.strategy.new_aggregate(size)
@@ -168,7 +173,8 @@ class BufferedLoop:
             record, nbytes, delta = self._fold(item, staleness, size, bound)
             bytes_in += nbytes
             if delta is not None and record.metrics is not None:
-                agg = accumulate(self.strategy, agg, delta, float(record.metrics["weight"]), {})
+                discounted = (delta * np.float32(record.metrics["discount"])).astype(np.float32, copy=False)
+                agg = accumulate(self.strategy, agg, discounted, float(record.metrics["weight"]), {})
                 futile = 0
             else:
                 futile += 1
@@ -181,8 +187,9 @@ class BufferedLoop:
                 break
             idle.append(item.node)
             if agg.count >= spec.buffer_size:  # the step first: the clients dispatched next get its model
+                counters = {"seq": seq, "dispatches": {str(n): k for n, k in dispatches.items()}}
                 state, last = self._step(state, agg, folded, now, len(flight), step_started, t0, bytes_in,
-                                         bytes_out)
+                                         bytes_out, counters)
                 agg, folded, bytes_in, bytes_out = self.strategy.new_aggregate(size), [], 0, 0
                 step_started, t0 = time.time(), time.monotonic()
             while idle and len(flight) < spec.concurrency and state.round < self.scenario.rounds:
@@ -219,15 +226,16 @@ class BufferedLoop:
             return ClientRecord(client=label, outcome="rejected", stage="train", reason=str(exc), bytes_in=nbytes,
                                 metrics=base), nbytes, None
         # A count policy that needs the round's median has no round here: such updates weigh 1.
-        count = self.weighting.weight(parsed.num_examples) if self.weighting.streams else 1.0
-        weight = count * staleness_weight(staleness, spec.staleness)
+        weight = self.weighting.weight(parsed.num_examples) if self.weighting.streams else 1.0
+        discount = staleness_weight(staleness, spec.staleness)
         loss = parsed.metrics.get("train-loss")
         return ClientRecord(client=label, outcome="ok", num_examples=parsed.num_examples, bytes_in=nbytes,
                             train_loss=float(loss) if isinstance(loss, (int, float)) else None,
-                            metrics={**base, "weight": weight}), nbytes, parsed.delta
+                            metrics={**base, "weight": weight, "discount": discount}), nbytes, parsed.delta
 
     def _step(self, state: ServerState, agg, folded: list[ClientRecord], now: float, in_flight: int,
-              started: float, t0: float, bytes_in: int, bytes_out: int) -> tuple[ServerState, RoundRecord]:
+              started: float, t0: float, bytes_in: int, bytes_out: int,
+              counters: dict[str, object]) -> tuple[ServerState, RoundRecord]:
         """Apply the full buffer as one server step, evaluate, and commit it like a round."""
         step = state.round + 1
         strategy = self.strategy.for_round(state)
@@ -237,7 +245,7 @@ class BufferedLoop:
         if problem is not None:
             self.store.log(self.run_id, f"step {step}: aggregate rejected: {problem}; model unchanged", "warning")
             new, status = replace(state, round=step), "rejected"
-        clock = {"virtual_time_s": now}
+        clock = {"virtual_time_s": now, **counters}
         new = replace(new, extra={**new.extra, _CLOCK_KEY: json.dumps(clock)})
         ok = [c for c in folded if c.outcome == "ok"]
         stale = [int(c.metrics["staleness"]) for c in ok if c.metrics]
@@ -253,7 +261,8 @@ class BufferedLoop:
             train_loss=float(np.mean(losses)) if losses else None, server_loss=srv_loss, server_accuracy=srv_acc,
             bytes_in=bytes_in, bytes_out=bytes_out,
             metrics={"status": status, "virtual-time-s": now, "staleness-mean": float(np.mean(stale)) if stale else 0.0,
-                     "staleness-max": max(stale, default=0), "in-flight": in_flight, **task_metrics})
+                     "staleness-max": max(stale, default=0), "in-flight": in_flight, **task_metrics,
+                     **({"reason": problem} if problem is not None else {})})
         self.store.commit_round(self.run_id, record, new)
         if self.on_round is not None:
             self.on_round(record)

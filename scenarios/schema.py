@@ -457,6 +457,13 @@ def _check_async(scenario: Scenario) -> None:
     attack = scenario.faults.byzantine_spec
     if attack.fraction > 0 and attack.attack in ATTACKS:
         raise Bad("async.enabled", True, "the attack harness needs a round's honest updates (faults.byzantine)")
+    faults = scenario.faults
+    if any(faults.dropouts.values()) or faults.stragglers:
+        raise Bad("async.enabled", True, "faults.dropouts and faults.stragglers act on a round's batch of messages "
+                   "in wall time; on the virtual clock use async.stragglers and async.straggler_factor")
+    if scenario.evaluation.federated:
+        raise Bad("async.enabled", True, "evaluation.federated = true: steps are scored on the server's held-out "
+                   "set only (no round of clients to ask); set evaluation.federated = false")
 
 
 #: The distributed discrete Gaussian (privacy.dp.discrete): clients a round below this fit a 64-bit

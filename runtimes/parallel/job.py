@@ -103,6 +103,9 @@ def check_scenario(scenario: Scenario, mode: Mode, world: int) -> None:
                             "the built-in classification task ([data] and [model]) only; run this task with "
                             "quorum simulate or a deployment")
     assign_clients(scenario.federation.clients, world)
+    if scenario.asynchronous.enabled:
+        raise ParallelError(f"{scenario.name}: async.enabled = true: buffered asynchronous aggregation runs on the "
+                            "in-process engine's virtual clock (quorum simulate), not across workers")
     if scenario.dp.enabled and mode is Mode.SYNC:
         raise ParallelError(f"{scenario.name}: dp.enabled = true: client-level DP clips and noises each client's "
                             "update, which only the localsgd mode makes; use --mode localsgd")

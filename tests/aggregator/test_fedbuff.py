@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import numpy as np
 import pytest
+from flwr.app import Context, Message
 
 from aggregator.fedbuff import DeviceSpeeds, staleness_weight
 from aggregator.serverapp import run_federation
 from aggregator.store import RunStore
+from core.messages import read_instruction, train_reply
 from core.records import RoundRecord
+from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError
 from scenarios.schema import AsyncSpec, scenario_from_dict
@@ -20,7 +24,8 @@ ASYNC = {"enabled": True, "concurrency": 6, "buffer_size": 3, "stragglers": 0.25
 
 
 def scenario(rounds: int = 10, **spec: object):
-    return tiny_scenario(rounds=rounds, federation={"clients": 8, "deadline_s": 60.0}, **{"async": {**ASYNC, **spec}})
+    return tiny_scenario(rounds=rounds, federation={"clients": 8, "deadline_s": 60.0},
+                         evaluation={"federated": False}, **{"async": {**ASYNC, **spec}})
 
 
 def test_staleness_discount_is_one_over_root_one_plus_s() -> None:
@@ -54,8 +59,10 @@ def test_fedbuff_steps_without_waiting_for_stragglers_and_discounts_stale_replie
     assert times == sorted(times) and times[0] > 0
     replies = [c for r in rows for c in store.client_results(summary.run_id, r.round)]
     assert all(sum(c.outcome == "ok" for c in store.client_results(summary.run_id, r.round)) == 3 for r in rows)
-    # every weight is the staleness discount (the default count policy needs a round's median: weight 1)
-    assert all(c.metrics["weight"] == pytest.approx(1 / math.sqrt(1 + c.metrics["staleness"])) for c in replies)
+    # every delta is discounted by 1 / sqrt(1 + staleness); the default count policy needs a round's median,
+    # which a buffer has not, so every reply weighs 1
+    assert all(c.metrics["discount"] == pytest.approx(1 / math.sqrt(1 + c.metrics["staleness"])) for c in replies)
+    assert all(c.metrics["weight"] == 1.0 for c in replies)
     assert max(c.metrics["staleness"] for c in replies) >= 2
     # the stragglers (10x slower) fold far less often than the others, and with more staleness
     speeds = DeviceSpeeds(scenario().asynchronous, 3, tuple(range(1, 9)))
@@ -92,28 +99,68 @@ def test_a_killed_async_run_resumes_from_its_last_step_without_counting_a_reply_
     # Execute
     summary = simulate(scenario(rounds=6), db_url=db_url, resume_id=run_id)
 
-    # Assert: steps 1..6 once each, the clock continues, each step folded exactly its buffer
+    # Assert: steps 1..6 once each, the clock continues; step 4 folded only replies to models sent after
+    # the resume (version 3): the replies in flight at the kill were never folded
     rows = store.rounds(run_id)
     assert summary.status == "finished" and [r.round for r in rows] == [1, 2, 3, 4, 5, 6]
     assert rows[3].metrics["virtual-time-s"] > clock_at_kill
-    assert all(sum(c.outcome == "ok" for c in store.client_results(run_id, r.round)) == 3 for r in rows)
+    after = [c for c in store.client_results(run_id, 4) if c.outcome == "ok"]
+    assert len(after) == 3 and all(c.metrics["version"] == 3 for c in after)
+
+
+def constant_client(message: Message, context: Context) -> Message:
+    """Every client sends the same delta, 0.01 on every coordinate."""
+    instruction = read_instruction(message.content)
+    delta = np.full(instruction.params.size, 0.01, dtype=np.float32)
+    return Message(train_reply(delta, 10, {"train-loss": 1.0}, answer_to=instruction), reply_to=message)
+
+
+@pytest.mark.parametrize("rule", ["sqrt", "constant"])
+def test_each_step_applies_the_mean_of_the_discounted_deltas(db_url: str, rule: str) -> None:
+    # Prepare: 6 clients sending the constant delta d = 0.01, 4 in flight, a step every 2 replies
+    spec = tiny_scenario(rounds=6, federation={"clients": 6, "deadline_s": 60.0, "weighting": "uniform"},
+                         evaluation={"federated": False, "server": False},
+                         **{"async": {"enabled": True, "concurrency": 4, "buffer_size": 2, "staleness": rule,
+                                      "stragglers": 0.34, "straggler_factor": 5.0}})
+    nodes = [NodeSpec(i + 1, {"partition-id": i, "num-partitions": 6}) for i in range(6)]
+    store = RunStore(db_url)
+
+    # Execute
+    with InProcessGrid(constant_client, nodes, {}) as grid:
+        run_id, result = run_federation(grid, spec, store, engine="inprocess")
+
+    # Assert: FedAvg's step (server_lr 1) is (1/K) sum a(s_i) d: worked out from the recorded staleness
+    # (steps 2..6, each against the state committed with the step before)
+    assert result.status == "finished"
+    previous, staler = None, 0  # the step from the initial model is checked against step 1's state
+    for step in range(1, 7):
+        now = store.load_state(run_id, step).params
+        folded = [c for c in store.client_results(run_id, step) if c.outcome == "ok"]
+        alphas = [1 / math.sqrt(1 + c.metrics["staleness"]) if rule == "sqrt" else 1.0 for c in folded]
+        if previous is not None:
+            np.testing.assert_allclose(now - previous, 0.01 * np.mean(alphas), rtol=1e-4)
+        staler += sum(c.metrics["staleness"] > 0 for c in folded)
+        previous = now
+    assert staler > 0  # some steps were made of stale replies, which a sqrt discount shortens
 
 
 @pytest.mark.parametrize(("extra", "match"), [
     ({"secagg": {"enabled": True}}, r"async.enabled = True: \[secagg\] enabled = true"),
     ({"dp": {"enabled": True, "noise_multiplier": 1.0}}, r"async.enabled = True: \[dp\] enabled = true"),
     ({"strategy": {"name": "median"}}, r"async.enabled = True: strategy.name = 'median'"),
+    ({"faults": {"dropouts": {"train": 0.3}}}, r"async.enabled = True: faults.dropouts"),
+    ({"evaluation": {"federated": True}}, r"async.enabled = True: evaluation.federated = true"),
 ])
 def test_what_the_async_mode_does_not_combine_with_is_refused_naming_both_keys(extra: dict, match: str) -> None:
     with pytest.raises(ScenarioError, match=match):
-        tiny_scenario(federation={"clients": 8}, **{"async": ASYNC}, **extra)
+        tiny_scenario(federation={"clients": 8}, **{"evaluation": {"federated": False}, "async": ASYNC, **extra})
 
 
 def test_async_settings_are_validated_and_survive_a_round_trip() -> None:
     with pytest.raises(ScenarioError, match=r"async.buffer_size = 7: exceeds async.concurrency = 6"):
-        tiny_scenario(federation={"clients": 8}, **{"async": {**ASYNC, "buffer_size": 7}})
+        scenario(buffer_size=7)
     with pytest.raises(ScenarioError, match=r"async.stragglers = 1.0"):
-        tiny_scenario(federation={"clients": 8}, **{"async": {**ASYNC, "stragglers": 1.0}})
+        scenario(stragglers=1.0)
     spec = scenario()
     assert "async" in spec.to_dict() and "asynchronous" not in spec.to_dict()
     assert scenario_from_dict(spec.to_dict(), source="again") == spec
@@ -130,7 +177,7 @@ def test_the_async_mode_refuses_an_engine_without_a_virtual_clock(db_url: str) -
 def test_an_async_run_in_which_no_reply_can_be_folded_fails_with_the_reason(db_url: str) -> None:
     # Prepare: every update is longer than the (absurdly small) bound, so none can be folded
     spec = tiny_scenario(rounds=3, federation={"clients": 8, "deadline_s": 60.0, "max_update_ratio": 1e-9},
-                         **{"async": ASYNC})
+                         evaluation={"federated": False}, **{"async": ASYNC})
 
     # Execute
     summary = simulate(spec, db_url=db_url)

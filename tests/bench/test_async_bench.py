@@ -30,5 +30,5 @@ def test_quick_benchmark_times_fedbuff_and_sync_on_one_clock() -> None:
     assert figures["speedup_vs_sync"] > 1
     # the deadline run turned the stragglers' replies into "late" errors and was timed at the deadline
     assert figures["deadline_late_replies"] > 0 and figures["deadline_time_to_target"] is not None
-    assert figures["deadline_virtual_time_s"] <= figures["sync_rounds"] * figures["deadline_s"] + 1e-6
+    assert figures["deadline_virtual_time_s"] < figures["sync_virtual_time_s"]  # dropping stragglers is faster
     assert 0 < figures["fedbuff_final_accuracy"] <= 100 and 0 < figures["sync_final_accuracy"] <= 100
