@@ -42,7 +42,11 @@ class RoundDisplay:
         acc = record.server_accuracy if record.server_accuracy is not None else record.fed_accuracy
         loss = record.server_loss if record.server_loss is not None else record.fed_loss
         eps = f"  eps {record.epsilon:.3f}" if record.epsilon is not None else ""
-        line = (f"round {record.round:>3}  loss {_fmt(loss, '.4f')}  acc {_fmt(acc, '.2%')}  "
+        clock = (record.metrics or {}).get("virtual-time-s")  # an asynchronous (FedBuff) step
+        if isinstance(clock, (int, float)):
+            eps += f"  virtual {clock:.1f}s, staleness max {(record.metrics or {}).get('staleness-max', 0)}"
+        kind = "step " if isinstance(clock, (int, float)) else "round"
+        line = (f"{kind} {record.round:>3}  loss {_fmt(loss, '.4f')}  acc {_fmt(acc, '.2%')}  "
                 f"train-loss {_fmt(record.train_loss, '.4f')}  clients {record.count('ok')}/{record.sampled} ok, "
                 f"{record.count('dropped')} dropped, {record.count('rejected') + record.count('error')} rejected"
                 f"  {record.duration_s:.1f}s{eps}")

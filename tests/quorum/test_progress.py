@@ -1,0 +1,30 @@
+"""``quorum simulate``'s per-round line: a round, or an asynchronous step with its virtual time."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.records import ClientRecord, RoundRecord
+from quorum.progress import RoundDisplay
+from tests.conftest import tiny_scenario
+
+
+@pytest.mark.parametrize(("metrics", "start", "extra"), [
+    ({"status": "ok"}, "round   3", None),
+    ({"status": "ok", "virtual-time-s": 12.34, "staleness-max": 4}, "step    3", "virtual 12.3s, staleness max 4"),
+])
+def test_a_line_names_a_round_or_a_step(metrics: dict, start: str, extra: str | None,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare
+    record = RoundRecord(round=3, started_at=0.0, duration_s=1.5, sampled=2, server_accuracy=0.5, server_loss=1.0,
+                         clients=[ClientRecord("1", "ok"), ClientRecord("2", "dropped")], metrics=metrics)
+
+    # Execute
+    with RoundDisplay(tiny_scenario(rounds=5)) as display:
+        display.update(record)
+
+    # Assert (rich wraps at the console width: compare with the whitespace folded)
+    text = " ".join(capsys.readouterr().err.split())
+    assert " ".join(start.split()) + " loss 1.0000" in text and "acc 50.00%" in text
+    assert "clients 1/2 ok, 1 dropped" in text
+    assert (extra in text) if extra else ("virtual" not in text)
