@@ -36,6 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from flwr.app import Message
@@ -129,48 +130,28 @@ class BufferedLoop:
     failure: str | None = None  # why the loop gave up (status "failed"), for the run row
 
     def run(self, grid: Grid, state: ServerState) -> tuple[ServerState, str, RoundRecord | None]:
-        spec, fed = self.scenario.asynchronous, self.scenario.federation
+        spec = self.scenario.asynchronous
         nodes = sorted(grid.get_node_ids())
-        speeds = DeviceSpeeds(spec, self.scenario.seed, tuple(nodes), self.scenario.training.local_epochs)
         clock = json.loads(state.extra.get(_CLOCK_KEY, "{}"))
         now = float(clock.get("virtual_time_s", 0.0))
         rng = np.random.default_rng([self.scenario.seed, 0xB0, state.round])
         idle = [int(n) for n in rng.permutation(nodes)]
-        flight: list[_InFlight] = []
-        dispatches = {n: int(clock.get("dispatches", {}).get(str(n), 0)) for n in nodes}
-        seq = int(clock.get("seq", 0))
+        out = _Dispatcher(self, grid, DeviceSpeeds(spec, self.scenario.seed, tuple(nodes),
+                                                   self.scenario.training.local_epochs), clock)
         size = state.params.size
-        bound = fed.max_update_ratio
         agg = self.strategy.new_aggregate(size)
         folded: list[ClientRecord] = []
         last: RoundRecord | None = None
-        bytes_in = bytes_out = 0
+        bytes_in = 0
         step_started, t0 = time.time(), time.monotonic()
-
-        def dispatch(node: int, at: float) -> None:
-            nonlocal seq, bytes_out
-            # A fresh seed per dispatch: a client sent the same version twice must not repeat its shuffle.
-            config = replace(train_config(self.scenario, self.strategy, state.round + 1),
-                             seed=int(np.random.SeedSequence([self.scenario.seed, state.round, seq]).generate_state(
-                                 1, np.uint64)[0] >> np.uint64(1)))
-            content = train_instruction(state.params, config, self.layout)
-            bytes_out += content_bytes(content)
-            message = Message(content, node, "train", ttl=fed.deadline_s, group_id=str(state.round + 1))
-            replies = list(grid.send_and_receive([message], timeout=fed.deadline_s))
-            dispatches[node] += 1
-            arrival = at + speeds.duration(node, dispatches[node])
-            heapq.heappush(flight, _InFlight(arrival, seq, node, state.round, state.params, replies[0] if replies
-                                             else None, at))
-            seq += 1
-
-        while idle and len(flight) < spec.concurrency:
-            dispatch(idle.pop(0), now)
+        while idle and len(out.flight) < spec.concurrency:
+            out.send(idle.pop(0), now, state)
         futile, limit = 0, max(20, 5 * spec.concurrency)  # replies in a row that could not be folded
-        while state.round < self.scenario.rounds and flight:
-            item = heapq.heappop(flight)
+        while state.round < self.scenario.rounds and out.flight:
+            item = heapq.heappop(out.flight)
             now = item.arrival
-            staleness = state.round - item.version
-            record, nbytes, delta = self._fold(item, staleness, size, bound)
+            record, nbytes, delta = self._fold(item, state.round - item.version, size,
+                                               self.scenario.federation.max_update_ratio)
             bytes_in += nbytes
             if delta is not None and record.metrics is not None:
                 discounted = (delta * np.float32(record.metrics["discount"])).astype(np.float32, copy=False)
@@ -180,22 +161,24 @@ class BufferedLoop:
                 futile += 1
             folded.append(record)
             if futile >= limit:
-                reasons = Counter(c.reason for c in folded if c.outcome != "ok")
-                self.failure = (f"{futile} replies in a row could not be folded (most common: "
-                                f"{reasons.most_common(1)[0][0]}); stopped before step {state.round + 1}")
-                self.store.log(self.run_id, self.failure, "error")
+                self._give_up(futile, folded, state.round + 1)
                 break
             idle.append(item.node)
             if agg.count >= spec.buffer_size:  # the step first: the clients dispatched next get its model
-                counters = {"seq": seq, "dispatches": {str(n): k for n, k in dispatches.items()}}
-                state, last = self._step(state, agg, folded, now, len(flight), step_started, t0, bytes_in,
-                                         bytes_out, counters)
-                agg, folded, bytes_in, bytes_out = self.strategy.new_aggregate(size), [], 0, 0
+                state, last = self._step(state, agg, folded, now, len(out.flight), step_started, t0, bytes_in,
+                                         out.take_bytes_out(), out.counters())
+                agg, folded, bytes_in = self.strategy.new_aggregate(size), [], 0
                 step_started, t0 = time.time(), time.monotonic()
-            while idle and len(flight) < spec.concurrency and state.round < self.scenario.rounds:
-                dispatch(idle.pop(0), now)
+            while idle and len(out.flight) < spec.concurrency and state.round < self.scenario.rounds:
+                out.send(idle.pop(0), now, state)
         status = "finished" if state.round >= self.scenario.rounds else "failed"
         return state, status, last
+
+    def _give_up(self, futile: int, folded: list[ClientRecord], step: int) -> None:
+        reasons = Counter(c.reason for c in folded if c.outcome != "ok")
+        self.failure = (f"{futile} replies in a row could not be folded (most common: "
+                        f"{reasons.most_common(1)[0][0]}); stopped before step {step}")
+        self.store.log(self.run_id, self.failure, "error")
 
     def _fold(self, item: _InFlight, staleness: int, size: int,
               ratio: float) -> tuple[ClientRecord, int, np.ndarray | None]:
@@ -267,3 +250,44 @@ class BufferedLoop:
         if self.on_round is not None:
             self.on_round(record)
         return new, record
+
+
+class _Dispatcher:
+    """Sends models to clients and keeps what is in flight, ordered by virtual arrival.
+
+    The in-process grid answers at once; the reply is held until its arrival
+    time (dispatch time + the device's duration). The counters (``seq``, each
+    node's dispatches) survive a resume in the checkpoint (``counters``).
+    """
+
+    def __init__(self, loop: BufferedLoop, grid: Grid, speeds: DeviceSpeeds, clock: dict[str, Any]) -> None:
+        self.loop, self.grid, self.speeds = loop, grid, speeds
+        self.flight: list[_InFlight] = []
+        self.dispatches = {n: int(clock.get("dispatches", {}).get(str(n), 0)) for n in speeds.nodes}
+        self.seq = int(clock.get("seq", 0))
+        self.bytes_out = 0
+
+    def send(self, node: int, at: float, state: ServerState) -> None:
+        """Send ``node`` the model of ``state`` at virtual time ``at``; schedule its reply."""
+        scenario, fed = self.loop.scenario, self.loop.scenario.federation
+        # A fresh seed per dispatch: a client sent the same version twice must not repeat its shuffle.
+        seed = int(np.random.SeedSequence([scenario.seed, state.round, self.seq]).generate_state(
+            1, np.uint64)[0] >> np.uint64(1))
+        config = replace(train_config(scenario, self.loop.strategy, state.round + 1), seed=seed)
+        content = train_instruction(state.params, config, self.loop.layout)
+        self.bytes_out += content_bytes(content)
+        message = Message(content, node, "train", ttl=fed.deadline_s, group_id=str(state.round + 1))
+        replies = list(self.grid.send_and_receive([message], timeout=fed.deadline_s))
+        self.dispatches[node] += 1
+        arrival = at + self.speeds.duration(node, self.dispatches[node])
+        heapq.heappush(self.flight, _InFlight(arrival, self.seq, node, state.round, state.params,
+                                              replies[0] if replies else None, at))
+        self.seq += 1
+
+    def take_bytes_out(self) -> int:
+        """Bytes sent since the last call."""
+        sent, self.bytes_out = self.bytes_out, 0
+        return sent
+
+    def counters(self) -> dict[str, object]:
+        return {"seq": self.seq, "dispatches": {str(n): k for n, k in self.dispatches.items()}}
