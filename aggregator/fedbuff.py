@@ -43,13 +43,13 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from aggregator.evaluation import ServerEvaluator, task_round_metrics
-from aggregator.step import advance, train_config
+from aggregator.step import advance, round_codec, train_config
 from aggregator.store import RunStore
 from core.aggregate import step_problem
 from core.errors import UpdateRejected
 from core.fit import accumulate
 from core.layouts import ParamLayout
-from core.messages import content_bytes, parse_train_reply, train_instruction
+from core.messages import broadcast_of, parse_train_reply, train_instruction, wire_bytes
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState, Strategy
 from core.weighting import WeightPolicy
@@ -192,14 +192,15 @@ class BufferedLoop:
         if item.reply.has_error():
             return ClientRecord(client=label, outcome="error", stage="train", reason=str(item.reply.error.reason),
                                 metrics=base), 0, None
-        nbytes = content_bytes(item.reply.content)
+        nbytes = wire_bytes(item.reply.content)
         if staleness > spec.max_staleness:
             why = f"staleness {staleness} exceeds async.max_staleness = {spec.max_staleness}"
             return ClientRecord(client=label, outcome="rejected", stage="train", bytes_in=nbytes, metrics=base,
                                 reason=why), nbytes, None
         try:
             parsed = parse_train_reply(item.reply.content, size, int(self.scenario.federation.max_update_mb * 2**20),
-                                       reference=item.params, layout=self.layout)
+                                       reference=item.params, layout=self.layout,
+                                       codec=round_codec(self.scenario, item.version + 1))
             norm = float(np.linalg.norm(parsed.delta))
             limit = ratio * max(1.0, float(np.linalg.norm(item.params)))
             if not norm <= limit:
@@ -275,12 +276,14 @@ class _Dispatcher:
             1, np.uint64)[0] >> np.uint64(1))
         config = replace(train_config(scenario, self.loop.strategy, state.round + 1), seed=seed)
         content = train_instruction(state.params, config, self.loop.layout)
-        self.bytes_out += content_bytes(content)
+        self.bytes_out += wire_bytes(content)
+        # what the client decodes (the broadcast's precision): its delta is relative to this
+        sent = broadcast_of(config).roundtrip(state.params, self.loop.layout or ParamLayout.flat(state.params.size))
         message = Message(content, node, "train", ttl=fed.deadline_s, group_id=str(state.round + 1))
         replies = list(self.grid.send_and_receive([message], timeout=fed.deadline_s))
         self.dispatches[node] += 1
         arrival = at + self.speeds.duration(node, self.dispatches[node])
-        heapq.heappush(self.flight, _InFlight(arrival, self.seq, node, state.round, state.params,
+        heapq.heappush(self.flight, _InFlight(arrival, self.seq, node, state.round, sent,
                                               replies[0] if replies else None, at))
         self.seq += 1
 

@@ -19,9 +19,11 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from aggregator.collect import collect, push
+from core.compress import Codec
 from core.errors import UpdateRejected
 from core.fit import FitOutcome, FitRequest, accumulate
-from core.messages import content_bytes, parse_train_reply, train_instruction
+from core.layouts import ParamLayout
+from core.messages import broadcast_of, parse_train_reply, train_instruction, wire_bytes
 from core.records import ClientRecord
 from core.strategy import Strategy
 from core.weighting import WeightPolicy
@@ -55,22 +57,32 @@ class PlainFit:
         contents = {n: content for n in request.nodes}
         agg = strategy.new_aggregate(request.state.params.size)
         outcome = FitOutcome(aggregate=agg)
-        outcome.bytes_out = content_bytes(content) * len(request.nodes)
+        sent = wire_bytes(content)
+        outcome.bytes_out = sent * len(request.nodes)
         started = time.monotonic()
         losses: list[tuple[float, int]] = []
         bound = self.max_update_ratio * max(1.0, float(np.linalg.norm(request.state.params)))
-        fold = _FoldEachReply(strategy, request, outcome, losses, started, agg.size, self.weighting, bound)
+        fold = _FoldEachReply(strategy, request, outcome, losses, started, agg.size, self.weighting, bound,
+                              codec=Codec.from_extra(request.config.extra), reference=_reference(request))
         missing = collect(grid, push(grid, contents, "train", request.server_round), request.deadline_s, fold)
         for node in sorted(missing):
             outcome.clients.append(ClientRecord(client=_label(node), outcome="dropped", stage="train",
                                                 reason=f"no reply within {request.deadline_s:g} s"))
         fold.flush()
+        outcome.clients = [replace(c, bytes_out=sent) for c in outcome.clients]
         if outcome.aggregate is not None and outcome.aggregate.count == 0:
             outcome.aggregate = None
         if losses:
             weights = self.weighting.weights([n for _, n in losses])
             outcome.train_loss = float(np.average([loss for loss, _ in losses], weights=weights))
         return outcome
+
+
+def _reference(request: FitRequest) -> np.ndarray:
+    """The model the clients start from: the global model as the broadcast's precision leaves it
+    (a full-weight reply is made a delta against it)."""
+    params = request.state.params
+    return broadcast_of(request.config).roundtrip(params, request.layout or ParamLayout.flat(params.size))
 
 
 @dataclass
@@ -85,6 +97,8 @@ class _FoldEachReply:
     size: int  # of an update: the model's, plus what the strategy appends (DP's count bit)
     weighting: WeightPolicy = field(default_factory=WeightPolicy)
     max_norm: float = float("inf")
+    codec: Codec | None = None  # the round's uplink compression: the server decodes with its own
+    reference: np.ndarray | None = None
     pending: list[tuple[int, np.ndarray, int]] = field(default_factory=list)
 
     def __call__(self, node: int, reply: Message) -> None:
@@ -93,11 +107,11 @@ class _FoldEachReply:
             self.outcome.clients.append(ClientRecord(client=_label(node), outcome="error", stage="train",
                                                      reason=str(reply.error.reason), duration_s=elapsed))
             return
-        nbytes = content_bytes(reply.content)
+        nbytes = wire_bytes(reply.content)
         self.outcome.bytes_in += nbytes
         try:
             parsed = parse_train_reply(reply.content, self.size, self.request.max_update_bytes,
-                                       reference=self.request.state.params, layout=self.request.layout)
+                                       reference=self.reference, layout=self.request.layout, codec=self.codec)
             self._fold(node, parsed.delta, parsed.num_examples)
         except UpdateRejected as exc:
             self.outcome.clients.append(ClientRecord(client=_label(node), outcome="rejected", stage="train",

@@ -38,19 +38,23 @@ def run_summary(store: RunStore, run_id: str) -> dict[str, Any]:
         "final_train_loss": rounds[-1].train_loss if rounds else None,
         "epsilon": rounds[-1].epsilon if rounds else None,
         "duration_s": (run.finished_at or run.updated_at) - run.started_at,
+        "uplink_bytes": sum(r.bytes_in for r in rounds), "downlink_bytes": sum(r.bytes_out for r in rounds),
+        "compression": (run.scenario or {}).get("compression"),
         "rounds": [{
             "round": r.round, "train_loss": r.train_loss, "fed_loss": r.fed_loss,
             "fed_accuracy": r.fed_accuracy, "server_loss": r.server_loss,
             "server_accuracy": r.server_accuracy, "sampled": r.sampled, "answered": r.answered,
             "dropped": r.dropped, "rejected": r.rejected, "duration_s": r.duration_s,
+            "bytes_in": r.bytes_in, "bytes_out": r.bytes_out,
             "epsilon": r.epsilon, "metrics": numeric_metrics(r.metrics)} for r in rounds],
         "final_metrics": numeric_metrics(rounds[-1].metrics) if rounds else {},
     }
 
 
 def write_report(store: RunStore, run_id: str, out_dir: str | Path) -> list[Path]:
-    """Write ``summary.json``, ``accuracy_loss.png``, ``clients.png`` and, when the rounds
-    recorded numeric metrics of their own, ``metrics.png`` (one panel per metric) into ``out_dir``."""
+    """Write ``summary.json``, ``accuracy_loss.png``, ``clients.png``, ``accuracy_bytes.png``
+    (accuracy against cumulative bytes on the wire) and, when the rounds recorded numeric metrics
+    of their own, ``metrics.png`` (one panel per metric) into ``out_dir``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,11 +91,34 @@ def write_report(store: RunStore, run_id: str, out_dir: str | Path) -> list[Path
     fig.tight_layout()
     fig.savefig(paths[2], dpi=110)
     plt.close(fig)
+    paths.append(out / "accuracy_bytes.png")
+    _plot_bytes(plt, summary["scenario"], rows, paths[-1])
     names = sorted({k for r in rows for k in r["metrics"]})
     if names:
         paths.append(out / "metrics.png")
         _plot_metrics(plt, summary["scenario"], rows, names, paths[-1])
     return paths
+
+
+def _plot_bytes(plt: Any, title: str, rows: list[dict[str, Any]], path: Path) -> None:
+    """Accuracy (server's, else federated) against cumulative uplink and total bytes on the wire."""
+    up = both = 0
+    ups, boths, acc = [], [], []
+    for r in rows:
+        up += r["bytes_in"]
+        both += r["bytes_in"] + r["bytes_out"]
+        ups.append(up / 1e6)
+        boths.append(both / 1e6)
+        acc.append(r["server_accuracy"] if r["server_accuracy"] is not None else r["fed_accuracy"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(ups, acc, marker="o", label="against uplink bytes")
+    ax.plot(boths, acc, marker=".", linestyle=":", label="against total bytes")
+    ax.set(title=f"{title}: accuracy against bytes moved", xlabel="cumulative MB on the wire", ylabel="accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _plot_metrics(plt: Any, title: str, rows: list[dict[str, Any]], names: list[str], path: Path) -> None:

@@ -15,11 +15,12 @@ from dataclasses import replace
 import numpy as np
 
 from core.aggregate import MeanState
-from core.messages import TrainConfig
+from core.compress import Codec
+from core.messages import DOWNLINK_BITS, TrainConfig
 from core.strategy import ServerState, Strategy
 from scenarios.schema import Scenario
 
-__all__ = ["train_config", "advance", "SKIPPED"]
+__all__ = ["train_config", "round_codec", "advance", "SKIPPED"]
 
 #: The status of a round that left the model untouched (too few usable updates).
 SKIPPED = "skipped"
@@ -34,7 +35,21 @@ def train_config(scenario: Scenario, strategy: Strategy | None, server_round: in
     t = scenario.training
     config = TrainConfig(round=server_round, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
                          momentum=t.momentum, seed=scenario.seed)
-    return config if strategy is None else strategy.configure_train(config)
+    if strategy is None:
+        return config
+    codec, down = round_codec(scenario, server_round), scenario.compression.downlink_bits
+    extra = {**(codec.to_extra() if codec is not None else {}), **({DOWNLINK_BITS: down} if down != 32 else {})}
+    return strategy.configure_train(replace(config, extra={**config.extra, **extra}) if extra else config)
+
+
+def round_codec(scenario: Scenario, server_round: int) -> Codec | None:
+    """The uplink codec of ``server_round`` (``[compression]``), bound to the round's shared seed;
+    ``None`` when updates travel dense."""
+    spec = scenario.compression
+    if not spec.uplink:
+        return None
+    seed = int(np.random.SeedSequence([scenario.seed, server_round, 0xC0DEC]).generate_state(1)[0])
+    return Codec(bits=spec.bits, topk=spec.topk, randomk=spec.randomk, error_feedback=spec.error_feedback, seed=seed)
 
 
 def advance(strategy: Strategy, state: ServerState, agg: MeanState | None, *, min_clients: int,

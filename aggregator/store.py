@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
-from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, create_engine, event, select
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, create_engine, event, inspect, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -93,6 +93,7 @@ class ClientResult(Base):
     eval_accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
     duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     bytes_in: Mapped[int] = mapped_column(Integer, default=0)
+    bytes_out: Mapped[int] = mapped_column(Integer, default=0)
     metrics: Mapped[dict] = mapped_column(JSON, default=dict)
     finished_at: Mapped[float] = mapped_column(Float)
 
@@ -104,6 +105,19 @@ class Event(Base):
     ts: Mapped[float] = mapped_column(Float)
     level: Mapped[str] = mapped_column(String(16))
     message: Mapped[str] = mapped_column(Text)
+
+
+#: Columns added after a store's first release: (table, column, SQL type and default). A store
+#: written by an earlier version gets them on open, so its runs stay readable.
+_ADDED_COLUMNS = (("client_results", "bytes_out", "INTEGER DEFAULT 0"),)
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    names = {table: {c["name"] for c in inspect(engine).get_columns(table)} for table, _, _ in _ADDED_COLUMNS}
+    with engine.begin() as connection:
+        for table, column, kind in _ADDED_COLUMNS:
+            if column not in names[table]:
+                connection.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 def default_db_url(directory: str | Path = "runs") -> str:
@@ -136,6 +150,7 @@ class RunStore:
         self.url = url
         self.engine = make_engine(url)
         Base.metadata.create_all(self.engine)
+        _add_missing_columns(self.engine)
         if checkpoint_dir is None:
             base = Path(url.removeprefix("sqlite:///")).parent if url.startswith("sqlite:///") else Path("runs")
             checkpoint_dir = base / "checkpoints"
@@ -289,5 +304,6 @@ def _client_rows(run_id: str, r: RoundRecord) -> Iterable[ClientResult]:
                            stage=c.stage, reason=c.reason, num_examples=_count(c.num_examples),
                            train_loss=_real(c.train_loss), eval_loss=_real(c.eval_loss),
                            eval_accuracy=_real(c.eval_accuracy), duration_s=_real(c.duration_s),
-                           bytes_in=_count(c.bytes_in, 2**53), metrics=clean_metrics(c.metrics or {}),
+                           bytes_in=_count(c.bytes_in, 2**53), bytes_out=_count(c.bytes_out, 2**53),
+                           metrics=clean_metrics(c.metrics or {}),
                            finished_at=now)

@@ -14,10 +14,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from flwr.app import Context, Message
+from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from clients.attacks import AttackMod, AttackPlan, flip_labels
+from core.compress import Codec, with_feedback
 from core.errors import UpdateRejected
 from core.messages import (
     Instruction,
@@ -131,8 +132,46 @@ def train_handler(message: Message, context: Context) -> Message:
         raise UpdateRejected("the round asks for discrete DP noise, which only secure aggregation adds "
                              "(on its grid): refusing to send the update unmasked and un-noised")
     delta, extra = _privatize(delta, config)
-    return Message(train_reply(delta, int(result["num_examples"]), {**metrics, **extra}, answer_to=instruction),
-                   reply_to=message)
+    delta, compressed = _compress(delta, config, context, secure=RECORD in message.content)
+    return Message(train_reply(delta, int(result["num_examples"]), {**metrics, **extra}, answer_to=instruction,
+                               compressed=compressed), reply_to=message)
+
+
+#: Where a node keeps its error-feedback residual between rounds (``context.state``).
+RESIDUAL_KEY = "quorum.residual"
+
+
+def _compress(delta: np.ndarray, config: TrainConfig, context: Context,
+              secure: bool) -> tuple[np.ndarray, dict[str, Array] | None]:
+    """The update as the round asks for it (``[compression]``, :mod:`core.compress`), after DP's clip.
+
+    Under secure aggregation only shared-seed random-k applies: the kept
+    values travel as a dense vector that the protocol masks (every client
+    keeps the same coordinates, so the masks cancel). Elsewhere the codec's
+    arrays replace the delta. The error-feedback residual stays in the node's
+    state (``context.state``), which a device's agent keeps across rounds.
+    """
+    codec = Codec.from_extra(config.extra)
+    if codec is None:
+        return delta, None
+    if secure and (codec.topk or codec.bits != 32):
+        raise UpdateRejected("under secure aggregation only random-k compression applies (top-k supports differ "
+                             "per client, and the protocol quantises on its own grid)")
+    kept = context.state.get(RESIDUAL_KEY)
+    residual = kept["residual"].numpy() if isinstance(kept, ArrayRecord) and "residual" in kept else None
+    if secure:
+        values, left = codec.select(delta, residual)
+        if left is not None:
+            _keep_residual(context, left)
+        return values, None
+    arrays, left = with_feedback(codec, delta, residual, np.random.default_rng())
+    if left is not None:
+        _keep_residual(context, left)
+    return delta, arrays
+
+
+def _keep_residual(context: Context, residual: np.ndarray) -> None:
+    context.state[RESIDUAL_KEY] = ArrayRecord({"residual": Array(residual.astype(np.float32, copy=False))})
 
 
 def _read(message: Message, runtime: _Runtime) -> Instruction:

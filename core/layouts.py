@@ -80,30 +80,34 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return b"".join((header.getvalue(), array.reshape(-1).data.cast("B")))
 
 
-def npy_view(data: bytes, what: str = "update") -> np.ndarray:
-    """A read-only view of a floating-point ``.npy`` payload: no copy, never unpickled.
+def npy_view(data: bytes, what: str = "update", dtype: np.dtype | None = None) -> np.ndarray:
+    """A read-only view of a ``.npy`` payload: no copy, never unpickled.
+
+    The payload must hold floats, or exactly ``dtype`` when one is given (a
+    compressed update's codes and indices, :mod:`core.compress`).
 
     Raises
     ------
     UpdateRejected
-        Not a ``.npy`` buffer, not a floating dtype, Fortran order, or truncated.
+        Not a ``.npy`` buffer, another dtype, Fortran order, or truncated.
     """
     stream = BytesIO(data)
     try:
         version = np.lib.format.read_magic(stream)
         reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                   else np.lib.format.read_array_header_2_0)
-        shape, fortran, dtype = reader(stream)
+        shape, fortran, found_dtype = reader(stream)
     except ValueError as exc:
         raise UpdateRejected(f"{what} is not a valid .npy buffer: {exc}") from None
-    if dtype.kind != "f" or fortran:
-        raise UpdateRejected(f"{what} is {dtype} {'(Fortran order) ' if fortran else ''}data, "
-                             "expected C-ordered floats")
+    found = np.dtype(found_dtype)
+    if (found.kind != "f" if dtype is None else found != dtype) or fortran:
+        raise UpdateRejected(f"{what} is {found} {'(Fortran order) ' if fortran else ''}data, "
+                             f"expected C-ordered {'floats' if dtype is None else np.dtype(dtype)}")
     count = math.prod(shape)
     offset = stream.tell()
-    if len(data) - offset != count * dtype.itemsize:
+    if len(data) - offset != count * found.itemsize:
         raise UpdateRejected(f"{what} payload is truncated or padded")
-    return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+    return np.frombuffer(data, dtype=found, count=count, offset=offset).reshape(shape)
 
 
 def encode_named(flat: np.ndarray, layout: ParamLayout) -> dict[str, Array]:

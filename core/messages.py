@@ -30,16 +30,19 @@ from typing import Any, TypeGuard
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.app.typing import MetricRecordValues
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from core.aggregate import all_finite
+from core.compress import Broadcast, Codec
 from core.errors import UpdateRejected
 from core.layouts import ParamLayout, encode_named, gather, npy_bytes, npy_view
 
 __all__ = [
     "TrainConfig", "TrainReply", "EvalReply", "encode_flat", "decode_flat",
     "train_instruction", "parse_instruction", "train_reply", "parse_train_reply",
-    "eval_reply", "parse_eval_reply", "content_bytes", "client_seed", "clean_metrics", "MAX_EXAMPLES",
-    "MAX_LOSS", "Wire", "Instruction", "read_instruction", "evaluate_instruction", "QUORUM_WIRE",
+    "eval_reply", "parse_eval_reply", "content_bytes", "wire_bytes", "DOWNLINK_BITS", "broadcast_of", "client_seed",
+    "clean_metrics", "MAX_EXAMPLES", "MAX_LOSS", "Wire", "Instruction", "read_instruction", "evaluate_instruction",
+    "QUORUM_WIRE",
 ]
 
 
@@ -102,6 +105,8 @@ class TrainConfig:
 
 #: Config key marking an instruction as Quorum's (its client answers with a delta).
 QUORUM_WIRE = "quorum-wire"
+#: ``TrainConfig.extra`` key: the precision the global model travels in (``[compression] downlink_bits``).
+DOWNLINK_BITS = "dl-bits"
 #: Flower's names for Quorum's settings, sent beside them (alias -> TrainConfig field).
 _FLOWER_ALIASES = {"server-round": "round", "local-epochs": "epochs"}
 
@@ -194,10 +199,23 @@ def evaluate_instruction(params: np.ndarray, config: TrainConfig, layout: ParamL
 
 
 def _instruction(params: np.ndarray, config: TrainConfig, layout: ParamLayout | None, legacy: str) -> RecordDict:
-    arrays = ArrayRecord(encode_named(params, layout or ParamLayout.flat(params.size)))
+    layout = layout or ParamLayout.flat(params.size)
+    bits = config.extra.get(DOWNLINK_BITS, 32)
+    arrays = ArrayRecord(encode_named(params, layout) if bits == 32 else broadcast_of(config).encode(params, layout))
     settings = config.to_record()
     return RecordDict({"arrays": arrays, "config": settings,
                        f"{legacy}.parameters": arrays, f"{legacy}.config": settings})
+
+
+def broadcast_of(config: TrainConfig) -> Broadcast:
+    """The precision a round's global model travels in (``[compression] downlink_bits``).
+
+    Raises
+    ------
+    ValueError
+        A value other than 8, 16 or 32.
+    """
+    return Broadcast(config.extra.get(DOWNLINK_BITS, 32))  # type: ignore[arg-type]
 
 
 def parse_instruction(content: RecordDict) -> tuple[np.ndarray, TrainConfig]:
@@ -228,9 +246,7 @@ def read_instruction(content: RecordDict, layout: ParamLayout | None = None,
     legacy = [r for k in ("fitins", "evaluateins") if isinstance(r := content.get(f"{k}.parameters"), ArrayRecord)]
     try:
         if isinstance(settings, ConfigRecord) and QUORUM_WIRE in settings and isinstance(arrays, ArrayRecord):
-            own = ParamLayout(tuple(arrays), tuple(tuple(a.shape) for a in arrays.values()))
-            return Instruction(gather(list(arrays.items()), own, "global model"), TrainConfig.from_record(settings),
-                               Wire.QUORUM, own)
+            return _read_quorum(arrays, TrainConfig.from_record(settings))
         base = defaults or TrainConfig(round=0, epochs=1, batch_size=32, lr=0.01, seed=0)
         if isinstance(arrays, ArrayRecord):
             want = layout or ParamLayout(tuple(arrays), tuple(tuple(a.shape) for a in arrays.values()))
@@ -250,6 +266,17 @@ def read_instruction(content: RecordDict, layout: ParamLayout | None = None,
                      f"or legacy 'fitins.parameters'; got {sorted(content)}")
 
 
+def _read_quorum(arrays: ArrayRecord, config: TrainConfig) -> Instruction:
+    """Quorum's instruction: the model as named tensors, in float32, float16 or 8-bit codes."""
+    broadcast = broadcast_of(config)
+    tensors = [(n, a) for n, a in arrays.items() if not n.endswith("@range")]
+    own = ParamLayout(tuple(n for n, _ in tensors), tuple(tuple(a.shape) for _, a in tensors))
+    params = broadcast.decode(arrays, own) if broadcast.bits == 8 else gather(tensors, own, "global model")
+    if not all_finite(params):
+        raise UpdateRejected("global model holds NaN or Inf values")
+    return Instruction(params, config, Wire.QUORUM, own)
+
+
 def _read_legacy(record: ArrayRecord, settings: Any, layout: ParamLayout | None, base: TrainConfig) -> Instruction:
     """A legacy ``fitins``/``evaluateins`` instruction: unnamed ``.npy`` tensors, in the model's order."""
     tensors = [(k, a) for k, a in record.items() if k != "_empty"]
@@ -260,12 +287,13 @@ def _read_legacy(record: ArrayRecord, settings: Any, layout: ParamLayout | None,
 
 
 def train_reply(delta: np.ndarray, num_examples: int, metrics: dict[str, float],
-                answer_to: Instruction | None = None) -> RecordDict:
-    """A train reply: Quorum's delta, or (``answer_to`` a Flower instruction) the full weights
-    in the layout and tensor names the server used, as Flower's strategies expect them."""
+                answer_to: Instruction | None = None, compressed: Mapping[str, Array] | None = None) -> RecordDict:
+    """A train reply: Quorum's delta (or its ``compressed`` arrays, :meth:`core.compress.Codec.encode`),
+    or (``answer_to`` a Flower instruction) the full weights in the layout and tensor names the
+    server used, as Flower's strategies expect them."""
     if answer_to is None or answer_to.wire is Wire.QUORUM:
         return RecordDict({
-            "update": ArrayRecord({"delta": encode_flat(delta)}),
+            "update": ArrayRecord(dict(compressed) if compressed is not None else {"delta": encode_flat(delta)}),
             "metrics": MetricRecord({"num-examples": int(num_examples), **metrics}),
         })
     weights = encode_named(answer_to.params + delta, answer_to.layout)
@@ -400,7 +428,7 @@ def _update_array(content: RecordDict) -> Array:
 
 
 def parse_train_reply(content: RecordDict, size: int, max_bytes: int, *, reference: np.ndarray | None = None,
-                      layout: ParamLayout | None = None) -> TrainReply:
+                      layout: ParamLayout | None = None, codec: Codec | None = None) -> TrainReply:
     """Decode and validate a train reply in whichever layout it came (see :class:`Wire`).
 
     A Quorum reply's delta is a view on the message (:func:`decode_flat`); a
@@ -414,7 +442,10 @@ def parse_train_reply(content: RecordDict, size: int, max_bytes: int, *, referen
         A reply in no known layout (the reason names the three), a record of the
         wrong type, an example count outside ``[1, MAX_EXAMPLES]``, tensors that
         do not match ``layout``, or an update :func:`decode_flat` refuses.
-        Metrics out of range are dropped.
+        Metrics out of range are dropped. With ``codec`` (the round asked for
+        compressed updates) a Quorum update without ``delta`` is decoded by it,
+        the server's own codec (:meth:`core.compress.Codec.decode`); a dense
+        ``delta`` is still accepted.
     """
     if not isinstance(content, RecordDict) or not any(k in content for k in ("update", "arrays", "fitres.parameters")):
         got = sorted(content) if isinstance(content, RecordDict) else type(content).__name__
@@ -423,6 +454,9 @@ def parse_train_reply(content: RecordDict, size: int, max_bytes: int, *, referen
         return _parse_weights(content, size, max_bytes, reference, layout)
     metrics = _metrics(content)
     n = _num_examples(metrics)
+    record = content.get("update")
+    if codec is not None and isinstance(record, ArrayRecord) and "delta" not in record:
+        return TrainReply(codec.decode(record, size, max_bytes), n, clean_metrics(metrics))
     return TrainReply(decode_flat(_update_array(content), size, max_bytes), n, clean_metrics(metrics))
 
 
@@ -510,6 +544,20 @@ def _eval_metrics(content: RecordDict) -> dict[str, Any]:
     accuracy = next((metrics[k] for k in _ACCURACY_NAMES if k in metrics), None)
     own = {k: v for k, v in metrics.items() if k not in _ACCURACY_NAMES and k not in _FLOWER_EVAL_KEYS}
     return {**metrics, "eval-loss": metrics["eval_loss"], "eval-accuracy": accuracy, "extra": own}
+
+
+def wire_bytes(content: RecordDict) -> int:
+    """What a message's content costs on Flower's wire: every distinct object of its tree
+    (records, arrays, array chunks) as Flower serialises it; a record sent under two names
+    (the legacy aliases) counts once, as Flower's content-addressed wire sends it once.
+
+    Never raises: a content Flower cannot serialise (an integer beyond 64 bits, which only an
+    in-process client can hand over) is counted by its arrays' bytes (:func:`content_bytes`).
+    """
+    try:
+        return sum(len(obj.deflate()) for obj in get_all_nested_objects(content).values())
+    except (ValueError, TypeError, OverflowError, AttributeError):
+        return content_bytes(content) if isinstance(content, RecordDict) else 0
 
 
 def content_bytes(content: RecordDict) -> int:

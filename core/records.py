@@ -25,7 +25,8 @@ class ClientRecord:
     eval_loss: float | None = None
     eval_accuracy: float | None = None
     duration_s: float | None = None
-    bytes_in: int = 0
+    bytes_in: int = 0  # uplink: the client's replies, serialised as on Flower's wire
+    bytes_out: int = 0  # downlink: the instructions sent to it
     stage: str | None = None
     reason: str | None = None
     metrics: dict[str, Any] | None = None

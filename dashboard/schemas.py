@@ -71,7 +71,8 @@ class ClientResultOut(BaseModel):
     eval_loss: float | None
     eval_accuracy: float | None
     duration_s: float | None
-    bytes_in: int
+    bytes_in: int = Field(description="The client's replies this round, as serialised on Flower's wire.")
+    bytes_out: int = Field(description="The instructions sent to the client this round, as on the wire.")
     metrics: dict[str, Any]
     finished_at: float
 

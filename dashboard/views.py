@@ -140,7 +140,7 @@ def client_result_data(c: ClientResult) -> dict[str, Any]:
         "stage": c.stage, "reason": c.reason, "description": outcome_text(c.outcome, c.stage, c.reason),
         "num_examples": c.num_examples, "train_loss": _clean(c.train_loss),
         "eval_loss": _clean(c.eval_loss), "eval_accuracy": _clean(c.eval_accuracy),
-        "duration_s": c.duration_s, "bytes_in": c.bytes_in, "metrics": c.metrics or {},
+        "duration_s": c.duration_s, "bytes_in": c.bytes_in, "bytes_out": c.bytes_out or 0, "metrics": c.metrics or {},
         "finished_at": c.finished_at,
     }
 
@@ -152,6 +152,7 @@ def client_result_display(d: Mapping[str, Any]) -> dict[str, str]:
         "train_loss": fmt_num(d["train_loss"]), "eval_loss": fmt_num(d["eval_loss"]),
         "eval_accuracy": fmt_pct(d["eval_accuracy"]), "duration": fmt_duration(d["duration_s"]),
         "bytes_in": fmt_bytes(d["bytes_in"]) if d["bytes_in"] else DASH,
+        "bytes_out": fmt_bytes(d["bytes_out"]) if d.get("bytes_out") else DASH,
         "metrics": ", ".join(f"{k}={_short(v)}" for k, v in sorted(extra.items())) or DASH,
         "finished_at": fmt_time(d["finished_at"]),
         "robust": robust_mark(d["metrics"]),

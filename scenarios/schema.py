@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from scenarios.compression import CompressionSpec, check_compression
 from scenarios.errors import ScenarioError
 from scenarios.parse import Bad, at_least, at_most, build, fraction, non_negative, positive, show, show_key
 
 __all__ = [
     "DataSpec", "ModelSpec", "FederationSpec", "TrainingSpec", "StrategySpec",
-    "EvaluationSpec", "FaultSpec", "ByzantineSpec", "SecAggSpec", "DPSpec", "TaskSpec", "Scenario",
+    "EvaluationSpec", "FaultSpec", "ByzantineSpec", "SecAggSpec", "DPSpec", "TaskSpec", "CompressionSpec", "Scenario",
     "load_scenario", "loads_scenario", "scenario_from_dict", "build_options", "bad_value", "FAULT_STAGES",
 ]
 
@@ -283,7 +284,7 @@ class SecAggSpec:
     graph: Literal["complete", "kregular"] = "complete"
     degree: int = 0
     clip_range: float = 8.0
-    bits: Literal[32, 64] = 32
+    bits: Literal[16, 32, 64] = 32  # the masked ring: 16 halves the bytes, and sums at most 16,382 clients
     max_weight: float = 10000.0
     stage_timeout_s: float = 30.0
     client_metrics: bool = True     # false: no per-client examples / loss in clear, the sum only
@@ -399,6 +400,7 @@ class Scenario:
     dp: DPSpec = field(default_factory=DPSpec)
     task: TaskSpec = field(default_factory=TaskSpec)
     asynchronous: AsyncSpec = field(default_factory=AsyncSpec)  # [async] in the file (a Python keyword)
+    compression: CompressionSpec = field(default_factory=CompressionSpec)
 
     #: Field name -> the key a file writes (and to_dict gives back).
     TOML_KEYS: ClassVar[dict[str, str]] = {"asynchronous": "async"}
@@ -421,6 +423,7 @@ class Scenario:
             _check_robust(self)
         if self.asynchronous.enabled:
             _check_async(self)
+        check_compression(self)
         attack = self.faults.byzantine_spec
         if attack.fraction > 0 and attack.attack in ATTACKS and self.secagg.enabled:
             raise Bad("faults.byzantine.attack", attack.attack, "the attack harness forges plain train replies, "

@@ -126,7 +126,27 @@
       bar("in (from clients)", x, col("bytes_in"), COLORS.in),
       bar("out (to clients)", x, col("bytes_out"), COLORS.out),
     ], { barmode: "group", yaxis: { tickformat: ".2s", ticksuffix: "B", rangemode: "tozero" } });
+    drawBytes();
     drawOptional(x);
+  }
+
+  /** Accuracy against cumulative bytes on the wire (uplink, and uplink + downlink): what compression buys. */
+  function drawBytes() {
+    let up = 0, both = 0;
+    const upX = [], bothX = [], acc = [];
+    for (const r of rounds) {
+      up += Number(r.bytes_in) || 0;
+      both += (Number(r.bytes_in) || 0) + (Number(r.bytes_out) || 0);
+      upX.push(up);
+      bothX.push(both);
+      acc.push(r.server_accuracy ?? r.fed_accuracy ?? null);
+    }
+    plot("chart-bytes", [
+      line("vs uplink bytes", upX, acc, COLORS.in),
+      line("vs total bytes", bothX, acc, COLORS.out, { line: { dash: "dot", width: 2 } }),
+    ], { xaxis: { title: { text: "cumulative bytes" }, tickformat: ".2s", ticksuffix: "B", gridcolor: "#eef0f3",
+                  zeroline: false, rangemode: "tozero" },
+         yaxis: { tickformat: ".0%", rangemode: "tozero" } });
   }
 
   function drawOptional(x) {

@@ -59,7 +59,7 @@ from privacy.secagg.messages import (
     UnmaskReply,
     UnmaskRequest,
 )
-from privacy.secagg.prg import MaskExpander
+from privacy.secagg.prg import RING_BITS, MaskExpander
 from privacy.secagg.quantize import Quantizer
 from privacy.secagg.shamir import SHARE_BYTES, split
 from privacy.secagg.stage import Stage
@@ -119,7 +119,7 @@ def _check_setup(node: int, setup: RoundSetup, policy: ClientPolicy) -> None:
         raise SecAggProtocolError(
             f"client {node}: threshold {setup.threshold} unsafe for degree {setup.degree}"
         )
-    if setup.bits not in (32, 64) or not setup.clip_range > 0 or not setup.max_weight > 0:
+    if setup.bits not in RING_BITS or not setup.clip_range > 0 or not setup.max_weight > 0:
         raise SecAggProtocolError(f"client {node}: malformed quantisation parameters")
     _check_threat_model(node, setup, policy)
 

@@ -33,7 +33,7 @@ from privacy.secagg.messages import (
     UnmaskReply,
     UnmaskRequest,
 )
-from privacy.secagg.prg import dtype_for
+from privacy.secagg.prg import RING_BITS, dtype_for
 from privacy.secagg.shamir import SHARE_BYTES
 
 __all__ = [
@@ -215,13 +215,13 @@ def _w_masked(w: Writer, m: MaskedInput) -> None:
     vector = np.ascontiguousarray(m.vector)
     bits = vector.dtype.itemsize * 8
     if vector.ndim != 1 or vector.dtype != dtype_for(bits):
-        raise SecAggProtocolError("a masked input must be a 1-D little-endian uint32/64 vector")
+        raise SecAggProtocolError("a masked input must be a 1-D little-endian uint16/32/64 vector")
     w.pack("BQ", bits, vector.shape[0]).raw(vector.tobytes(), vector.nbytes)
 
 
 def _r_masked(r: Reader) -> MaskedInput:
     bits, length = r.unpack("BQ")
-    if bits not in (32, 64):
+    if bits not in RING_BITS:
         raise SecAggProtocolError(f"bad masked-input width {bits}")
     dtype = dtype_for(bits)
     return MaskedInput(np.frombuffer(r.raw(length * dtype.itemsize), dtype=dtype))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from privacy.secagg.errors import SecAggConfigError
+from privacy.secagg.prg import RING_BITS
 
 __all__ = ["GRAPH_KINDS", "THREAT_MODELS", "SecAggConfig", "is_majority", "majority_threshold"]
 
@@ -68,8 +69,10 @@ class SecAggConfig:
     clip_range : float
         Each coordinate is clipped to ``[-clip_range, clip_range]`` before
         quantisation.
-    bits : {32, 64}
-        Width of the ring ``Z_{2^bits}`` the masked vectors live in.
+    bits : {16, 32, 64}
+        Width of the ring ``Z_{2^bits}`` the masked vectors live in (16
+        halves the bytes of 32, with ``2^15 / n`` quantisation steps per
+        client over the clip range instead of ``2^31 / n``).
     max_weight : float
         Weight cap: a client's weight ``w`` (e.g. its example count) is sent
         as ``min(w / max_weight, 1)``; results are scaled back. The default
@@ -107,8 +110,8 @@ class SecAggConfig:
         if self.degree is not None and not (_is_int(self.degree) and self.degree >= 2):
             raise SecAggConfigError("degree", self.degree, "must be None or an int >= 2")
         self._check_positive("clip_range", self.clip_range)
-        if self.bits not in (32, 64) or not _is_int(self.bits):
-            raise SecAggConfigError("bits", self.bits, "must be 32 or 64")
+        if self.bits not in RING_BITS or not _is_int(self.bits):
+            raise SecAggConfigError("bits", self.bits, "must be 16, 32 or 64")
         self._check_positive("max_weight", self.max_weight)
         self._check_positive("stage_timeout_s", self.stage_timeout_s)
         if not isinstance(self.client_metrics, bool):

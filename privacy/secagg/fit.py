@@ -10,15 +10,17 @@ cause (stage and counts) is recorded, and the run goes on with the next round.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from flwr.serverapp import Grid
 
 from core import aggregate
+from core.compress import Codec
 from core.errors import UpdateRejected
 from core.fit import FitOutcome, FitRequest
-from core.messages import content_bytes, train_instruction
+from core.messages import train_instruction
 from core.records import ClientRecord
 from core.strategy import Strategy
 from privacy.secagg.config import SecAggConfig
@@ -57,7 +59,7 @@ class SecAggFit:
             return self._recorded(_aborted(request, exc))
         except SecAggConfigError as exc:  # the settings were checked up front: this cohort is too small
             return self._recorded(_too_small(request, exc))
-        return self._recorded(_outcome(request, result, content_bytes(content), strategy))
+        return self._recorded(_outcome(request, result, strategy))
 
     def _recorded(self, outcome: FitOutcome) -> FitOutcome:
         """The round's stored secagg info says which threat model protected it."""
@@ -70,30 +72,48 @@ def _stage_table(result: SecureSumResult) -> list[dict[str, Any]]:
              "bytes_down": s.bytes_down, "seconds": round(s.seconds, 4)} for s in result.stages]
 
 
-def _outcome(request: FitRequest, result: SecureSumResult, model_bytes: int, strategy: Strategy) -> FitOutcome:
+def _outcome(request: FitRequest, result: SecureSumResult, strategy: Strategy) -> FitOutcome:
     survivors = set(result.survivors)
-    clients = [_client_record(node, result, survivors) for node in request.nodes]
+    up, down = _wire_by_node(result)
+    clients = [replace(_client_record(node, result, survivors), bytes_in=up.get(node, 0), bytes_out=down.get(node, 0))
+               for node in request.nodes]
     agg, refused = _fold_sum(request, result, strategy)
     losses = [(m.get("train-loss"), m.get("num-examples", 0)) for m in result.client_metrics.values()]
     losses = [(float(loss), int(n)) for loss, n in losses if isinstance(loss, (int, float)) and n]
     train_loss = float(np.average([loss for loss, _ in losses], weights=[n for _, n in losses])) if losses else None
     return FitOutcome(
         aggregate=agg, clients=clients, train_loss=train_loss,
-        bytes_in=sum(s.bytes_up for s in result.stages),
-        bytes_out=sum(s.bytes_down for s in result.stages) + model_bytes * len(request.nodes),
+        bytes_in=sum(up.values()), bytes_out=sum(down.values()),
         secagg={"stages": _stage_table(result), "survivors": len(survivors),
                 "error_bound": float(result.error_bound), **({"refused": refused} if refused else {})})
+
+
+def _wire_by_node(result: SecureSumResult) -> tuple[dict[int, int], dict[int, int]]:
+    """Each client's bytes up and down over the round's stages, as serialised on Flower's wire."""
+    up: dict[int, int] = {}
+    down: dict[int, int] = {}
+    for stage in result.stages:
+        for node, n in stage.wire_up.items():
+            up[node] = up.get(node, 0) + n
+        for node, n in stage.wire_down.items():
+            down[node] = down.get(node, 0) + n
+    return up, down
 
 
 def _fold_sum(request: FitRequest, result: SecureSumResult,
               strategy: Strategy) -> tuple[aggregate.MeanState | None, str | None]:
     """Fold the secure sum through the strategy, as the plain path folds each reply:
-    the strategy's server-side checks run on what the server actually received."""
+    the strategy's server-side checks run on what the server actually received.
+    A sum of random-k vectors (``[compression] randomk``) is scattered back to
+    the model's coordinates first (:meth:`core.compress.Codec.scatter`)."""
     if not result.survivors:
         return None, None
-    partial = aggregate.MeanState(total=result.total.astype(np.float32), weight=float(result.total_weight),
-                                  count=len(result.survivors))
     try:
+        total = result.total.astype(np.float32)
+        codec = Codec.from_extra(request.config.extra)
+        if codec is not None:
+            total = codec.scatter(total, strategy.new_aggregate(request.state.params.size).size)
+        partial = aggregate.MeanState(total=total, weight=float(result.total_weight), count=len(result.survivors))
         return strategy.merge(strategy.new_aggregate(request.state.params.size), partial), None
     except UpdateRejected as exc:
         return None, f"secure sum refused: {exc}"

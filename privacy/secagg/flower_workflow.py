@@ -20,7 +20,7 @@ from flwr.app import Message, MetricRecord, RecordDict
 from flwr.app.message_type import MessageType
 from flwr.serverapp import Grid
 
-from core.messages import clean_metrics
+from core.messages import clean_metrics, wire_bytes
 from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggCryptoError, SecAggProtocolError
 from privacy.secagg.flower_mod import METRICS_RECORD
@@ -44,6 +44,8 @@ class _Stage:
         self.server = ServerTimer(clock)
         self.up = 0
         self.down = 0
+        self.wire_up: dict[int, int] = {}
+        self.wire_down: dict[int, int] = {}
 
 
 def _messages(stage: Stage, round_id: int, requests: Mapping[int, Request],
@@ -60,6 +62,8 @@ def _messages(stage: Stage, round_id: int, requests: Mapping[int, Request],
 
 def _accept(server: ServerRound, stage: Stage, round_id: int, node: int, reply: Message,
             book: _Stage, metrics: dict[int, dict[str, Any]] | None) -> None:
+    if reply.has_content():
+        book.wire_up[node] = wire_bytes(reply.content)
     if reply.has_error() or reply.metadata.src_node_id != node:
         return  # an error reply is this client dropping out
     book.up += content_bytes(reply.content)
@@ -81,6 +85,7 @@ def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
     messages = _messages(stage, round_id, requests, train_content, config)
     kept = metrics if config.client_metrics else None  # not asked for: not kept, even if sent
     book.down = sum(content_bytes(m.content) for m in messages.values())
+    book.wire_down = {node: wire_bytes(m.content) for node, m in messages.items()}
     ids = list(grid.push_messages(list(messages.values())))
     node_of = dict(zip(ids, messages, strict=True))
     pending, deadline = set(ids), book.start + config.stage_timeout_s
@@ -98,7 +103,7 @@ def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
         sleep(POLL_INTERVAL_S)
     book.server.run(server.close)
     return StageStats(stage, server.completed[stage], book.up, book.down,
-                      clock() - book.start, book.server.total)
+                      clock() - book.start, book.server.total, book.wire_up, book.wire_down)
 
 
 def run_secagg(grid: Grid, node_ids: Sequence[int], train_content: RecordDict, config: SecAggConfig,

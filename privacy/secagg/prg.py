@@ -22,7 +22,10 @@ from collections.abc import Callable, Iterable
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import AEADEncryptionContext, Cipher, algorithms, modes
 
-__all__ = ["MaskExpander", "dtype_for", "mask_with_seed"]
+__all__ = ["MaskExpander", "dtype_for", "mask_with_seed", "RING_BITS"]
+
+#: The ring widths ``Z_{2^bits}`` masked vectors may live in (16 halves a 32-bit vector's bytes).
+RING_BITS = (16, 32, 64)
 
 _NONCE = bytes(12)
 _BLOCK = 16
@@ -31,9 +34,9 @@ _CHUNK_BYTES = 256 * 1024  # fits L2 alongside the accumulator chunk
 
 def dtype_for(bits: int) -> np.dtype:
     """Little-endian unsigned dtype of the ring ``Z_{2^bits}``."""
-    if bits not in (32, 64):
-        raise ValueError(f"bits must be 32 or 64, got {bits}")
-    return np.dtype("<u4" if bits == 32 else "<u8")
+    if bits not in RING_BITS:
+        raise ValueError(f"bits must be 16, 32 or 64, got {bits}")
+    return np.dtype({16: "<u2", 32: "<u4", 64: "<u8"}[bits])
 
 
 def mask_with_seed(seed: bytes, length: int, bits: int = 32) -> np.ndarray:
@@ -53,7 +56,7 @@ def mask_with_seed(seed: bytes, length: int, bits: int = 32) -> np.ndarray:
     Returns
     -------
     np.ndarray
-        A fresh array of dtype ``<u4`` or ``<u8``.
+        A fresh array of dtype ``<u2``, ``<u4`` or ``<u8``.
     """
     expander = MaskExpander(length, bits)
     out = np.zeros(length, dtype=expander.dtype)

@@ -28,6 +28,7 @@ __all__ = ["Quantizer"]
 # quantised value exactly.
 _FLOAT_EXACT = 1 << 52
 _CHUNK = 32768
+_SIGNED = {16: np.int16, 32: np.int32, 64: np.int64}
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,8 @@ class Quantizer:
 
     Parameters
     ----------
-    bits : {32, 64}
-        Ring width.
+    bits : {16, 32, 64}
+        Ring width (16 halves the masked vector; ``participants * B`` must stay below 2^15).
     clip_range : float
         Clip bound ``c`` of each coordinate.
     participants : int
@@ -55,7 +56,10 @@ class Quantizer:
         ``participants * (B + 1) < 2^(bits-1)``, so the sum never wraps.
         """
         bound: int = (2 ** (self.bits - 1) - 1) // self.participants - 1
-        return bound if self.bits == 32 else min(bound, _FLOAT_EXACT)
+        if bound < 1:
+            raise ValueError(f"a {self.bits}-bit ring cannot sum {self.participants} clients without wrapping: "
+                             "use 32 bits")
+        return bound if self.bits < 64 else min(bound, _FLOAT_EXACT)
 
     @property
     def scale(self) -> float:
@@ -99,8 +103,8 @@ class Quantizer:
             raise ValueError("the update must be a 1-D vector")
         d = vector.shape[0]
         out = np.empty(d + 1, dtype=dtype_for(self.bits))
-        signed = out.view(np.int32 if self.bits == 32 else np.int64)
-        rounder = _Rounder32(rng) if self.bits == 32 else _Rounder64(rng)
+        signed = out.view(_SIGNED[self.bits])
+        rounder = _Rounder64(rng) if self.bits == 64 else _Rounder32(rng)
         y = np.empty(max(1, min(d, _CHUNK)))
         factor, limit = weight * self.scale, weight * self.bound
         sigma = self._noise_sigma(noise, factor, d) if noise is not None else 0.0
@@ -136,7 +140,7 @@ class Quantizer:
 
     def decode(self, total: np.ndarray) -> tuple[np.ndarray, float]:
         """Signed view of the unmasked sum: ``(sum w_i x_i, sum w_i)`` in float64."""
-        signed = total.view(np.int32 if self.bits == 32 else np.int64)
+        signed = total.view(_SIGNED[self.bits])
         values = signed[:-1].astype(np.float64) / self.scale
         return values, float(signed[-1]) / self.bound
 

@@ -49,6 +49,9 @@ class StageStats:
         Wall time of the stage, client work included when in-process.
     server_seconds : float
         Of which spent in server computation.
+    wire_up, wire_down : Mapping[int, int]
+        Per client: its reply and its request as serialised on Flower's wire
+        (``core.messages.wire_bytes``; the embedded global model included).
     """
 
     stage: Stage
@@ -57,6 +60,8 @@ class StageStats:
     bytes_down: int
     seconds: float
     server_seconds: float
+    wire_up: Mapping[int, int] = field(default_factory=dict)
+    wire_down: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)

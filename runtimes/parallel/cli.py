@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from aggregator.store import default_db_url
 from core.errors import QuorumError
-from runtimes.parallel.mode import Mode
+from runtimes.parallel.mode import CommHook, Mode
 from scenarios.errors import ScenarioError
 
 __all__ = ["parallel", "app"]
@@ -35,6 +35,11 @@ def parallel(
     = Mode.SYNC,
     local_steps: Annotated[int, typer.Option(help="localsgd: H local steps per round instead of the "
                                              "scenario's local_epochs (0 keeps epochs).")] = 0,
+    comm_hook: Annotated[CommHook, typer.Option(help="sync: train through torch's DDP with this gradient "
+                                                "compression hook (fp16: half the bytes; powersgd: rank-1 "
+                                                "factors; bf16 needs NCCL) instead of the core's float32 "
+                                                "all-reduce. localsgd compresses with [compression].")]
+    = CommHook.NONE,
     db: Annotated[str, typer.Option("--db", help="Run store: an SQLAlchemy URL.", envvar="QUORUM_DB")]
     = default_db_url(),
     rounds: Annotated[int | None, typer.Option(help="Override the scenario's number of rounds.")] = None,
@@ -55,7 +60,8 @@ def parallel(
     aggregation core, and store every round like a federated run (engine "parallel")."""
     from runtimes.parallel.launch import LaunchSpec, launch, torchrun_command  # torch loads here, not at CLI start
 
-    spec = LaunchSpec(scenario=scenario, nproc=nproc, mode=mode, local_steps=local_steps, db=db, rounds=rounds,
+    spec = LaunchSpec(scenario=scenario, nproc=nproc, mode=mode, local_steps=local_steps, comm_hook=comm_hook,
+                      db=db, rounds=rounds,
                       seed=seed, timeout_s=timeout, bucket_mb=bucket_mb, threads=threads,
                       max_restarts=max_restarts, resume=resume, pid_dir=pid_dir)
     if print_command:

@@ -27,7 +27,7 @@ import gc
 import json
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +124,10 @@ class Comm:
             raise WorkerLost(
                 f"rank {self.rank}: {op} failed at {self.where}: another worker died, hung or left "
                 f"(collective timeout {self.timeout_s:g} s): {_first_sentence(exc)}") from None
+
+    def guard(self, op: str) -> AbstractContextManager[None]:
+        """Run ``op`` (a collective outside this class: DDP's) under the job's failure handling."""
+        return self._guard(op)
 
     def allreduce_(self, buffer: torch.Tensor) -> None:
         """Sum ``buffer`` over all ranks, in place, bucket by bucket."""

@@ -26,8 +26,9 @@ from learning.models import build_model, get_flat, set_flat
 from learning.training import evaluate
 from runtimes.parallel.comm import Comm
 from runtimes.parallel.errors import ParallelError
+from runtimes.parallel.hooks import HookedSyncSGD
 from runtimes.parallel.localsgd import finish_round, local_updates, owned_nodes, round_nodes
-from runtimes.parallel.mode import Mode
+from runtimes.parallel.mode import CommHook, Mode
 from runtimes.parallel.shards import assign_clients, epoch_order, shard_sizes, steps_per_epoch, union
 from runtimes.parallel.sync import SyncSGD, run_epoch
 from scenarios.schema import Scenario
@@ -48,6 +49,7 @@ class JobSpec:
     scenario: Scenario
     mode: Mode = Mode.SYNC
     local_steps: int = 0  # local SGD only: H steps per client instead of local_epochs
+    comm_hook: CommHook = CommHook.NONE  # sync only: torch's DDP gradient compression instead of the core's
 
 
 @dataclass
@@ -60,9 +62,10 @@ class Job:
     model: nn.Module
     strategy: Strategy
     clients: list[int]                 # client indices this rank owns
-    trainer: SyncSGD | None = None
+    trainer: SyncSGD | HookedSyncSGD | None = None
     shard: tuple[torch.Tensor, torch.Tensor] | None = None
     sizes: list[int] = field(default_factory=list)
+    residuals: dict[int, np.ndarray] = field(default_factory=dict)  # localsgd + [compression]: per owned node
 
     @property
     def scenario(self) -> Scenario:
@@ -115,6 +118,17 @@ def check_scenario(scenario: Scenario, mode: Mode, world: int) -> None:
     if scenario.secagg.enabled:
         raise ParallelError(f"{scenario.name}: secagg.enabled = true: secure aggregation protects clients from the "
                             "aggregator; inside one cluster there is no such boundary, turn it off to run parallel")
+    _check_compression(scenario, mode)
+
+
+def _check_compression(scenario: Scenario, mode: Mode) -> None:
+    spec = scenario.compression
+    if spec.downlink_bits != 32:
+        raise ParallelError(f"{scenario.name}: compression.downlink_bits = {spec.downlink_bits}: the data-parallel "
+                            "mode sends no model down (every rank holds it); set it to 32")
+    if spec.uplink and mode is Mode.SYNC:
+        raise ParallelError(f"{scenario.name}: [compression] compresses client updates, which only the localsgd "
+                            "mode makes; the sync mode compresses gradients with --comm-hook fp16 or powersgd")
 
 
 def build_job(spec: JobSpec, comm: Comm) -> Job:
@@ -130,7 +144,9 @@ def build_job(spec: JobSpec, comm: Comm) -> Job:
         data = union([fed.clients[c].train for c in mine])
         job.shard = (torch.from_numpy(data.x), torch.from_numpy(data.y))
         job.sizes = shard_sizes(fed, comm.world)
-        job.trainer = SyncSGD(model, comm, lr=t.lr, momentum=t.momentum)
+        job.trainer = (SyncSGD(model, comm, lr=t.lr, momentum=t.momentum) if spec.comm_hook is CommHook.NONE
+                       else HookedSyncSGD(model, comm, spec.comm_hook, fed.input_shape, lr=t.lr,
+                                          momentum=t.momentum))
     return job
 
 
@@ -182,7 +198,7 @@ def _sync_round(job: Job, server_round: int, table: np.ndarray) -> ServerState:
     for k in range(t.local_epochs):
         epoch = (server_round - 1) * t.local_epochs + k + 1
         order = epoch_order(len(y), job.scenario.seed, epoch, comm.rank)
-        loss = run_epoch(trainer, x, y, order, steps, label=f"round {server_round} epoch {k + 1}")
+        loss = run_epoch(trainer, x, y, order, steps, label=f"round {server_round} epoch {k + 1}", sizes=job.sizes)
     row = table[comm.rank]
     row[[_C["present"], _C["examples"], _C["loss_sum"]]] = 1, len(y), loss  # loss of the last epoch
     row[_C["duration_s"]] = time.monotonic() - started
@@ -201,7 +217,7 @@ def _local_round(job: Job, state: ServerState, server_round: int,
     mine = owned_nodes(nodes, comm.rank, comm.world)
     config = train_config(scenario, strategy, server_round)
     agg, runs = local_updates(job.model, job.fed, strategy, state, mine, config, job.spec.local_steps,
-                              scenario.dp)
+                              scenario.dp, job.residuals)
     for run in runs:
         table[run.node - 1, [_C["present"], _C["examples"], _C["loss_sum"], _C["duration_s"]]] = (
             1, run.num_examples, run.loss * run.num_examples, run.duration_s)

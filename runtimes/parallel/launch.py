@@ -26,7 +26,7 @@ from pathlib import Path
 from aggregator.store import RunStore, default_db_url
 from runtimes.parallel.errors import LaunchFailed, ParallelError
 from runtimes.parallel.job import check_scenario
-from runtimes.parallel.mode import Mode
+from runtimes.parallel.mode import CommHook, Mode
 from runtimes.parallel.worker import load_job_scenario
 from runtimes.simulation import RunSummary, summarize
 from scenarios.schema import Scenario
@@ -45,6 +45,7 @@ class LaunchSpec:
     nproc: int = 2
     mode: Mode = Mode.SYNC
     local_steps: int = 0
+    comm_hook: CommHook = CommHook.NONE
     db: str = default_db_url()
     rounds: int | None = None
     seed: int | None = None
@@ -66,6 +67,9 @@ def check_spec(spec: LaunchSpec) -> Scenario:
             raise ParallelError(f"{key} = {value!r}: out of range")
     if spec.local_steps and spec.mode is not Mode.LOCALSGD:
         raise ParallelError(f"local_steps = {spec.local_steps}: only the localsgd mode takes local steps")
+    if spec.comm_hook is not CommHook.NONE and spec.mode is not Mode.SYNC:
+        raise ParallelError(f"comm_hook = {spec.comm_hook.value!r}: torch's DDP hooks compress the sync mode's "
+                            "gradients; the localsgd mode compresses client updates with [compression]")
     scenario = load_job_scenario(spec.scenario, spec.rounds, spec.seed)
     check_scenario(scenario, spec.mode, spec.nproc)
     return scenario
@@ -74,6 +78,7 @@ def check_spec(spec: LaunchSpec) -> Scenario:
 def worker_args(spec: LaunchSpec, run_id: str | None, run_id_file: Path | None = None) -> list[str]:
     """The worker's command-line arguments."""
     args = ["--scenario", str(spec.scenario), "--mode", spec.mode.value, "--local-steps", str(spec.local_steps),
+            "--comm-hook", spec.comm_hook.value,
             "--db", spec.db, "--timeout", f"{spec.timeout_s:g}", "--bucket-mb", f"{spec.bucket_mb:g}",
             "--threads", str(spec.threads)]
     for flag, value in (("--rounds", spec.rounds), ("--seed", spec.seed), ("--run-id", run_id),

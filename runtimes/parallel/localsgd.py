@@ -38,6 +38,7 @@ from torch.nn import functional as F
 
 from aggregator.step import advance
 from core import aggregate
+from core.compress import Codec, with_feedback
 from core.fit import accumulate
 from core.messages import TrainConfig, client_seed
 from core.strategy import ServerState, Strategy
@@ -140,10 +141,29 @@ def _privatize(delta: np.ndarray, config: TrainConfig) -> np.ndarray:
     return delta if dp is None else client_payload(delta, dp, secure_rng()).astype(np.float32, copy=False)
 
 
+def _compressed(node: int, update: np.ndarray, config: TrainConfig,
+                residuals: dict[int, np.ndarray] | None) -> np.ndarray:
+    """``update`` as the aggregator decodes it under the round's codec (itself without one)."""
+    codec = Codec.from_extra(config.extra)
+    if codec is None:
+        return update
+    kept = {} if residuals is None else residuals
+    arrays, left = with_feedback(codec, update, kept.get(node), np.random.default_rng())
+    if left is not None:
+        kept[node] = left
+    return codec.decode(arrays, update.size)
+
+
 def local_updates(model: nn.Module, fed: Federation, strategy: Strategy, state: ServerState,
-                  nodes: Sequence[int], config: TrainConfig,
-                  local_steps: int = 0, dp: DPSpec | None = None) -> tuple[aggregate.MeanState, list[ClientRun]]:
-    """Train each of ``nodes`` from ``state`` and fold their updates: this rank's partial aggregate."""
+                  nodes: Sequence[int], config: TrainConfig, local_steps: int = 0, dp: DPSpec | None = None,
+                  residuals: dict[int, np.ndarray] | None = None) -> tuple[aggregate.MeanState, list[ClientRun]]:
+    """Train each of ``nodes`` from ``state`` and fold their updates: this rank's partial aggregate.
+
+    With ``[compression]`` (the round's codec in ``config``) each client's update
+    is what the aggregator would decode from it, :mod:`core.compress`'s same
+    encoder and decoder, and its error-feedback residual is kept in
+    ``residuals`` (per node, on the rank that owns it) for its next round.
+    """
     agg = strategy.new_aggregate(state.params.size)
     if type(agg) is not aggregate.MeanState:
         raise ParallelError(f"strategy {strategy.name!r} aggregates into a {type(agg).__name__}, which the "
@@ -154,7 +174,7 @@ def local_updates(model: nn.Module, fed: Federation, strategy: Strategy, state: 
         set_flat(model, state.params)
         seed = client_seed(config.seed, config.round, node)
         result = _train_client(model, fed.clients[node - 1].train, config, seed, local_steps, dp)
-        update = _privatize(get_flat(model) - state.params, config)
+        update = _compressed(node, _privatize(get_flat(model) - state.params, config), config, residuals)
         duration = time.monotonic() - started
         metrics = {"train-loss": float(result.loss), "duration-s": duration}
         agg = accumulate(strategy, agg, update, result.num_examples, metrics)

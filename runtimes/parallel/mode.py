@@ -1,10 +1,10 @@
-"""The two ways the ranks synchronise (kept apart so the CLI imports no torch)."""
+"""How the ranks synchronise, and how the sync mode compresses (kept apart so the CLI imports no torch)."""
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Mode"]
+__all__ = ["Mode", "CommHook"]
 
 
 class Mode(StrEnum):
@@ -12,3 +12,13 @@ class Mode(StrEnum):
 
     SYNC = "sync"          # gradients averaged every step
     LOCALSGD = "localsgd"  # local epochs (or steps), then models averaged and the strategy applied
+
+
+class CommHook(StrEnum):
+    """Torch's DDP communication hooks for the sync mode (``none``: the aggregation core's float32 all-reduce;
+    ``runtimes.parallel.hooks``)."""
+
+    NONE = "none"
+    FP16 = "fp16"          # default_hooks.fp16_compress_hook: half the bytes
+    BF16 = "bf16"          # default_hooks.bf16_compress_hook: NCCL only
+    POWERSGD = "powersgd"  # powerSGD_hook.powerSGD_hook: rank-1 factors with error feedback

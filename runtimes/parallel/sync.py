@@ -20,6 +20,9 @@ Experiences on Accelerating Data Parallel Training", VLDB 2020 (flat buckets).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -29,7 +32,7 @@ from core import aggregate
 from runtimes.parallel.comm import Comm, wire_for
 from runtimes.parallel.shards import epoch_batches
 
-__all__ = ["SyncSGD", "run_epoch"]
+__all__ = ["SyncSGD", "run_epoch", "flat_momentum", "load_flat_momentum"]
 
 
 class SyncSGD:
@@ -58,7 +61,10 @@ class SyncSGD:
     def size(self) -> int:
         return int(self._sums.shape[0])
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+    def begin_epoch(self, sizes: Sequence[int], steps: int) -> None:
+        """Nothing to prepare: the all-reduced weight is the step's denominator."""
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, index: int = 0) -> float:
         """One synchronous step on this rank's batch (possibly empty); returns its summed loss."""
         self.wire.zero_()  # also zeroes every parameter's gradient
         n, loss = int(y.shape[0]), 0.0
@@ -74,20 +80,31 @@ class SyncSGD:
 
     def momentum(self) -> np.ndarray | None:
         """The optimiser's momentum buffers as one flat array (``None`` before the first step)."""
-        buffers = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p in self.params]
-        if any(b is None for b in buffers):
-            return None
-        return torch.cat([b.reshape(-1) for b in buffers]).numpy().copy()
+        return flat_momentum(self.optimizer, self.params)
 
     def load_momentum(self, flat: np.ndarray) -> None:
         """Restore momentum buffers saved by :meth:`momentum` (for a resumed run)."""
-        if flat.shape != (self.size,):
-            raise ValueError(f"momentum buffer has shape {flat.shape}; expected ({self.size},)")
-        offset = 0
-        for p in self.params:
-            chunk = torch.from_numpy(np.array(flat[offset:offset + p.numel()], dtype=np.float32))
-            self.optimizer.state[p]["momentum_buffer"] = chunk.view_as(p).clone()
-            offset += p.numel()
+        load_flat_momentum(self.optimizer, self.params, flat)
+
+
+def flat_momentum(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> np.ndarray | None:
+    """SGD's momentum buffers of ``params`` as one flat array (``None`` before the first step)."""
+    buffers = [optimizer.state.get(p, {}).get("momentum_buffer") for p in params]
+    if any(b is None for b in buffers):
+        return None
+    return torch.cat([b.reshape(-1) for b in buffers]).numpy().copy()
+
+
+def load_flat_momentum(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], flat: np.ndarray) -> None:
+    """Restore the momentum buffers :func:`flat_momentum` saved (a resumed run)."""
+    size = sum(p.numel() for p in params)
+    if flat.shape != (size,):
+        raise ValueError(f"momentum buffer has shape {flat.shape}; expected ({size},)")
+    offset = 0
+    for p in params:
+        chunk = torch.from_numpy(np.array(flat[offset:offset + p.numel()], dtype=np.float32))
+        optimizer.state[p]["momentum_buffer"] = chunk.view_as(p).clone()
+        offset += p.numel()
 
 
 def _bind_grads(params: list[nn.Parameter], wire: torch.Tensor) -> None:
@@ -98,16 +115,19 @@ def _bind_grads(params: list[nn.Parameter], wire: torch.Tensor) -> None:
         offset += p.numel()
 
 
-def run_epoch(trainer: SyncSGD, x: torch.Tensor, y: torch.Tensor, order: torch.Tensor,
-              steps: int, label: str = "") -> float:
+def run_epoch(trainer: Any, x: torch.Tensor, y: torch.Tensor, order: torch.Tensor,
+              steps: int, label: str = "", sizes: Sequence[int] = ()) -> float:
     """Run ``steps`` synchronous steps over this rank's shard in ``order``; returns the summed loss.
 
-    The batches are :func:`~runtimes.parallel.shards.epoch_batches`;
-    ``label`` (e.g. ``"round 3 epoch 1"``) names the position in errors.
+    ``trainer`` is a :class:`SyncSGD` or a ``runtimes.parallel.hooks.HookedSyncSGD``;
+    the batches are :func:`~runtimes.parallel.shards.epoch_batches`; ``sizes``
+    are every rank's shard sizes; ``label`` (e.g. ``"round 3 epoch 1"``) names
+    the position in errors.
     """
     trainer.model.train()
+    trainer.begin_epoch(sizes, steps)
     loss = 0.0
     for step, batch in enumerate(epoch_batches(order, steps)):
         trainer.comm.where = f"{label} step {step + 1}/{steps}".strip()
-        loss += trainer.step(x[batch], y[batch])
+        loss += trainer.step(x[batch], y[batch], step)
     return loss

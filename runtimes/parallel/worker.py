@@ -35,7 +35,7 @@ from learning.task import TaskModel, load_task
 from runtimes.parallel.comm import DEFAULT_BUCKET_BYTES, Comm, release_process_group
 from runtimes.parallel.errors import ParallelError, WorkerStopped
 from runtimes.parallel.job import Job, JobSpec, adopt, build_job, initial_state, run_round
-from runtimes.parallel.mode import Mode
+from runtimes.parallel.mode import CommHook, Mode
 from runtimes.parallel.runlog import RunWriter, create_run, round_record, run_info
 from scenarios.schema import Scenario, load_scenario
 
@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scenario", required=True, type=Path, help="scenario TOML file")
     parser.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.SYNC.value)
     parser.add_argument("--local-steps", type=int, default=0, help="local SGD: H steps per round (0: local_epochs)")
+    parser.add_argument("--comm-hook", choices=[h.value for h in CommHook], default=CommHook.NONE.value,
+                        help="sync: torch's DDP gradient-compression hook (none: the core's all-reduce)")
     parser.add_argument("--rounds", type=int, default=None, help="override the scenario's rounds")
     parser.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
     parser.add_argument("--db", default=os.environ.get("QUORUM_DB") or default_db_url(), help="run store URL")
@@ -105,7 +107,8 @@ def _open_writer(args: argparse.Namespace, job: Job) -> RunWriter:
     if run_id is None and args.run_id_file is not None and args.run_id_file.exists():
         run_id = args.run_id_file.read_text().strip() or None  # a restarted group resumes the same run
     if run_id is None:
-        info = run_info(job.spec.mode, job.comm.world, job.spec.local_steps, args.bucket_mb, args.timeout)
+        info = {**run_info(job.spec.mode, job.comm.world, job.spec.local_steps, args.bucket_mb, args.timeout),
+                "comm_hook": job.spec.comm_hook.value}
         run_id = create_run(store, job.scenario, job.spec.mode, num_params(job.model), info)
     writer = RunWriter(store, store.get_run(run_id).id)
     if args.run_id_file is not None:
@@ -160,7 +163,7 @@ def _progress(job: Job, record) -> None:
 def run(args: argparse.Namespace, comm: Comm) -> str:
     """Build the job, train it, and record how it ended (rank 0)."""
     scenario = load_job_scenario(args.scenario, args.rounds, args.seed)
-    job = build_job(JobSpec(scenario, Mode(args.mode), args.local_steps), comm)
+    job = build_job(JobSpec(scenario, Mode(args.mode), args.local_steps, CommHook(args.comm_hook)), comm)
     writer = _open_writer(args, job) if comm.rank == 0 else None
     try:
         _, status = train_rounds(job, writer)

@@ -89,6 +89,9 @@ def test_round_clients_show_each_outcome(client: TestClient, filled_store: Fille
     assert len(ok) == round_["answered"] and len(dropped) == round_["dropped"]
     assert all(c["num_examples"] > 0 and c["train_loss"] is not None for c in ok)
     assert all(c["description"].startswith("dropped at train") for c in dropped)
+    # each client's bytes each way, as the wire carried them; the round's are their sums
+    assert sum(c["bytes_in"] for c in clients) == round_["bytes_in"] > 0
+    assert sum(c["bytes_out"] for c in clients) == round_["bytes_out"] > 0
     assert client.get(f"/api/runs/{filled_store.sim_run}/rounds/9/clients").status_code == 404
 
 

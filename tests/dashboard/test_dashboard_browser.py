@@ -129,6 +129,9 @@ def _check_live_run_page(page: Page, stack: Stack, run_id: str) -> None:
     assert page.locator("#live-indicator").is_visible()
     assert page.locator("#chart-loss .scatterlayer .trace").count() == 3
     assert page.locator("#chart-clients .barlayer .trace").count() == 3
+    # accuracy against cumulative bytes: one point per round on each of its two curves
+    bytes_points = "() => document.querySelectorAll('#chart-bytes .scatterlayer .trace .points path').length"
+    page.wait_for_function(f"(n) => ({bytes_points})() >= 2 * n", arg=rows, timeout=10_000)
     assert page.locator('.cards [data-field="rounds"]').inner_text().startswith(f"{rows} / 6")
     page.screenshot(path=str(SHOTS / "dashboard-run.png"), full_page=True)
 

@@ -38,7 +38,7 @@ def test_run_page_has_charts_table_scenario_and_downloads(client: TestClient, fi
     page = client.get(f"/runs/{filled_store.sim_run}").text
     data = json.loads(re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S)[1])
     assert [r["round"] for r in data["rounds"]] == [1, 2]
-    for chart in ("chart-accuracy", "chart-loss", "chart-clients", "chart-duration", "chart-traffic"):
+    for chart in ("chart-accuracy", "chart-loss", "chart-clients", "chart-duration", "chart-traffic", "chart-bytes"):
         assert f'id="{chart}"' in page
     assert '/static/vendor/plotly/plotly.min.js' in page
     assert f'href="/runs/{filled_store.sim_run}/rounds/2"' in page

@@ -66,7 +66,10 @@ def test_report_writes_plots_and_summary(finished_run: tuple[str, str, Path]) ->
     quorum("report", run_id, "--db", db, "--out", str(folder / "report"))
     summary = json.loads((folder / "report" / "summary.json").read_text())
     assert summary["rounds_done"] == 3 and summary["seed"] == 9
-    for png in ("accuracy_loss.png", "clients.png"):
+    # the wire's bytes: the run's totals are the sums of its rounds'
+    assert summary["uplink_bytes"] == sum(r["bytes_in"] for r in summary["rounds"]) > 0
+    assert summary["downlink_bytes"] == sum(r["bytes_out"] for r in summary["rounds"]) > 0
+    for png in ("accuracy_loss.png", "clients.png", "accuracy_bytes.png"):
         assert (folder / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -89,7 +92,7 @@ def test_unknown_run_is_a_clear_error(tmp_path: Path) -> None:
     [
         ("", ("--seed", "-1"), "seed = -1: must be >= 0"),
         ("", ("--rounds", str(10**20)), "rounds = 100000000000000000000: is out of range"),
-        ("[secagg]\nenabled = true\nbits = 32.0\n", (), "secagg.bits = 32.0: must be one of 32, 64"),
+        ("[secagg]\nenabled = true\nbits = 32.0\n", (), "secagg.bits = 32.0: must be one of 16, 32, 64"),
     ],
     ids=["seed-negative", "rounds-1e20", "secagg-bits-float"],
 )

@@ -30,7 +30,7 @@ from scenarios.schema import load_scenario, loads_scenario, scenario_from_dict
                                                          "must be <= 1,000,000"),
         ("[training]\nbatch_size = 1e18", "bad.toml: training.batch_size = 1e+18: must be an integer"),
         ("[data]\nclient_test_fraction = 1.0", "bad.toml: data.client_test_fraction = 1.0: must be in [0, 1)"),
-        ("[secagg]\nbits = 32.0", "bad.toml: secagg.bits = 32.0: must be one of 32, 64"),
+        ("[secagg]\nbits = 32.0", "bad.toml: secagg.bits = 32.0: must be one of 16, 32, 64"),
         ("[federation]\nweighting = 'biggest'", "bad.toml: federation.weighting = 'biggest': must be one of"),
         ("[federation]\nmedian_cap = 0.5", "bad.toml: federation.median_cap = 0.5: must be >= 1"),
         ("[federation]\nmax_examples = 0", "bad.toml: federation.max_examples = 0: must be > 0"),

@@ -43,7 +43,7 @@ def test_every_message_round_trips(message):
     assert wire_size(message) == len(data)
 
 
-@pytest.mark.parametrize("bits", [32, 64])
+@pytest.mark.parametrize("bits", [16, 32, 64])
 def test_masked_input_round_trips(bits):
     vector = np.arange(5, dtype=f"<u{bits // 8}")
 

@@ -106,12 +106,12 @@ def test_quantizer_bound_by_hand():
     assert q.error_bound(10) == pytest.approx(10 * 2 / 214_748_363)
 
 
-@pytest.mark.parametrize("bits", [32, 64])
+@pytest.mark.parametrize("bits", [16, 32, 64])
 def test_quantizer_round_trip_within_bound(bits):
     rng = np.random.default_rng(1)
     q = Quantizer(bits, 1.0, 8)
     xs = [rng.uniform(-1.5, 1.5, 300) for _ in range(8)]
-    total = np.zeros(301, dtype=np.uint32 if bits == 32 else np.uint64)
+    total = np.zeros(301, dtype={16: np.uint16, 32: np.uint32, 64: np.uint64}[bits])
 
     for x in xs:
         total += q.encode(x, 0.5, rng)
@@ -120,6 +120,13 @@ def test_quantizer_round_trip_within_bound(bits):
     expected = sum(0.5 * np.clip(x, -1, 1) for x in xs)
     assert np.abs(values - expected).max() <= q.error_bound(8)
     assert weight == pytest.approx(4.0, abs=q.weight_error_bound(8))
+
+
+def test_a_16_bit_ring_has_2_to_the_15_steps_over_the_clients_and_refuses_too_many():
+    # (2^15 - 1) // 8 - 1 = 4094 steps per client over [-clip, clip]
+    assert Quantizer(16, 1.0, 8).bound == 4094
+    with pytest.raises(ValueError, match="16-bit ring cannot sum 40000"):
+        _ = Quantizer(16, 1.0, 40_000).bound
 
 
 def test_stochastic_rounding_is_unbiased():
@@ -173,7 +180,7 @@ def test_harary_graph_depends_on_the_seed_only():
 # -- configuration --------------------------------------------------------------------
 @pytest.mark.parametrize(("field", "value"), [
     ("threshold", 1), ("threshold", 1.5), ("threshold", True), ("graph", "ring"),
-    ("degree", 1), ("clip_range", 0.0), ("clip_range", math.inf), ("bits", 16),
+    ("degree", 1), ("clip_range", 0.0), ("clip_range", math.inf), ("bits", 24),
     ("max_weight", -1.0), ("stage_timeout_s", 0),
 ])
 def test_config_errors_name_field_and_value(field, value):

@@ -1,0 +1,425 @@
+"""Compressed updates: composable uplink encoders with exact decoders, and a lighter broadcast.
+
+An uplink :class:`Codec` is a chain of at most two encoders over one flat
+float32 update ``x`` of ``d`` values:
+
+1. a **sparsifier** keeps ``k`` of the ``d`` coordinates:
+
+   - ``topk``: the ``k`` largest magnitudes; their coordinates travel as
+     byte gaps (:func:`encode_gaps`; Aji and Heafield 2017; Lin et al.,
+     "Deep Gradient Compression", ICLR 2018);
+   - ``randomk``: the same ``k`` coordinates for every client of a round,
+     drawn from the round's shared seed, so no index travels and secure
+     aggregation masks just those ``k`` values (Stich, Cordonnier and Jaggi,
+     "Sparsified SGD with Memory", NeurIPS 2018);
+
+2. a **quantiser** sends each kept value in ``bits`` bits: unbiased
+   stochastic rounding onto ``L = 2^bits`` evenly spaced levels spanning
+   ``[-m, m]``, ``m`` the largest kept magnitude (QSGD, Alistarh et al.,
+   NeurIPS 2017, with max scaling instead of the norm).
+
+Error bounds of ``x_hat = decode(encode(x))``, per coordinate:
+
+- quantisation: ``E[x_hat] = x``; ``|x_hat - x| < step = 2 m / (L - 1)``;
+  ``Var[x_hat] <= step^2 / 4``;
+- sparsification: ``x_hat = x`` on the kept coordinates and 0 elsewhere. With
+  error feedback nothing is rescaled (the residual sends the rest later);
+  without it random-k rescales by ``d / k``, which makes it unbiased over the
+  draw of coordinates.
+
+**Error feedback** (Seide et al. 2014; Karimireddy et al., ICML 2019): the
+client sends ``C(x + e)`` and keeps ``e' = x + e - decode(C(x + e))``; the
+residual lives in the client's state across rounds (:func:`with_feedback`).
+
+The decoder trusts nothing: the server decodes with the codec *it* asked for
+(sizes, bits and the random-k coordinates are its own), and a payload of the
+wrong dtype, length or range, an unsorted or out-of-range index, or a
+non-finite scale is refused with :class:`~core.errors.UpdateRejected`.
+
+The downlink (:class:`Broadcast`) sends the global model in 16-bit floats
+(a stock Flower client loads them as they are) or 8-bit per-tensor linear
+codes (Quorum's client), deterministically rounded, so the server knows
+exactly the model every client starts from (:meth:`Broadcast.roundtrip`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import Array
+
+from core.errors import UpdateRejected
+from core.layouts import ParamLayout, npy_bytes, npy_view
+
+__all__ = ["Codec", "Broadcast", "with_feedback", "quantize", "dequantize", "pack_bits", "unpack_bits",
+           "top_k_index", "shared_index", "encode_gaps", "decode_gaps"]
+
+#: The largest magnitude a quantised payload may declare (beyond it a reply is refused).
+MAX_SCALE = 1e30
+_U8, _F32 = np.dtype(np.uint8), np.dtype("<f4")
+
+
+def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
+    """``codes`` (each below ``2^bits``) packed ``bits`` bits apiece, little-endian, into bytes."""
+    wide = np.ascontiguousarray(codes, dtype="<u2")
+    planes = np.unpackbits(wide.view(np.uint8).reshape(-1, 2), axis=1, bitorder="little")[:, :bits]
+    return np.packbits(planes.reshape(-1), bitorder="little")
+
+
+def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """The ``count`` codes :func:`pack_bits` packed (``uint16``)."""
+    planes = np.unpackbits(packed, count=count * bits, bitorder="little").reshape(count, bits)
+    full = np.zeros((count, 16), dtype=np.uint8)
+    full[:, :bits] = planes
+    return np.packbits(full, axis=1, bitorder="little").view("<u2").reshape(-1)
+
+
+def quantize(values: np.ndarray, bits: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+    """Unbiased stochastic rounding of ``values`` onto ``2^bits`` levels over ``[-m, m]``.
+
+    Returns the codes (``uint16``, each in ``[0, 2^bits)``) and ``m``.
+    """
+    m = float(np.max(np.abs(values))) if values.size else 0.0
+    levels = (1 << bits) - 1
+    if m == 0.0:
+        return np.zeros(values.size, dtype=np.uint16), 0.0
+    y = (values.astype(np.float64) + m) * (levels / (2.0 * m))
+    low = np.floor(y)
+    codes = low + (rng.random(values.size) < (y - low))
+    return np.clip(codes, 0, levels).astype(np.uint16), m
+
+
+def dequantize(codes: np.ndarray, bits: int, m: float) -> np.ndarray:
+    """The values the codes stand for: ``-m + code * 2m / (2^bits - 1)``, float32."""
+    step = 2.0 * m / ((1 << bits) - 1)
+    return (codes.astype(np.float64) * step - m).astype(np.float32)
+
+
+def top_k_index(vector: np.ndarray, k: int) -> np.ndarray:
+    """The sorted indices of the ``k`` largest magnitudes of ``vector`` (``uint32``)."""
+    if k >= vector.size:
+        return np.arange(vector.size, dtype=np.uint32)
+    part = np.argpartition(np.abs(vector), vector.size - k)[vector.size - k:]
+    return np.sort(part).astype(np.uint32)
+
+
+#: A gap token that carries 255 and no coordinate (the next token continues the same gap).
+_ESCAPE = 255
+
+
+def encode_gaps(index: np.ndarray) -> np.ndarray:
+    """Sorted coordinates as byte gaps: the first coordinate, then each one's distance to the previous,
+    every gap written as ``g // 255`` escape bytes (255) and one byte ``g % 255``. At 1% density the
+    mean gap is 100, so a coordinate costs about 1.1 bytes instead of a uint32's 4."""
+    gaps: np.ndarray = np.diff(index.astype(np.int64), prepend=0)
+    escapes, rest = np.divmod(gaps, _ESCAPE)
+    out = np.full(int(escapes.sum()) + gaps.size, _ESCAPE, dtype=np.uint8)
+    out[np.cumsum(escapes + 1) - 1] = rest
+    return out
+
+
+def decode_gaps(tokens: np.ndarray, k: int, size: int) -> np.ndarray:
+    """The ``k`` coordinates :func:`encode_gaps` wrote, checked strictly increasing and below ``size``.
+
+    Raises
+    ------
+    UpdateRejected
+        Another count, a repeated or out-of-range coordinate.
+    """
+    ends = tokens != _ESCAPE
+    index: np.ndarray = np.cumsum(tokens, dtype=np.int64)[ends]
+    if index.size != k or (tokens.size and not ends[-1]):
+        raise UpdateRejected(f"compressed index holds {index.size} coordinates, expected {k}")
+    if k and (int(index[-1]) >= size or (k > 1 and not bool(np.all(index[1:] > index[:-1])))):
+        raise UpdateRejected(f"compressed index must be strictly increasing and below {size}")
+    return index
+
+
+def shared_index(size: int, k: int, seed: int) -> np.ndarray:
+    """The round's random-k coordinates: ``k`` of ``range(size)``, sorted, the same for every holder of ``seed``."""
+    rng = np.random.default_rng([seed, size, 0x7A11])
+    return np.sort(rng.choice(size, size=min(k, size), replace=False)).astype(np.uint32)
+
+
+@dataclass(frozen=True)
+class Codec:
+    """One round's uplink encoder chain (see the module docstring).
+
+    Parameters
+    ----------
+    bits : int
+        32 sends float32 values; 1 to 16 quantises them to that many bits.
+    topk, randomk : float
+        Fraction of coordinates kept, by magnitude or at the round's shared
+        coordinates; 0 turns the sparsifier off (at most one of the two).
+    error_feedback : bool
+        Keep what was not sent on the client and add it to the next update.
+    seed : int
+        The round's shared seed (random-k's coordinates; the server binds it).
+    """
+
+    bits: int = 32
+    topk: float = 0.0
+    randomk: float = 0.0
+    error_feedback: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not (1 <= self.bits <= 16
+                                                                                or self.bits == 32):
+            raise ValueError(f"bits = {self.bits!r}: expected 1 to 16, or 32 (no quantisation)")
+        for name in ("topk", "randomk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} = {value!r}: expected a fraction in [0, 1] (0 turns it off)")
+        if self.topk and self.randomk:
+            raise ValueError("topk and randomk are two sparsifiers: choose one")
+
+    @property
+    def active(self) -> bool:
+        """Whether this codec changes anything (else the update travels dense, as float32)."""
+        return self.bits != 32 or self.topk > 0 or self.randomk > 0
+
+    @property
+    def fraction(self) -> float:
+        return self.topk or self.randomk or 1.0
+
+    def kept(self, size: int) -> int:
+        """How many of ``size`` coordinates travel."""
+        # rounded first: 0.3 x 10 is 3.0000000000000004 in floats, and keeps 3
+        return size if self.fraction >= 1.0 else max(1, min(size, math.ceil(round(self.fraction * size, 9))))
+
+    def to_extra(self) -> dict[str, float | int | bool]:
+        """The round config's keys (``TrainConfig.extra``) that tell a client this codec."""
+        return {"cx-bits": self.bits, "cx-topk": float(self.topk), "cx-randomk": float(self.randomk),
+                "cx-ef": bool(self.error_feedback), "cx-seed": int(self.seed)} if self.active else {}
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> Codec | None:
+        """The codec a round config asks for, or ``None`` (dense float32).
+
+        Raises
+        ------
+        ValueError
+            A malformed value, naming it.
+        """
+        if "cx-bits" not in extra:
+            return None
+        seed = extra.get("cx-seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"cx-seed = {seed!r}: expected an integer")
+        return cls(bits=extra["cx-bits"], topk=extra.get("cx-topk", 0.0), randomk=extra.get("cx-randomk", 0.0),
+                   error_feedback=bool(extra.get("cx-ef", True)), seed=seed)
+
+    def index(self, vector: np.ndarray) -> np.ndarray | None:
+        """The coordinates this codec keeps of ``vector`` (``None``: all of them)."""
+        k = self.kept(vector.size)
+        if k >= vector.size:
+            return None
+        return top_k_index(vector, k) if self.topk else shared_index(vector.size, k, self.seed)
+
+    def encode(self, vector: np.ndarray, rng: np.random.Generator) -> dict[str, Array]:
+        """``vector`` compressed: the arrays of a compressed update (``values`` (float32), or
+        ``codes`` (the float32 scale ``m``, then the packed codes); ``index`` for top-k, its
+        coordinates as byte gaps, :func:`encode_gaps`)."""
+        index = self.index(vector)
+        values = vector if index is None else vector[index]
+        arrays = {"index": _array(encode_gaps(index))} if index is not None and self.topk else {}
+        if self.bits == 32:
+            return {**arrays, "values": _array(values.astype(np.float32, copy=False))}
+        codes, m = quantize(values, self.bits, rng)
+        # the scale rides in the codes' first four bytes: an Array of its own costs ~300 bytes on the wire
+        head = np.frombuffer(np.array([m], _F32).tobytes(), dtype=_U8)
+        return {**arrays, "codes": _array(np.concatenate([head, pack_bits(codes, self.bits)]))}
+
+    def decode(self, arrays: Mapping[str, Any], size: int, max_bytes: int | None = None) -> np.ndarray:
+        """The dense float32 update of ``size`` values that ``arrays`` encode (a new buffer).
+
+        Raises
+        ------
+        UpdateRejected
+            Missing or extra arrays, a wrong dtype or length, an index that is
+            not strictly increasing within ``size``, a scale that is not
+            finite in ``[0, MAX_SCALE]``, or more than ``max_bytes`` in all.
+        """
+        got = {name: a for name, a in arrays.items()}
+        wanted = {"values"} if self.bits == 32 else {"codes"}
+        wanted |= {"index"} if self.topk and self.kept(size) < size else set()
+        if set(got) != wanted:
+            raise UpdateRejected(f"compressed update holds {sorted(got)}, expected {sorted(wanted)}")
+        if max_bytes is not None and sum(len(a.data) for a in got.values()) > max_bytes:
+            raise UpdateRejected(f"compressed update is over the {max_bytes}-byte limit")
+        k = self.kept(size)
+        values = self._values(got, k)
+        index = decode_gaps(_view(got["index"], _U8, "compressed index"), k, size) if self.topk and k < size \
+            else None
+        return self.scatter(values, size, index)
+
+    def scatter(self, values: np.ndarray, size: int, index: np.ndarray | None = None) -> np.ndarray:
+        """The dense update of ``size`` values whose kept values are ``values`` (a new float32 buffer).
+
+        ``index``: top-k's received coordinates; random-k's are the round's
+        own. Random-k without error feedback is rescaled by ``size / k``
+        (unbiased over the draw of coordinates). Also decodes a secure sum of
+        random-k vectors, since scattering and rescaling are linear.
+
+        Raises
+        ------
+        UpdateRejected
+            ``values`` is not ``kept(size)`` long.
+        """
+        k = self.kept(size)
+        if values.shape != (k,):
+            raise UpdateRejected(f"compressed update holds {values.shape[0]} values, expected {k} of {size}")
+        out = np.zeros(size, dtype=np.float32)
+        if k >= size:
+            out[:] = values
+            return out
+        out[index if index is not None else shared_index(size, k, self.seed)] = values
+        if self.randomk and not self.error_feedback:
+            out *= np.float32(size / k)
+        return out
+
+    def select(self, vector: np.ndarray, residual: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Random-k under secure aggregation: the kept values of ``vector`` (plus the residual, with
+        error feedback) as one dense float32 vector, which the protocol masks, and the new residual
+        (``None`` without error feedback). :meth:`scatter` decodes their secure sum."""
+        send = vector + residual if self.error_feedback and residual is not None and residual.shape == vector.shape \
+            else vector
+        index = self.index(send)
+        values = np.ascontiguousarray(send if index is None else send[index], dtype=np.float32)
+        if not self.error_feedback:
+            return values, None
+        left = np.array(send, dtype=np.float32)
+        left[slice(None) if index is None else index] = 0.0
+        return values, left
+
+    def _values(self, got: Mapping[str, Any], k: int) -> np.ndarray:
+        if self.bits == 32:
+            values = _view(got["values"], _F32, "compressed values")
+            if values.shape != (k,) or not np.isfinite(values).all():
+                raise UpdateRejected(f"compressed values: {values.shape[0]} finite float32 values expected {k}")
+            return values
+        payload = _view(got["codes"], _U8, "compressed codes")
+        want = 4 + (k * self.bits + 7) // 8
+        if payload.shape != (want,):
+            raise UpdateRejected(f"compressed codes: {payload.shape[0]} bytes, expected {want} (a float32 scale, "
+                                 f"then {k} values of {self.bits} bits)")
+        scale = float(payload[:4].view(_F32)[0])
+        if not 0.0 <= scale <= MAX_SCALE:
+            raise UpdateRejected(f"compressed scale must be a float32 in [0, {MAX_SCALE:g}], got {scale!r}")
+        return dequantize(unpack_bits(payload[4:], self.bits, k), self.bits, scale)
+
+    def error_bound(self, m: float) -> float:
+        """Worst-case error of a kept coordinate whose payload's largest magnitude is ``m``."""
+        return 0.0 if self.bits == 32 else 2.0 * m / ((1 << self.bits) - 1)
+
+
+def with_feedback(codec: Codec, delta: np.ndarray, residual: np.ndarray | None,
+                  rng: np.random.Generator) -> tuple[dict[str, Array], np.ndarray | None]:
+    """Encode ``delta`` plus what earlier rounds did not send; return the arrays and the new residual.
+
+    The residual is ``None`` when error feedback is off. One of the wrong size
+    (the model changed) is dropped, not added.
+    """
+    if not codec.error_feedback:
+        return codec.encode(delta, rng), None
+    send = delta + residual if residual is not None and residual.shape == delta.shape else delta.copy()
+    arrays = codec.encode(send, rng)
+    send -= codec.decode(arrays, send.size)
+    return arrays, send
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """The global model's precision on the way down: 32 (as is), 16 (float16) or 8 bits.
+
+    8 bits are per-tensor linear codes, round to nearest: ``|w_hat - w| <= (max - min) / 510``
+    per tensor; 16 bits are float16, relative error at most ``2^-11`` (values beyond
+    float16's range are refused, not clipped).
+    """
+
+    bits: int = 32
+
+    def __post_init__(self) -> None:
+        if self.bits not in (8, 16, 32) or isinstance(self.bits, bool):
+            raise ValueError(f"downlink bits = {self.bits!r}: expected 8, 16 or 32")
+
+    def encode(self, params: np.ndarray, layout: ParamLayout) -> dict[str, Array]:
+        """The model as named tensors in this precision (what the instruction's ``arrays`` hold).
+
+        Raises
+        ------
+        ValueError
+            A value beyond float16's range under 16 bits.
+        """
+        arrays, offset = {}, 0
+        for name, shape, n in zip(layout.names, layout.shapes, layout.sizes, strict=True):
+            part = params[offset:offset + n].reshape(shape)
+            offset += n
+            if self.bits == 8:
+                lo, step, codes = _linear8(part)
+                arrays[name] = _array(codes)
+                arrays[f"{name}@range"] = _array(np.array([lo, step], dtype=_F32))
+                continue
+            if self.bits == 16 and part.size and float(np.max(np.abs(part))) > 65504.0:
+                raise ValueError(f"tensor {name!r} holds values beyond float16's range: use downlink bits 32")
+            arrays[name] = _array(part.astype(np.float16 if self.bits == 16 else np.float32))
+        return arrays
+
+    def decode(self, arrays: Mapping[str, Any], layout: ParamLayout) -> np.ndarray:
+        """The flat float32 model ``arrays`` hold (8-bit codes decoded; floats of any width cast).
+
+        Raises
+        ------
+        UpdateRejected
+            Missing tensors, wrong shapes or dtypes, a non-finite range.
+        """
+        out, offset = np.empty(layout.size, dtype=np.float32), 0
+        for name, shape, n in zip(layout.names, layout.shapes, layout.sizes, strict=True):
+            if name not in arrays or f"{name}@range" not in arrays:
+                raise UpdateRejected(f"8-bit global model lacks tensor {name!r} or its range")
+            codes = _view(arrays[name], _U8, f"global model tensor {name!r}")
+            bounds = _view(arrays[f"{name}@range"], _F32, "tensor range")
+            lo, step = (float(bounds[0]), float(bounds[-1])) if bounds.size == 2 else (math.nan, math.nan)
+            if codes.size != n or not (math.isfinite(lo) and math.isfinite(step) and step >= 0):
+                raise UpdateRejected(f"8-bit global model tensor {name!r}: {codes.size} codes, expected {n} "
+                                     f"{shape}, with a finite range")
+            out[offset:offset + n] = (codes.reshape(-1).astype(np.float64) * step + lo).astype(np.float32)
+            offset += n
+        return out
+
+    def roundtrip(self, params: np.ndarray, layout: ParamLayout) -> np.ndarray:
+        """Exactly the model a client decodes from this broadcast (what its delta is relative to)."""
+        if self.bits == 32:
+            return params
+        if self.bits == 16:
+            return params.astype(np.float16).astype(np.float32)
+        return self.decode(self.encode(params, layout), layout)
+
+
+def _linear8(part: np.ndarray) -> tuple[float, float, np.ndarray]:
+    lo, hi = (float(part.min()), float(part.max())) if part.size else (0.0, 0.0)
+    step = (hi - lo) / 255.0
+    if step == 0.0:
+        return lo, 0.0, np.zeros(part.shape, dtype=np.uint8)
+    # float32 lo/step are what travel: round with them, so the server's roundtrip equals the client's decode
+    lo32, step32 = float(np.float32(lo)), float(np.float32(step))
+    codes = np.clip(np.rint((part.astype(np.float64) - lo32) / step32), 0, 255).astype(np.uint8)
+    return lo32, step32, codes
+
+
+def _array(values: np.ndarray) -> Array:
+    values = np.ascontiguousarray(values)
+    return Array(dtype=str(values.dtype), shape=tuple(values.shape), stype="numpy.ndarray", data=npy_bytes(values))
+
+
+def _view(array: Any, dtype: np.dtype, what: str) -> np.ndarray:
+    if not isinstance(array, Array) or array.stype != "numpy.ndarray":
+        raise UpdateRejected(f"{what} is not a numpy Array")
+    data = array.data if isinstance(array.data, bytes) else bytes(array.data)
+    return npy_view(data, what, dtype).reshape(-1)
