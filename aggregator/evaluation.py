@@ -14,7 +14,7 @@ from flwr.serverapp import Grid
 from aggregator.collect import collect, push
 from core.errors import UpdateRejected
 from core.layouts import ParamLayout
-from core.messages import TrainConfig, evaluate_instruction, parse_eval_reply
+from core.messages import TrainConfig, evaluate_instruction, parse_eval_reply, wire_bytes
 from core.weighting import WeightPolicy
 from learning.task import Metrics, TaskModel
 
@@ -30,6 +30,8 @@ class EvalSummary:
     train_loss: float | None
     per_client: dict[int, tuple[float, float | None, int]]
     metrics: dict[str, float] = field(default_factory=dict)  # the task's named figures (mae, r2, ...)
+    bytes_in: int = 0  # the replies, as serialised on Flower's wire
+    bytes_out: int = 0  # the instructions sent
 
 
 def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, config: TrainConfig,
@@ -42,6 +44,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     """
     instruction = evaluate_instruction(params, config, layout)  # one message content for every node
     content = {n: instruction for n in nodes}
+    traffic = {"in": 0}
     results: dict[int, tuple[float, float | None, int]] = {}
     named: dict[int, dict[str, int | float]] = {}
     train: list[tuple[float, int]] = []
@@ -49,6 +52,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     def on_reply(node: int, reply: Message) -> None:
         if reply.has_error():
             return
+        traffic["in"] += wire_bytes(reply.content)
         try:
             parsed = parse_eval_reply(reply.content)
         except UpdateRejected:
@@ -59,8 +63,9 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
             train.append((parsed.train_loss, parsed.train_examples))
 
     collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
+    sent = wire_bytes(instruction) * len(nodes)
     if not results:
-        return EvalSummary(None, None, None, {})
+        return EvalSummary(None, None, None, {}, bytes_in=traffic["in"], bytes_out=sent)
     nodes_in = list(results)
     weights = dict(zip(nodes_in, _ROBUST.weights([results[n][2] for n in nodes_in]), strict=True))
     train_loss = (float(np.average([loss for loss, _ in train], weights=_ROBUST.weights([n for _, n in train])))
@@ -69,7 +74,8 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     accuracy = _weighted({n: acc for n, (_, acc, _) in results.items() if acc is not None}, weights)
     names = sorted({k for figures in named.values() for k in figures})
     metrics = {k: _weighted({n: named[n][k] for n in nodes_in if k in named[n]}, weights) for k in names}
-    return EvalSummary(loss, accuracy, train_loss, results, {k: v for k, v in metrics.items() if v is not None})
+    return EvalSummary(loss, accuracy, train_loss, results, {k: v for k, v in metrics.items() if v is not None},
+                       bytes_in=traffic["in"], bytes_out=sent)
 
 
 def _weighted(values: dict[int, float], weights: dict[int, float]) -> float | None:

@@ -135,23 +135,27 @@ class BufferedLoop:
         clock = json.loads(state.extra.get(_CLOCK_KEY, "{}"))
         now = float(clock.get("virtual_time_s", 0.0))
         rng = np.random.default_rng([self.scenario.seed, 0xB0, state.round])
-        idle = [int(n) for n in rng.permutation(nodes)]
-        out = _Dispatcher(self, grid, DeviceSpeeds(spec, self.scenario.seed, tuple(nodes),
-                                                   self.scenario.training.local_epochs), clock)
+        # a permutation of positions: numpy would turn 64-bit node ids (a SuperLink's) into floats
+        idle = [int(nodes[i]) for i in rng.permutation(len(nodes))]
+        out: _Dispatcher = (_WallDispatcher(self, grid, tuple(nodes), clock) if spec.clock == "wall" else
+                            _Dispatcher(self, grid, tuple(nodes), clock,
+                                        DeviceSpeeds(spec, self.scenario.seed, tuple(nodes),
+                                                     self.scenario.training.local_epochs)))
+        now = out.start(now)
         size = state.params.size
         agg = self.strategy.new_aggregate(size)
         folded: list[ClientRecord] = []
         last: RoundRecord | None = None
         bytes_in = 0
         step_started, t0 = time.time(), time.monotonic()
-        while idle and len(out.flight) < spec.concurrency:
+        while idle and out.in_flight < spec.concurrency:
             out.send(idle.pop(0), now, state)
         futile, limit = 0, max(20, 5 * spec.concurrency)  # replies in a row that could not be folded
-        while state.round < self.scenario.rounds and out.flight:
-            item = heapq.heappop(out.flight)
+        while state.round < self.scenario.rounds and out.in_flight:
+            item = out.pop()
             now = item.arrival
             record, nbytes, delta = self._fold(item, state.round - item.version, size,
-                                               self.scenario.federation.max_update_ratio)
+                                               self.scenario.federation.max_update_ratio, out.time_key)
             bytes_in += nbytes
             if delta is not None and record.metrics is not None:
                 discounted = (delta * np.float32(record.metrics["discount"])).astype(np.float32, copy=False)
@@ -165,12 +169,11 @@ class BufferedLoop:
                 break
             idle.append(item.node)
             if agg.count >= spec.buffer_size:  # the step first: the clients dispatched next get its model
-                state, last = self._step(state, agg, folded, now, len(out.flight), step_started, t0, bytes_in,
-                                         out.take_bytes_out(), out.counters())
+                state, last = self._step(state, agg, folded, now, out, step_started, t0, bytes_in)
                 agg, folded, bytes_in = self.strategy.new_aggregate(size), [], 0
                 step_started, t0 = time.time(), time.monotonic()
-            while idle and len(out.flight) < spec.concurrency and state.round < self.scenario.rounds:
-                out.send(idle.pop(0), now, state)
+            while idle and out.in_flight < spec.concurrency and state.round < self.scenario.rounds:
+                out.send(idle.pop(0), out.now(now), state)
         status = "finished" if state.round >= self.scenario.rounds else "failed"
         return state, status, last
 
@@ -180,11 +183,12 @@ class BufferedLoop:
                         f"{reasons.most_common(1)[0][0]}); stopped before step {step}")
         self.store.log(self.run_id, self.failure, "error")
 
-    def _fold(self, item: _InFlight, staleness: int, size: int,
-              ratio: float) -> tuple[ClientRecord, int, np.ndarray | None]:
+    def _fold(self, item: _InFlight, staleness: int, size: int, ratio: float,
+              time_key: str = "virtual-time-s") -> tuple[ClientRecord, int, np.ndarray | None]:
         """Validate one arrived reply: its record, its bytes, and (``ok``) its delta for the buffer."""
         spec = self.scenario.asynchronous
-        base = {"version": item.version, "staleness": staleness, "virtual-duration-s": item.arrival - item.dispatched}
+        base = {"version": item.version, "staleness": staleness,
+                time_key.replace("-time-", "-duration-"): item.arrival - item.dispatched}
         label = str(item.node)
         if item.reply is None:
             return ClientRecord(client=label, outcome="dropped", stage="train", reason="no reply",
@@ -217,10 +221,10 @@ class BufferedLoop:
                             train_loss=float(loss) if isinstance(loss, (int, float)) else None,
                             metrics={**base, "weight": weight, "discount": discount}), nbytes, parsed.delta
 
-    def _step(self, state: ServerState, agg, folded: list[ClientRecord], now: float, in_flight: int,
-              started: float, t0: float, bytes_in: int, bytes_out: int,
-              counters: dict[str, object]) -> tuple[ServerState, RoundRecord]:
+    def _step(self, state: ServerState, agg, folded: list[ClientRecord], now: float, out: _Dispatcher,
+              started: float, t0: float, bytes_in: int) -> tuple[ServerState, RoundRecord]:
         """Apply the full buffer as one server step, evaluate, and commit it like a round."""
+        in_flight, bytes_out, counters = out.in_flight, out.take_bytes_out(), out.counters()
         step = state.round + 1
         strategy = self.strategy.for_round(state)
         new, status = advance(strategy, state, agg, min_clients=1, server_round=step,
@@ -229,7 +233,7 @@ class BufferedLoop:
         if problem is not None:
             self.store.log(self.run_id, f"step {step}: aggregate rejected: {problem}; model unchanged", "warning")
             new, status = replace(state, round=step), "rejected"
-        clock = {"virtual_time_s": now, **counters}
+        clock = {out.time_key.replace("-", "_"): now, **counters}
         new = replace(new, extra={**new.extra, _CLOCK_KEY: json.dumps(clock)})
         ok = [c for c in folded if c.outcome == "ok"]
         stale = [int(c.metrics["staleness"]) for c in ok if c.metrics]
@@ -244,9 +248,10 @@ class BufferedLoop:
             round=step, started_at=started, duration_s=time.monotonic() - t0, sampled=len(folded), clients=folded,
             train_loss=float(np.mean(losses)) if losses else None, server_loss=srv_loss, server_accuracy=srv_acc,
             bytes_in=bytes_in, bytes_out=bytes_out,
-            metrics={"status": status, "virtual-time-s": now, "staleness-mean": float(np.mean(stale)) if stale else 0.0,
-                     "staleness-max": max(stale, default=0), "in-flight": in_flight, **task_metrics,
-                     **({"reason": problem} if problem is not None else {})})
+            metrics={"status": status, out.time_key: now,
+                     "staleness-mean": float(np.mean(stale)) if stale else 0.0, "staleness-max": max(stale, default=0),
+                     "staleness-counts": np.bincount(stale).tolist() if stale else [], "in-flight": in_flight,
+                     **task_metrics, **({"reason": problem} if problem is not None else {})})
         self.store.commit_round(self.run_id, record, new)
         if self.on_round is not None:
             self.on_round(record)
@@ -261,15 +266,34 @@ class _Dispatcher:
     node's dispatches) survive a resume in the checkpoint (``counters``).
     """
 
-    def __init__(self, loop: BufferedLoop, grid: Grid, speeds: DeviceSpeeds, clock: dict[str, Any]) -> None:
+    time_key = "virtual-time-s"  # the step metric (and checkpointed clock) this dispatcher's time goes under
+
+    def __init__(self, loop: BufferedLoop, grid: Grid, nodes: tuple[int, ...], clock: dict[str, Any],
+                 speeds: DeviceSpeeds | None = None) -> None:
         self.loop, self.grid, self.speeds = loop, grid, speeds
         self.flight: list[_InFlight] = []
-        self.dispatches = {n: int(clock.get("dispatches", {}).get(str(n), 0)) for n in speeds.nodes}
+        self.dispatches = {n: int(clock.get("dispatches", {}).get(str(n), 0)) for n in nodes}
         self.seq = int(clock.get("seq", 0))
         self.bytes_out = 0
 
-    def send(self, node: int, at: float, state: ServerState) -> None:
-        """Send ``node`` the model of ``state`` at virtual time ``at``; schedule its reply."""
+    def start(self, resumed_at: float) -> float:
+        """The loop's time when it starts (a resumed run goes on from its last step's)."""
+        return resumed_at
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.flight)
+
+    def now(self, last_event: float) -> float:
+        """The time a dispatch happens at: the virtual clock stands at the last event."""
+        return last_event
+
+    def pop(self) -> _InFlight:
+        """The next reply to arrive, in virtual-time order."""
+        return heapq.heappop(self.flight)
+
+    def _message(self, node: int, state: ServerState) -> tuple[Message, np.ndarray]:
+        """The train message for ``node`` with the model of ``state``, and the model the client decodes."""
         scenario, fed = self.loop.scenario, self.loop.scenario.federation
         # A fresh seed per dispatch: a client sent the same version twice must not repeat its shuffle.
         seed = int(np.random.SeedSequence([scenario.seed, state.round, self.seq]).generate_state(
@@ -279,9 +303,15 @@ class _Dispatcher:
         self.bytes_out += wire_bytes(content)
         # what the client decodes (the broadcast's precision): its delta is relative to this
         sent = broadcast_of(config).roundtrip(state.params, self.loop.layout or ParamLayout.flat(state.params.size))
-        message = Message(content, node, "train", ttl=fed.deadline_s, group_id=str(state.round + 1))
-        replies = list(self.grid.send_and_receive([message], timeout=fed.deadline_s))
         self.dispatches[node] += 1
+        return Message(content, node, "train", ttl=fed.deadline_s, group_id=str(state.round + 1)), sent
+
+    def send(self, node: int, at: float, state: ServerState) -> None:
+        """Send ``node`` the model of ``state`` at virtual time ``at``; schedule its reply."""
+        if self.speeds is None:
+            raise ValueError("the virtual clock needs the devices' speeds")
+        message, sent = self._message(node, state)
+        replies = list(self.grid.send_and_receive([message], timeout=self.loop.scenario.federation.deadline_s))
         arrival = at + self.speeds.duration(node, self.dispatches[node])
         heapq.heappush(self.flight, _InFlight(arrival, self.seq, node, state.round, sent,
                                               replies[0] if replies else None, at))
@@ -294,3 +324,56 @@ class _Dispatcher:
 
     def counters(self) -> dict[str, object]:
         return {"seq": self.seq, "dispatches": {str(n): k for n, k in self.dispatches.items()}}
+
+
+class _WallDispatcher(_Dispatcher):
+    """Real time (``async.clock = "wall"``, a deployment): messages are pushed as clients go idle and
+    replies pulled as they come, in arrival order; a message unanswered after ``federation.deadline_s``
+    comes back as a dropped reply, and its client rejoins the idle queue."""
+
+    time_key = "wall-time-s"
+    POLL_S = 0.05
+
+    def __init__(self, loop: BufferedLoop, grid: Grid, nodes: tuple[int, ...], clock: dict[str, Any],
+                 monotonic: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        super().__init__(loop, grid, nodes, clock)
+        self.pending: dict[str, _InFlight] = {}  # message id -> the dispatch (arrival: its deadline)
+        self.arrived: list[_InFlight] = []
+        self._monotonic, self._sleep, self._origin = monotonic, sleep, monotonic()
+
+    def start(self, resumed_at: float) -> float:
+        self._origin = self._monotonic() - resumed_at  # a resumed run's wall time goes on from its last step
+        return resumed_at
+
+    def clock(self) -> float:
+        """Seconds of this run's wall time (across resumes)."""
+        return self._monotonic() - self._origin
+
+    def now(self, last_event: float) -> float:
+        return self.clock()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending) + len(self.arrived)
+
+    def send(self, node: int, at: float, state: ServerState) -> None:
+        message, sent = self._message(node, state)
+        deadline = at + self.loop.scenario.federation.deadline_s
+        for message_id in self.grid.push_messages([message]):
+            self.pending[message_id] = _InFlight(deadline, self.seq, node, state.round, sent, None, at)
+        self.seq += 1
+
+    def pop(self) -> _InFlight:
+        """The next reply to arrive (waiting for it), or a dispatch whose deadline passed, as dropped."""
+        while not self.arrived:
+            for reply in self.grid.pull_messages(list(self.pending)):
+                item = self.pending.pop(reply.metadata.reply_to_message_id, None)
+                if item is not None:
+                    self.arrived.append(replace(item, arrival=self.clock(), reply=reply))
+            now = self.clock()
+            for message_id, item in list(self.pending.items()):
+                if now >= item.arrival:  # its deadline: the client is dropped, not waited for
+                    self.arrived.append(replace(self.pending.pop(message_id), arrival=now))
+            if not self.arrived:
+                self._sleep(self.POLL_S)
+        return self.arrived.pop(0)

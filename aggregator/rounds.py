@@ -128,6 +128,8 @@ class RoundLoop:
                                              self.layout)
                 fed_loss, fed_acc = summary.loss, summary.accuracy
                 fed_metrics = {f"fed-{k}": v for k, v in summary.metrics.items()}
+                # federated evaluation's traffic: beside the training traffic that bytes_in / bytes_out hold
+                fed_metrics.update({"eval-bytes-in": summary.bytes_in, "eval-bytes-out": summary.bytes_out})
                 train_loss = summary.train_loss if summary.train_loss is not None else train_loss
                 clients = [_with_eval(c, summary.per_client) for c in clients]
             if ev.server and self.server_eval is not None:

@@ -134,9 +134,9 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
         strategy, fit = build_strategy(scenario), build_fit(scenario)
     except ValueError as exc:  # SecAggConfigError, DPConfigError: a setting the schema let through
         raise ScenarioError(f"{scenario.name}: {exc}") from None
-    if scenario.asynchronous.enabled and engine != "inprocess":
-        raise ScenarioError(f"{scenario.name}: async.enabled = true runs on the in-process engine's virtual "
-                            f"clock only (engine {engine!r}); run it with `quorum simulate`")
+    if scenario.asynchronous.enabled and scenario.asynchronous.clock == "virtual" and engine != "inprocess":
+        raise ScenarioError(f"{scenario.name}: async.clock = \"virtual\" simulates device speeds on the in-process "
+                            f"engine only (engine {engine!r}); set async.clock = \"wall\" to run in real time")
     run_id, state, factory, test = open_run(store, scenario, strategy, engine, resume_id)
     try:
         if on_start is not None:

@@ -27,17 +27,19 @@ SKIPPED = "skipped"
 
 
 def train_config(scenario: Scenario, strategy: Strategy | None, server_round: int) -> TrainConfig:
-    """The round's training instruction: the scenario's settings, then the strategy's own.
+    """The round's training instruction: the scenario's settings, the round's compression
+    (``[compression]``), then the strategy's own.
 
     ``strategy=None`` gives the plain settings (evaluation instructions carry
-    no strategy settings).
+    no strategy settings, only the broadcast's precision).
     """
     t = scenario.training
     config = TrainConfig(round=server_round, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
                          momentum=t.momentum, seed=scenario.seed)
-    if strategy is None:
-        return config
-    codec, down = round_codec(scenario, server_round), scenario.compression.downlink_bits
+    down = scenario.compression.downlink_bits
+    if strategy is None:  # an evaluation: the broadcast's precision only
+        return replace(config, extra={DOWNLINK_BITS: down}) if down != 32 else config
+    codec = round_codec(scenario, server_round)
     extra = {**(codec.to_extra() if codec is not None else {}), **({DOWNLINK_BITS: down} if down != 32 else {})}
     return strategy.configure_train(replace(config, extra={**config.extra, **extra}) if extra else config)
 
@@ -49,7 +51,7 @@ def round_codec(scenario: Scenario, server_round: int) -> Codec | None:
     if not spec.uplink:
         return None
     seed = int(np.random.SeedSequence([scenario.seed, server_round, 0xC0DEC]).generate_state(1)[0])
-    return Codec(bits=spec.bits, topk=spec.topk, randomk=spec.randomk, error_feedback=spec.error_feedback, seed=seed)
+    return Codec(bits=spec.bits, topk=spec.topk, randomk=spec.randomk, error_feedback=spec.feedback, seed=seed)
 
 
 def advance(strategy: Strategy, state: ServerState, agg: MeanState | None, *, min_clients: int,

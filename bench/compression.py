@@ -5,10 +5,14 @@ CNN, FedAvg) runs once per method, same seed, same number of rounds:
 
 - ``none``: dense float32 updates (the anchor);
 - ``8-bit`` / ``4-bit``: every value stochastically quantised (``[compression] bits``);
-- ``top-k 1%``: the 1% largest magnitudes with error feedback (float32 values, uint32 indices);
+- ``top-k 1%``: the 1% largest magnitudes with error feedback (float32 values, their
+  coordinates as byte gaps);
 - ``top-k 1% 8-bit``: the same, values in 8 bits;
-- ``random-k 10% secagg``: secure aggregation (``[secagg]``), masking only the round's
-  shared 10% of coordinates, with error feedback; its anchor is dense secure aggregation.
+- ``random-k 10% 4-bit``: the round's shared 10% of coordinates (rescaled by 10, no
+  error feedback), values in 4 bits;
+- ``random-k 10% secagg``: secure aggregation masking only the round's shared 10% of
+  coordinates, in its 16-bit ring (``[secagg] bits = 16``); its anchor, ``secagg dense``,
+  is secure aggregation's default 32-bit ring over every coordinate (both clip at 0.5).
 
 Bytes are what the run store recorded: every message serialised as Flower's
 wire carries it (``core.messages.wire_bytes``), so the secure-aggregation
@@ -16,7 +20,7 @@ rows include the protocol's keys, shares and unmasking. For each method: the
 uplink bytes until the server's held-out accuracy first reaches the target
 (90%), the final accuracy, and the total bytes each way.
 
-    python bench/compression.py            # 12 rounds per method (several minutes)
+    python bench/compression.py            # 20 rounds per method (about 15 minutes here)
     python bench/compression.py --quick    # digits, 6 clients, 3 rounds (seconds)
 
 Ends with one JSON line: ``best_uplink_reduction`` (the anchor's uplink bytes
@@ -53,8 +57,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "4-bit": {"compression": {"bits": 4}},
     "top-k 1%": {"compression": {"topk": 0.01}},
     "top-k 1% 8-bit": {"compression": {"topk": 0.01, "bits": 8}},
-    "secagg dense": {"secagg": {"enabled": True, "clip_range": 1.0}},
-    "random-k 10% secagg": {"secagg": {"enabled": True, "clip_range": 1.0}, "compression": {"randomk": 0.1}},
+    "random-k 10% 4-bit": {"compression": {"randomk": 0.1, "bits": 4}},
+    "secagg dense": {"secagg": {"enabled": True, "clip_range": 0.5}},
+    "random-k 10% secagg": {"secagg": {"enabled": True, "clip_range": 0.5, "bits": 16},
+                            "compression": {"randomk": 0.1}},
 }
 SECAGG_ANCHOR, SECAGG_METHOD = "secagg dense", "random-k 10% secagg"
 
@@ -137,13 +143,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="digits, 6 clients, 3 rounds (seconds)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds per method (default 12; 3 with --quick)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per method (default 20; 3 with --quick)")
     parser.add_argument("--target", type=float, default=None, help="accuracy target (default 0.90; 0.80 quick)")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS),
                         help="methods to run (default: all; 'none' is the anchor)")
     args = parser.parse_args(argv)
     if args.rounds is None:
-        args.rounds = 3 if args.quick else 12
+        args.rounds = 3 if args.quick else 20
     if args.target is None:
         args.target = 0.80 if args.quick else 0.90
     if args.rounds < 1 or not 0 < args.target <= 1:

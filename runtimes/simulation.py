@@ -48,9 +48,9 @@ def simulate(scenario: Scenario, *, db_url: str, engine: str = "inprocess",
              on_start: Callable[[str], None] | None = None) -> RunSummary:
     """Run ``scenario`` (or resume run ``resume_id``) and summarise it."""
     started = time.monotonic()
-    if scenario.asynchronous.enabled and engine != "inprocess":
-        raise ScenarioError(f"{scenario.name}: async.enabled = true runs on the in-process engine's virtual "
-                            f"clock only, not engine {engine!r}")
+    if scenario.asynchronous.enabled and scenario.asynchronous.clock == "virtual" and engine != "inprocess":
+        raise ScenarioError(f"{scenario.name}: async.clock = \"virtual\" simulates device speeds on the in-process "
+                            f"engine only, not engine {engine!r}; set async.clock = \"wall\" to run in real time")
     store = RunStore(db_url)
     if engine == "ray":
         from runtimes.ray_engine import run_on_ray

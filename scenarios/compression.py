@@ -23,7 +23,10 @@ class CompressionSpec:
     largest magnitudes (their indices travel); ``randomk`` keeps that fraction
     at coordinates drawn from the round's shared seed (nothing about them
     travels; works under secure aggregation and DP). ``error_feedback`` keeps
-    what was not sent on the client for its next update. ``downlink_bits``
+    what was not sent on the client for its next update; unset, it is on for
+    top-k (biased without it) and off otherwise (random-k, rescaled by
+    ``d / k``, and stochastic rounding are unbiased, and measured on the
+    quickstart the residual only delays their coordinates). ``downlink_bits``
     sends the global model in float16 (16) or per-tensor 8-bit codes (8;
     Quorum's client only).
     """
@@ -31,7 +34,7 @@ class CompressionSpec:
     bits: int = 32
     topk: float = 0.0
     randomk: float = 0.0
-    error_feedback: bool = True
+    error_feedback: bool | None = None  # None: on for top-k, off otherwise
     downlink_bits: Literal[8, 16, 32] = 32
 
     def _check(self) -> None:
@@ -48,6 +51,11 @@ class CompressionSpec:
         """Whether updates travel compressed."""
         return self.bits != 32 or self.topk > 0 or self.randomk > 0
 
+    @property
+    def feedback(self) -> bool:
+        """Whether clients keep a residual: ``error_feedback``, else on for top-k only."""
+        return bool(self.topk) if self.error_feedback is None else self.error_feedback
+
 
 def check_compression(scenario: Any) -> None:
     """Refuse what compression does not compose with, naming both keys (``scenario``: a Scenario)."""
@@ -58,9 +66,10 @@ def check_compression(scenario: Any) -> None:
     if scenario.secagg.enabled and spec.bits != 32:
         raise Bad("compression.bits", spec.bits, "[secagg] enabled = true quantises on its own grid: set "
                    "secagg.bits (16 halves the masked vector) and leave compression.bits = 32")
-    if scenario.dp.enabled and spec.uplink and spec.error_feedback:
-        raise Bad("compression.error_feedback", True, "[dp] enabled = true: the residual would carry a "
-                   "client's past updates past the clip, outside what the accountant covers; set it to false")
+    if scenario.dp.enabled and spec.uplink and spec.feedback:
+        raise Bad("compression.error_feedback", spec.error_feedback, "[dp] enabled = true: the residual (on by "
+                   "default for top-k) would carry a client's past updates past the clip, outside what the "
+                   "accountant covers; set it to false")
     if scenario.dp.enabled and scenario.dp.adaptive_clipping and (spec.topk or spec.randomk):
         raise Bad("compression.topk" if spec.topk else "compression.randomk", spec.topk or spec.randomk,
                    "dp.adaptive_clipping = true sends its clip bit as one more coordinate, which a sparsifier "

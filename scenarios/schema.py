@@ -249,9 +249,13 @@ class AsyncSpec:
     ``base_time_s x local_epochs x`` its speed factor (lognormal with
     ``speed_sigma``, median 1; a ``stragglers`` fraction of the clients
     ``straggler_factor`` times slower) ``x`` a lognormal jitter per dispatch.
+    ``clock = "wall"`` runs in real time instead (any engine, a deployment
+    included): models are pushed as clients go idle and replies pulled as
+    they arrive; the device-speed keys then do not apply.
     """
 
     enabled: bool = False
+    clock: Literal["virtual", "wall"] = "virtual"
     concurrency: int = 10
     buffer_size: int = 5
     max_staleness: int = 20
@@ -275,6 +279,9 @@ class AsyncSpec:
             at_most(key, getattr(self, key), 5.0)
         at_most("straggler_factor", self.straggler_factor, 1e6)
         at_most("base_time_s", self.base_time_s, 1e9)
+        if self.clock == "wall" and self.stragglers:
+            raise Bad("stragglers", self.stragglers, "simulates slow devices on the virtual clock; with "
+                       "clock = \"wall\" every device takes its real time (set stragglers = 0)")
 
 
 @dataclass(frozen=True)

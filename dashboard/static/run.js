@@ -99,12 +99,17 @@
     }
     const x = rounds.map((r) => r.round);
     const col = (key) => rounds.map((r) => r[key]);
-    // An asynchronous (FedBuff) run's steps carry their virtual time: accuracy and loss are drawn against it.
-    const clock = rounds.map((r) => (r.metrics || {})["virtual-time-s"]);
-    const virtual = clock.length > 0 && clock.every((v) => typeof v === "number" && Number.isFinite(v));
-    const tx = virtual ? clock : x;
-    const timeAxis = virtual ? { xaxis: { title: { text: "virtual time (s)" }, ticksuffix: " s", gridcolor: "#eef0f3",
-                                          zeroline: false, rangemode: "tozero" } } : {};
+    // An asynchronous (FedBuff) run's steps carry their time, virtual or wall: accuracy and loss are drawn against it.
+    const timed = (key) => {
+      const values = rounds.map((r) => (r.metrics || {})[key]);
+      return values.length > 0 && values.every((v) => typeof v === "number" && Number.isFinite(v)) ? values : null;
+    };
+    const virtualClock = timed("virtual-time-s");
+    const clock = virtualClock || timed("wall-time-s");
+    const tx = clock || x;
+    const timeAxis = clock ? { xaxis: { title: { text: virtualClock ? "virtual time (s)" : "wall time (s)" },
+                                        ticksuffix: " s", gridcolor: "#eef0f3", zeroline: false,
+                                        rangemode: "tozero" } } : {};
     plot("chart-accuracy", [
       line("server", tx, col("server_accuracy"), COLORS.server),
       line("federated", tx, col("fed_accuracy"), COLORS.fed),
@@ -149,7 +154,25 @@
          yaxis: { tickformat: ".0%", rangemode: "tozero" } });
   }
 
+  /** An asynchronous run's staleness histogram: how many folded replies were s server steps old, over all steps. */
+  function drawStaleness() {
+    const totals = [];
+    for (const r of rounds) {
+      const counts = (r.metrics || {})["staleness-counts"];
+      if (!Array.isArray(counts)) continue;
+      counts.forEach((n, s) => { totals[s] = (totals[s] || 0) + (Number.isFinite(n) ? n : 0); });
+    }
+    if (!totals.length) return;
+    document.getElementById("panel-staleness").hidden = false;
+    const staleness = totals.map((_, s) => s);
+    plot("chart-staleness", [bar("folded replies", staleness, totals.map((n) => n || 0), COLORS.in)],
+      { showlegend: false, xaxis: { title: { text: "staleness (server steps behind)" }, tickformat: "d",
+                                     dtick: 1, gridcolor: "#eef0f3" },
+        yaxis: { rangemode: "tozero", tickformat: "d" } });
+  }
+
   function drawOptional(x) {
+    drawStaleness();
     const eps = rounds.map((r) => r.epsilon);
     if (eps.some((v) => v !== null)) {
       document.getElementById("panel-epsilon").hidden = false;

@@ -103,6 +103,16 @@ def _outcomes(db_url: str, run_id: str) -> list[str]:
     return _per_client(db_url, run_id, "outcome")
 
 
+def test_error_feedback_is_on_for_top_k_only_unless_set() -> None:
+    assert tiny_scenario(compression={"topk": 0.1}).compression.feedback
+    assert not tiny_scenario(compression={"randomk": 0.1}).compression.feedback
+    assert not tiny_scenario(compression={"bits": 4}).compression.feedback
+    assert tiny_scenario(compression={"randomk": 0.1, "error_feedback": True}).compression.feedback
+    assert not tiny_scenario(compression={"topk": 0.1, "error_feedback": False}).compression.feedback
+    # and DP takes random-k as it comes (no residual)
+    assert tiny_scenario(dp={"enabled": True, "noise_multiplier": 1.0}, compression={"randomk": 0.1})
+
+
 def test_client_keeps_its_residual_in_the_node_state_between_rounds() -> None:
     # Prepare: a node's context, top-k 10% with error feedback
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
@@ -132,7 +142,9 @@ def test_wire_bytes_counts_a_record_sent_under_two_names_once() -> None:
 @pytest.mark.parametrize("sections, key", [
     ({"secagg": {"enabled": True}, "compression": {"topk": 0.1}}, "compression.topk"),
     ({"secagg": {"enabled": True}, "compression": {"bits": 8}}, "compression.bits"),
-    ({"dp": {"enabled": True, "noise_multiplier": 1.0}, "compression": {"randomk": 0.1}}, "compression.error_feedback"),
+    ({"dp": {"enabled": True, "noise_multiplier": 1.0}, "compression": {"topk": 0.1}}, "compression.error_feedback"),
+    ({"dp": {"enabled": True, "noise_multiplier": 1.0}, "compression": {"randomk": 0.1, "error_feedback": True}},
+     "compression.error_feedback"),
     ({"dp": {"enabled": True, "noise_multiplier": 1.0, "adaptive_clipping": True},
       "compression": {"randomk": 0.1, "error_feedback": False}}, "compression.randomk"),
     ({"compression": {"topk": 0.1, "randomk": 0.1}}, "compression.topk"),

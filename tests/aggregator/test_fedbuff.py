@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from collections import Counter
 
 import numpy as np
@@ -12,6 +14,7 @@ from flwr.app import Context, Message
 from aggregator.fedbuff import DeviceSpeeds, staleness_weight
 from aggregator.serverapp import run_federation
 from aggregator.store import RunStore
+from clients.clientapp import app as client_app
 from core.messages import read_instruction, train_reply
 from core.records import RoundRecord
 from runtimes.inprocess import InProcessGrid, NodeSpec
@@ -167,7 +170,7 @@ def test_async_settings_are_validated_and_survive_a_round_trip() -> None:
 
 
 def test_the_async_mode_refuses_an_engine_without_a_virtual_clock(db_url: str) -> None:
-    with pytest.raises(ScenarioError, match="in-process engine's virtual clock only"):
+    with pytest.raises(ScenarioError, match='set async.clock = "wall"'):
         run_federation(object(), scenario(), RunStore(db_url), engine="flower")  # type: ignore[arg-type]
     with pytest.raises(ScenarioError, match="not engine 'ray'"):
         simulate(scenario(), db_url=db_url, engine="ray")
@@ -186,3 +189,55 @@ def test_an_async_run_in_which_no_reply_can_be_folded_fails_with_the_reason(db_u
     run = RunStore(db_url).get_run(summary.run_id)
     assert run.status == "failed" and run.rounds_done == 0
     assert "could not be folded" in run.error and "exceeds the bound" in run.error
+
+
+class SlowNodeGrid(InProcessGrid):
+    """The in-process grid, with one node's replies held back ``delay_s`` seconds of wall time."""
+
+    def __init__(self, *args, slow: int, delay_s: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.slow, self.delay_s = slow, delay_s
+
+    def push_messages(self, messages):
+        batch = list(messages)
+        ids = list(super().push_messages(batch))
+        for message_id, message in zip(ids, batch, strict=True):
+            if message.metadata.dst_node_id == self.slow:
+                self._ready_at[message_id] = time.monotonic() + self.delay_s
+        return ids
+
+
+def test_wall_clock_mode_steps_while_a_slow_client_trains_and_folds_its_stale_reply(db_url: str) -> None:
+    # Prepare: 3 clients, all in flight, a step every 2 replies; node 3 answers 0.6 s late in wall time
+    spec = tiny_scenario(rounds=30, federation={"clients": 3, "deadline_s": 30.0}, evaluation={"federated": False},
+                         **{"async": {"enabled": True, "clock": "wall", "concurrency": 3, "buffer_size": 2}})
+    nodes = [NodeSpec(i + 1, {"partition-id": i, "num-partitions": 3}) for i in range(3)]
+    run_config = {"scenario-json": json.dumps(spec.to_dict())}
+    with SlowNodeGrid(client_app, nodes, run_config, slow=3, delay_s=0.6) as grid:
+        # Execute
+        run_id, result = run_federation(grid, spec, RunStore(db_url), engine="inprocess")
+
+    # Assert: steps were taken before the slow client's first reply arrived; that reply was folded
+    # later, stale, with the discount 1 / sqrt(1 + s); every step records wall time and staleness counts
+    store = RunStore(db_url)
+    rows = store.rounds(run_id)
+    assert result.status == "finished" and len(rows) == 30
+    replies = [(r.round, c) for r in rows for c in store.client_results(run_id, r.round) if c.outcome == "ok"]
+    slow = [(step, c) for step, c in replies if c.client == "3"]
+    first_slow_step = slow[0][0]
+    assert first_slow_step >= 2  # at least one step applied while node 3 was still training
+    stale = slow[0][1].metrics
+    assert stale["staleness"] >= 1 and stale["discount"] == pytest.approx(1 / math.sqrt(1 + stale["staleness"]))
+    assert stale["wall-duration-s"] >= 0.6
+    times = [r.metrics["wall-time-s"] for r in rows]
+    assert times == sorted(times) and all("virtual-time-s" not in r.metrics for r in rows)
+    for r in rows:
+        counts = r.metrics["staleness-counts"]
+        folded = [c for c in store.client_results(run_id, r.round) if c.outcome == "ok"]
+        assert sum(counts) == len(folded) == 2
+        assert counts == np.bincount([int(c.metrics["staleness"]) for c in folded]).tolist()
+
+
+def test_wall_clock_refuses_the_virtual_clocks_device_speeds() -> None:
+    with pytest.raises(ScenarioError, match=r"async.stragglers = 0.25: simulates slow devices"):
+        scenario(clock="wall")

@@ -45,6 +45,7 @@ def test_run_page_has_charts_table_scenario_and_downloads(client: TestClient, fi
     assert f'/api/runs/{filled_store.sim_run}/checkpoint"' in page and "metrics.csv" in page
     assert '[federation]\nclients = 20' in page  # the scenario, TOML-like
     assert 'id="panel-epsilon" hidden' in page and 'id="panel-secagg" hidden' in page  # no DP, no secagg
+    assert 'id="panel-staleness" hidden' in page  # shown by run.js for an asynchronous run's steps
 
 
 def test_run_page_shows_epsilon_and_secagg_when_recorded(client: TestClient, filled_store: FilledStore) -> None:

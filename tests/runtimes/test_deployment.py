@@ -15,6 +15,7 @@ reach the accuracy Quorum's own client reached (issue 11).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 import tomllib
@@ -62,6 +63,35 @@ FLOWER_ENV = {
 START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 240.0
 STOCK_APP = REPO / "tests" / "runtimes" / "flower_quickstart"
+SLOW_APP = REPO / "tests" / "runtimes" / "slow_app"  # Quorum's ClientApp; `delay-s` in a node's config slows it
+SLOW_DELAY_S = 12.0
+
+ASYNC_SCENARIO = """
+name = "deployment-async"
+seed = 5
+rounds = 3                       # server steps
+[data]
+dataset = "digits"
+partition = "iid"
+[model]
+name = "logreg"
+[federation]
+clients = 3
+deadline_s = 120.0
+[training]
+local_epochs = 1
+batch_size = 32
+lr = 0.1
+[evaluation]
+federated = false
+server = true
+[async]
+enabled = true
+clock = "wall"                   # real time on a deployment
+concurrency = 3
+buffer_size = 2
+max_staleness = 10
+"""
 
 
 def test_two_rounds_on_a_superlink_with_two_supernodes(processes: Processes, tmp_path: Path) -> None:
@@ -133,6 +163,47 @@ def test_a_stock_flower_clientapp_runs_on_flowers_ray_simulation_under_quorums_s
     assert [r.answered for r in rounds] == [2, 2]
     assert all(c.outcome == "ok" for r in rounds for c in store.client_results(stored.id, r.round))
     assert rounds[-1].server_accuracy > 0.3  # past chance (0.1): node ids, random here, seed the training
+
+
+def test_fedbuff_in_wall_time_on_a_superlink_steps_past_a_slow_supernode(processes: Processes,
+                                                                          tmp_path: Path) -> None:
+    # Prepare: three SuperNodes, the third 12 s slower to train (issue 15)
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(ASYNC_SCENARIO)
+    link_port, *node_ports = free_ports(4)
+    env = {**FLOWER_ENV, "FLWR_HOME": str(_flower_home(tmp_path, link_port))}
+    link = processes.start("superlink-async", [
+        str(VENV_BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(link_port),
+        "--disable-runtime-dependency-installation"], env)
+    _wait_healthy(link, link_port, processes)
+    delays = [0.0, 0.0, SLOW_DELAY_S]
+    nodes = [processes.start(f"supernode-async-{i}", [
+        str(VENV_BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{link_port}",
+        "--port", str(port), "--node-config", f"partition-id={i} num-partitions=3 delay-s={delays[i]}"], env)
+        for i, port in enumerate(node_ports)]
+    for node in nodes:
+        _wait_for_log(node, "SuperNode ID:", processes)
+    slow_id = re.search(r"SuperNode ID: (\d+)", nodes[2].log.read_text(errors="replace"))[1]
+
+    # Execute
+    store, stored = _flwr_run(processes, "flwr-run-async", SLOW_APP, scenario, tmp_path / "async.db", env)
+
+    # Assert: three steps of two replies in wall time; steps were applied while the slow node trained,
+    # and its reply, when it came, was folded in stale with the weight 1 / sqrt(1 + staleness)
+    assert (stored.status, stored.rounds_done) == ("finished", 3), f"{stored.status}: {stored.error}"
+    rows = store.rounds(stored.id)
+    folded = [(r.round, c) for r in rows for c in store.client_results(stored.id, r.round) if c.outcome == "ok"]
+    assert all(sum(r.metrics["staleness-counts"]) == 2 for r in rows)
+    slow = [(step, c) for step, c in folded if c.client == slow_id]
+    assert slow, (slow_id, [(step, c.client, c.metrics) for step, c in folded])
+    step, reply = slow[0]
+    # a step was applied while it trained: its first reply is stale, and folded after that step
+    assert step >= 2 and reply.metrics["staleness"] >= 1 and reply.metrics["wall-duration-s"] >= SLOW_DELAY_S
+    assert reply.metrics["discount"] == pytest.approx(1 / (1 + reply.metrics["staleness"]) ** 0.5)
+    assert step - 1 >= reply.metrics["staleness"]  # the steps between its dispatch and its fold
+    times = [r.metrics["wall-time-s"] for r in rows]
+    assert times == sorted(times) and times[-1] >= SLOW_DELAY_S
+    assert rows[-1].server_accuracy is not None
 
 
 def _flwr_run(processes: Processes, name: str, app: Path, scenario: Path, db_path: Path,

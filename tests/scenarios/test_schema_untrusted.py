@@ -73,6 +73,7 @@ _KEYS = {
     "secagg": ["enabled", "threshold", "bits", "degree", "max_weight"],
     "dp": ["enabled", "clip_norm", "noise_multiplier", "delta"],
     "faults": ["dropouts", "stragglers"],
+    "compression": ["bits", "topk", "randomk", "error_feedback", "downlink_bits"],
 }
 _values = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70), st.sampled_from([2**63, 2**63 - 1, -1, 0, 1, 10**400]),
@@ -106,6 +107,9 @@ def test_any_mutated_scenario_is_valid_or_a_named_error(raw: dict) -> None:
     assert 0 <= scenario.seed < 2**63 and 1 <= scenario.rounds <= 1_000_000
     assert math.isfinite(scenario.training.lr) and math.isfinite(scenario.federation.deadline_s)
     assert scenario.data.client_test_fraction < 1
+    cx = scenario.compression  # a codec the round can build: an accepted setting never fails mid-run
+    assert (1 <= cx.bits <= 16 or cx.bits == 32) and 0 <= cx.topk <= 1 and 0 <= cx.randomk <= 1
+    assert not (cx.topk and cx.randomk) and cx.downlink_bits in (8, 16, 32)
 
 
 @settings(max_examples=150, deadline=None)
