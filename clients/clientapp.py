@@ -164,7 +164,9 @@ def _compress(delta: np.ndarray, config: TrainConfig, context: Context,
         if left is not None:
             _keep_residual(context, left)
         return values, None
-    arrays, left = with_feedback(codec, delta, residual, np.random.default_rng())
+    # stochastic rounding's draws: from the round and node, so a run is reproducible from its seed
+    rng = np.random.default_rng([config.seed, config.round, context.node_id, 0xC0DE])
+    arrays, left = with_feedback(codec, delta, residual, rng)
     if left is not None:
         _keep_residual(context, left)
     return delta, arrays

@@ -148,7 +148,8 @@ def _compressed(node: int, update: np.ndarray, config: TrainConfig,
     if codec is None:
         return update
     kept = {} if residuals is None else residuals
-    arrays, left = with_feedback(codec, update, kept.get(node), np.random.default_rng())
+    rng = np.random.default_rng([config.seed, config.round, node, 0xC0DE])  # as the ClientApp draws them
+    arrays, left = with_feedback(codec, update, kept.get(node), rng)
     if left is not None:
         kept[node] = left
     return codec.decode(arrays, update.size)

@@ -91,9 +91,10 @@ def test_two_rank_fp16_hook_tracks_sgd_on_concatenated_batches(start_job, scenar
 
 
 def test_local_sgd_compresses_client_updates_as_the_federated_run_does(scenario_file, tmp_path):
-    # Prepare: top-k 10% with error feedback, half the clients a round (the residuals carry over)
+    # Prepare: top-k 10% in 8 bits with error feedback, half the clients a round (the residuals carry over;
+    # stochastic rounding draws from the round and node, as the ClientApp does)
     path = scenario_file(clients=4, fraction=0.5, rounds=3, momentum=0.0, federated="false")
-    path.write_text(path.read_text() + "[compression]\ntopk = 0.1\n")
+    path.write_text(path.read_text() + "[compression]\ntopk = 0.1\nbits = 8\n")
     scenario = load_scenario(path)
     torch.set_num_threads(1)
     sim = simulate(scenario, db_url=f"sqlite:///{tmp_path / 'sim.db'}")
