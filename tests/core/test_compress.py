@@ -159,10 +159,11 @@ def test_random_k_under_secure_aggregation_sums_the_kept_coordinates():
         assert np.allclose(left + codec.scatter(delta[index].astype(np.float32), 300), delta, atol=1e-6)
 
 
-def test_random_k_values_on_the_grid_sum_exactly_under_secure_aggregation():
+@pytest.mark.parametrize("bits", [16, 32])
+def test_random_k_values_on_the_grid_sum_exactly_under_secure_aggregation(bits):
     # Prepare: values that are whole grid steps (k / scale) survive quantisation untouched
-    config = SecAggConfig(clip_range=1.0, max_weight=1.0, threat_model="semi-honest", threshold=3)
-    scale = (2**31 - 1) // 4 - 1  # the 32-bit quantiser's steps per unit for 4 participants, clip 1
+    config = SecAggConfig(clip_range=1.0, max_weight=1.0, threat_model="semi-honest", threshold=3, bits=bits)
+    scale = (2 ** (bits - 1) - 1) // 4 - 1  # the quantiser's steps per unit for 4 participants, clip 1
     rng = np.random.default_rng(5)
     codec = Codec(randomk=0.2, seed=3)
     vectors = [rng.integers(-1000, 1000, size=50) / scale for _ in range(4)]

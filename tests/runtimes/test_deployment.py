@@ -98,19 +98,9 @@ def test_two_rounds_on_a_superlink_with_two_supernodes(processes: Processes, tmp
     # Prepare
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(SCENARIO)
-    link_port, *node_ports = free_ports(3)
-    env = {**FLOWER_ENV, "FLWR_HOME": str(_flower_home(tmp_path, link_port))}
     t0 = time.monotonic()
-    link = processes.start("superlink", [
-        str(VENV_BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(link_port),
-        "--disable-runtime-dependency-installation"], env)
-    _wait_healthy(link, link_port, processes)
-    nodes = [processes.start(f"supernode-{i}", [
-        str(VENV_BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{link_port}",
-        "--port", str(port), "--node-config", f"partition-id={i} num-partitions=2"], env)
-        for i, port in enumerate(node_ports)]
-    for node in nodes:
-        _wait_for_log(node, "SuperNode ID:", processes)
+    env, _ = _federation(processes, tmp_path, "", ["partition-id=0 num-partitions=2",
+                                                   "partition-id=1 num-partitions=2"])
     t_up = time.monotonic()
 
     # Execute: Quorum's app, then a user's stock Flower ClientApp under Quorum's ServerApp
@@ -170,19 +160,9 @@ def test_fedbuff_in_wall_time_on_a_superlink_steps_past_a_slow_supernode(process
     # Prepare: three SuperNodes, the third 12 s slower to train (issue 15)
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(ASYNC_SCENARIO)
-    link_port, *node_ports = free_ports(4)
-    env = {**FLOWER_ENV, "FLWR_HOME": str(_flower_home(tmp_path, link_port))}
-    link = processes.start("superlink-async", [
-        str(VENV_BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(link_port),
-        "--disable-runtime-dependency-installation"], env)
-    _wait_healthy(link, link_port, processes)
     delays = [0.0, 0.0, SLOW_DELAY_S]
-    nodes = [processes.start(f"supernode-async-{i}", [
-        str(VENV_BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{link_port}",
-        "--port", str(port), "--node-config", f"partition-id={i} num-partitions=3 delay-s={delays[i]}"], env)
-        for i, port in enumerate(node_ports)]
-    for node in nodes:
-        _wait_for_log(node, "SuperNode ID:", processes)
+    env, nodes = _federation(processes, tmp_path, "-async",
+                             [f"partition-id={i} num-partitions=3 delay-s={d}" for i, d in enumerate(delays)])
     slow_id = re.search(r"SuperNode ID: (\d+)", nodes[2].log.read_text(errors="replace"))[1]
 
     # Execute
@@ -204,6 +184,24 @@ def test_fedbuff_in_wall_time_on_a_superlink_steps_past_a_slow_supernode(process
     times = [r.metrics["wall-time-s"] for r in rows]
     assert times == sorted(times) and times[-1] >= SLOW_DELAY_S
     assert rows[-1].server_accuracy is not None
+
+
+def _federation(processes: Processes, tmp_path: Path, suffix: str,
+                node_configs: list[str]) -> tuple[dict[str, str], list[Started]]:
+    """A SuperLink and one SuperNode per node config, on loopback, once all are up: the env and the nodes."""
+    link_port, *node_ports = free_ports(1 + len(node_configs))
+    env = {**FLOWER_ENV, "FLWR_HOME": str(_flower_home(tmp_path, link_port))}
+    link = processes.start(f"superlink{suffix}", [
+        str(VENV_BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(link_port),
+        "--disable-runtime-dependency-installation"], env)
+    _wait_healthy(link, link_port, processes)
+    nodes = [processes.start(f"supernode{suffix}-{i}", [
+        str(VENV_BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{link_port}",
+        "--port", str(port), "--node-config", config], env)
+        for i, (port, config) in enumerate(zip(node_ports, node_configs, strict=True))]
+    for node in nodes:
+        _wait_for_log(node, "SuperNode ID:", processes)
+    return env, nodes
 
 
 def _flwr_run(processes: Processes, name: str, app: Path, scenario: Path, db_path: Path,
