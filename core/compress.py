@@ -63,19 +63,40 @@ MAX_SCALE = 1e30
 _U8, _F32 = np.dtype(np.uint8), np.dtype("<f4")
 
 
+#: Codes packed or unpacked per pass: a multiple of 8, so every chunk but the last fills whole bytes,
+#: and the bit planes of a pass stay at 16 MiB whatever the model's size.
+_PACK_CHUNK = 1 << 20
+
+
 def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
     """``codes`` (each below ``2^bits``) packed ``bits`` bits apiece, little-endian, into bytes."""
     wide = np.ascontiguousarray(codes, dtype="<u2")
-    planes = np.unpackbits(wide.view(np.uint8).reshape(-1, 2), axis=1, bitorder="little")[:, :bits]
-    return np.packbits(planes.reshape(-1), bitorder="little")
+    if bits in (8, 16):  # whole bytes: no bit planes
+        return np.ascontiguousarray(wide.astype(np.uint8) if bits == 8 else wide).view(np.uint8).copy()
+    out = np.empty((wide.size * bits + 7) // 8, dtype=np.uint8)
+    for start in range(0, wide.size, _PACK_CHUNK):
+        part = wide[start:start + _PACK_CHUNK]
+        planes = np.unpackbits(part.view(np.uint8).reshape(-1, 2), axis=1, bitorder="little")[:, :bits]
+        packed = np.packbits(planes.reshape(-1), bitorder="little")
+        out[start * bits // 8:start * bits // 8 + packed.size] = packed
+    return out
 
 
 def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     """The ``count`` codes :func:`pack_bits` packed (``uint16``)."""
-    planes = np.unpackbits(packed, count=count * bits, bitorder="little").reshape(count, bits)
-    full = np.zeros((count, 16), dtype=np.uint8)
-    full[:, :bits] = planes
-    return np.packbits(full, axis=1, bitorder="little").view("<u2").reshape(-1)
+    if bits == 8:
+        return packed[:count].astype(np.uint16)
+    if bits == 16:
+        return packed[:2 * count].view("<u2").astype(np.uint16)
+    out = np.empty(count, dtype=np.uint16)
+    for start in range(0, count, _PACK_CHUNK):
+        n = min(_PACK_CHUNK, count - start)
+        part = packed[start * bits // 8:(start * bits + n * bits + 7) // 8]
+        planes = np.unpackbits(part, count=n * bits, bitorder="little").reshape(n, bits)
+        full = np.zeros((n, 16), dtype=np.uint8)
+        full[:, :bits] = planes
+        out[start:start + n] = np.packbits(full, axis=1, bitorder="little").view("<u2").reshape(-1)
+    return out
 
 
 def quantize(values: np.ndarray, bits: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:

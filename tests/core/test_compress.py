@@ -38,6 +38,20 @@ def test_pack_unpack_roundtrip_every_width(bits, data):
     assert np.array_equal(unpack_bits(packed, bits, codes.size), codes)
 
 
+@pytest.mark.parametrize("bits", [1, 3, 4, 7, 8, 11, 16])
+def test_packing_in_chunks_gives_the_same_bytes(monkeypatch, bits):
+    # Prepare: 100 codes in passes of 16 (a multiple of 8: every pass but the last fills whole bytes)
+    import core.compress as compress
+
+    codes = np.random.default_rng(bits).integers(0, 1 << bits, 100).astype(np.uint16)
+    whole = pack_bits(codes, bits)
+    # Execute
+    monkeypatch.setattr(compress, "_PACK_CHUNK", 16)
+    chunked = pack_bits(codes, bits)
+    # Assert
+    assert np.array_equal(chunked, whole) and np.array_equal(unpack_bits(chunked, bits, 100), codes)
+
+
 def test_quantize_two_bits_rounds_up_with_the_right_probability():
     # Prepare: 2 bits on [-1, 1] are the levels -1, -1/3, 1/3, 1; 0.3 lies between -1/3 and 1/3,
     # so it rounds up with probability (0.3 + 1/3) / (2/3) = 0.95 and the mean is 0.3
