@@ -133,7 +133,7 @@ class BufferedLoop:
         spec = self.scenario.asynchronous
         nodes = sorted(grid.get_node_ids())
         clock = json.loads(state.extra.get(_CLOCK_KEY, "{}"))
-        now = float(clock.get("virtual_time_s", 0.0))
+        now = float(clock.get("wall_time_s" if spec.clock == "wall" else "virtual_time_s", 0.0))
         rng = np.random.default_rng([self.scenario.seed, 0xB0, state.round])
         # a permutation of positions: numpy would turn 64-bit node ids (a SuperLink's) into floats
         idle = [int(nodes[i]) for i in rng.permutation(len(nodes))]
@@ -339,6 +339,8 @@ class _WallDispatcher(_Dispatcher):
         super().__init__(loop, grid, nodes, clock)
         self.pending: dict[str, _InFlight] = {}  # message id -> the dispatch (arrival: its deadline)
         self.arrived: list[_InFlight] = []
+        self.abandoned: set[str] = set()  # past their deadline: a late reply is pulled (freed) and discarded
+        self.refused: list[_InFlight] = []  # pushes the link refused: dropped at their deadline, not at once
         self._monotonic, self._sleep, self._origin = monotonic, sleep, monotonic()
 
     def start(self, resumed_at: float) -> float:
@@ -354,26 +356,35 @@ class _WallDispatcher(_Dispatcher):
 
     @property
     def in_flight(self) -> int:
-        return len(self.pending) + len(self.arrived)
+        return len(self.pending) + len(self.arrived) + len(self.refused)
 
     def send(self, node: int, at: float, state: ServerState) -> None:
         message, sent = self._message(node, state)
-        deadline = at + self.loop.scenario.federation.deadline_s
-        for message_id in self.grid.push_messages([message]):
-            self.pending[message_id] = _InFlight(deadline, self.seq, node, state.round, sent, None, at)
+        item = _InFlight(at + self.loop.scenario.federation.deadline_s, self.seq, node, state.round, sent, None, at)
         self.seq += 1
+        ids = [i for i in self.grid.push_messages([message]) if i]
+        if not ids:  # refused by the link (a payload too large, say): dropped at the deadline, as if sent and lost,
+            self.refused.append(item)  # so the node is not retried in a tight loop
+            return
+        self.pending[ids[0]] = item
 
     def pop(self) -> _InFlight:
         """The next reply to arrive (waiting for it), or a dispatch whose deadline passed, as dropped."""
         while not self.arrived:
-            for reply in self.grid.pull_messages(list(self.pending)):
-                item = self.pending.pop(reply.metadata.reply_to_message_id, None)
+            for reply in self.grid.pull_messages([*self.pending, *self.abandoned]):
+                message_id = reply.metadata.reply_to_message_id
+                self.abandoned.discard(message_id)
+                item = self.pending.pop(message_id, None)
                 if item is not None:
                     self.arrived.append(replace(item, arrival=self.clock(), reply=reply))
             now = self.clock()
             for message_id, item in list(self.pending.items()):
                 if now >= item.arrival:  # its deadline: the client is dropped, not waited for
                     self.arrived.append(replace(self.pending.pop(message_id), arrival=now))
+                    self.abandoned.add(message_id)
+            due = [item for item in self.refused if now >= item.arrival]
+            self.refused = [item for item in self.refused if now < item.arrival]
+            self.arrived.extend(replace(item, arrival=now) for item in due)
             if not self.arrived:
                 self._sleep(self.POLL_S)
         return self.arrived.pop(0)

@@ -51,7 +51,9 @@ def round_codec(scenario: Scenario, server_round: int) -> Codec | None:
     if not spec.uplink:
         return None
     seed = int(np.random.SeedSequence([scenario.seed, server_round, 0xC0DEC]).generate_state(1)[0])
-    return Codec(bits=spec.bits, topk=spec.topk, randomk=spec.randomk, error_feedback=spec.feedback, seed=seed)
+    # under DP the decoded update is clipped or summed before the noise: rescaling it would scale the sensitivity
+    return Codec(bits=spec.bits, topk=spec.topk, randomk=spec.randomk, error_feedback=spec.feedback, seed=seed,
+                 rescale=not scenario.dp.enabled)
 
 
 def advance(strategy: Strategy, state: ServerState, agg: MeanState | None, *, min_clients: int,

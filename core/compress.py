@@ -25,7 +25,9 @@ Error bounds of ``x_hat = decode(encode(x))``, per coordinate:
 - sparsification: ``x_hat = x`` on the kept coordinates and 0 elsewhere. With
   error feedback nothing is rescaled (the residual sends the rest later);
   without it random-k rescales by ``d / k``, which makes it unbiased over the
-  draw of coordinates.
+  draw of coordinates, except under DP (``rescale = False``): scaling a
+  clipped update by ``d / k`` before the noise would multiply its
+  sensitivity.
 
 **Error feedback** (Seide et al. 2014; Karimireddy et al., ICML 2019): the
 client sends ``C(x + e)`` and keeps ``e' = x + e - decode(C(x + e))``; the
@@ -151,6 +153,9 @@ def decode_gaps(tokens: np.ndarray, k: int, size: int) -> np.ndarray:
     UpdateRejected
         Another count, a repeated or out-of-range coordinate.
     """
+    if tokens.size > k + size // _ESCAPE + 1:  # what k coordinates below size can take at most
+        raise UpdateRejected(f"compressed index holds {tokens.size} bytes, more than {k} coordinates below "
+                             f"{size} can need")
     ends = tokens != _ESCAPE
     index: np.ndarray = np.cumsum(tokens, dtype=np.int64)[ends]
     if index.size != k or (tokens.size and not ends[-1]):
@@ -181,6 +186,9 @@ class Codec:
         Keep what was not sent on the client and add it to the next update.
     seed : int
         The round's shared seed (random-k's coordinates; the server binds it).
+    rescale : bool
+        Scale random-k without error feedback by ``d / k`` when decoding.
+        ``False`` under DP, where decoding comes before the noise.
     """
 
     bits: int = 32
@@ -188,6 +196,7 @@ class Codec:
     randomk: float = 0.0
     error_feedback: bool = True
     seed: int = 0
+    rescale: bool = True  # random-k without feedback: by d / k (False under DP: noise comes after decoding)
 
     def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not (1 <= self.bits <= 16
@@ -217,7 +226,8 @@ class Codec:
     def to_extra(self) -> dict[str, float | int | bool]:
         """The round config's keys (``TrainConfig.extra``) that tell a client this codec."""
         return {"cx-bits": self.bits, "cx-topk": float(self.topk), "cx-randomk": float(self.randomk),
-                "cx-ef": bool(self.error_feedback), "cx-seed": int(self.seed)} if self.active else {}
+                "cx-ef": bool(self.error_feedback), "cx-seed": int(self.seed),
+                "cx-rescale": bool(self.rescale)} if self.active else {}
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> Codec | None:
@@ -234,7 +244,8 @@ class Codec:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"cx-seed = {seed!r}: expected an integer")
         return cls(bits=extra["cx-bits"], topk=extra.get("cx-topk", 0.0), randomk=extra.get("cx-randomk", 0.0),
-                   error_feedback=bool(extra.get("cx-ef", True)), seed=seed)
+                   error_feedback=bool(extra.get("cx-ef", True)), seed=seed,
+                   rescale=bool(extra.get("cx-rescale", True)))
 
     def index(self, vector: np.ndarray) -> np.ndarray | None:
         """The coordinates this codec keeps of ``vector`` (``None``: all of them)."""
@@ -285,7 +296,7 @@ class Codec:
 
         ``index``: top-k's received coordinates; random-k's are the round's
         own. Random-k without error feedback is rescaled by ``size / k``
-        (unbiased over the draw of coordinates). Also decodes a secure sum of
+        (unbiased over the draw of coordinates) unless ``rescale`` is off. Also decodes a secure sum of
         random-k vectors, since scattering and rescaling are linear.
 
         Raises
@@ -301,7 +312,7 @@ class Codec:
             out[:] = values
             return out
         out[index if index is not None else shared_index(size, k, self.seed)] = values
-        if self.randomk and not self.error_feedback:
+        if self.randomk and not self.error_feedback and self.rescale:
             out *= np.float32(size / k)
         return out
 

@@ -291,7 +291,7 @@ class SecAggSpec:
     graph: Literal["complete", "kregular"] = "complete"
     degree: int = 0
     clip_range: float = 8.0
-    bits: Literal[16, 32, 64] = 32  # the masked ring: 16 halves the bytes, and sums at most 16,382 clients
+    bits: Literal[16, 32, 64] = 32  # the masked ring: 16 halves the bytes, and sums at most 16,383 clients
     max_weight: float = 10000.0
     stage_timeout_s: float = 30.0
     client_metrics: bool = True     # false: no per-client examples / loss in clear, the sum only
@@ -426,6 +426,9 @@ class Scenario:
                        "share hides nothing from a server that sees single updates); use \"central\"")
         if self.dp.enabled and self.dp.mechanism == "discrete_gaussian":
             _check_discrete(self)
+        if self.secagg.enabled and self.secagg.bits == 16 and self.federation.per_round > RING16_MAX_CLIENTS:
+            raise Bad("secagg.bits", 16, f"a 16-bit ring sums at most {RING16_MAX_CLIENTS:,} clients without "
+                       f"wrapping, and federation samples {self.federation.per_round:,} a round: use 32")
         if self.strategy.robust:
             _check_robust(self)
         if self.asynchronous.enabled:
@@ -475,6 +478,9 @@ def _check_async(scenario: Scenario) -> None:
         raise Bad("async.enabled", True, "evaluation.federated = true: steps are scored on the server's held-out "
                    "set only (no round of clients to ask); set evaluation.federated = false")
 
+
+#: Clients a round a 16-bit secure-aggregation ring can sum: each needs at least one grid step, (2^15 - 1) // n >= 2.
+RING16_MAX_CLIENTS = 16_383
 
 #: The distributed discrete Gaussian (privacy.dp.discrete): clients a round below this fit a 64-bit
 #: ring with the noise's headroom; secagg.clip_range >= this x z x C keeps the noise below 2^46 steps.

@@ -113,6 +113,32 @@ def test_error_feedback_is_on_for_top_k_only_unless_set() -> None:
     assert tiny_scenario(dp={"enabled": True, "noise_multiplier": 1.0}, compression={"randomk": 0.1})
 
 
+def test_under_dp_random_k_is_not_rescaled_so_a_clipped_update_keeps_its_norm() -> None:
+    # Prepare: DP with random-k 10%: rescaling by d / k = 10 before the noise would multiply the sensitivity
+    from aggregator.step import round_codec
+
+    dp = {"enabled": True, "noise_multiplier": 1.0, "clip_norm": 1.0}
+    codec = round_codec(tiny_scenario(dp=dp, compression={"randomk": 0.1}), 1)
+    plain = round_codec(tiny_scenario(compression={"randomk": 0.1}), 1)
+    values = np.full(65, 1.0 / np.sqrt(65), dtype=np.float32)  # a clipped update's kept values: norm 1
+    # Execute
+    dense = codec.scatter(values, 650)
+    # Assert: the released contribution has norm 1 = C; without DP the decoder rescales by 10
+    assert not codec.rescale and plain.rescale
+    assert float(np.linalg.norm(dense)) == pytest.approx(1.0, rel=1e-6)
+    assert float(np.linalg.norm(plain.scatter(values, 650))) == pytest.approx(10.0, rel=1e-6)
+
+
+def test_secure_aggregation_with_central_dp_and_random_k_keeps_the_accounting(db_url: str) -> None:
+    dp = {"enabled": True, "noise_multiplier": 1.0, "clip_norm": 0.5, "sampling": "fixed"}
+    secagg = {"enabled": True, "clip_range": 1.0, "threat_model": "semi-honest"}
+    plain = simulate(tiny_scenario(rounds=2, dp=dp, secagg=secagg), db_url=db_url)
+    sparse = simulate(tiny_scenario(rounds=2, dp=dp, secagg=secagg, compression={"randomk": 0.2}), db_url=db_url)
+    store = RunStore(db_url)
+    eps = [[r.epsilon for r in store.rounds(run)] for run in (plain.run_id, sparse.run_id)]
+    assert sparse.status == "finished" and eps[0] == eps[1]
+
+
 def test_client_keeps_its_residual_in_the_node_state_between_rounds() -> None:
     # Prepare: a node's context, top-k 10% with error feedback
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})

@@ -9,9 +9,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from flwr.app import Context, Message
+from flwr.app import Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
 
-from aggregator.fedbuff import DeviceSpeeds, staleness_weight
+from aggregator.fedbuff import BufferedLoop, DeviceSpeeds, staleness_weight
 from aggregator.serverapp import run_federation
 from aggregator.store import RunStore
 from clients.clientapp import app as client_app
@@ -241,3 +242,124 @@ def test_wall_clock_mode_steps_while_a_slow_client_trains_and_folds_its_stale_re
 def test_wall_clock_refuses_the_virtual_clocks_device_speeds() -> None:
     with pytest.raises(ScenarioError, match=r"async.stragglers = 0.25: simulates slow devices"):
         scenario(clock="wall")
+
+
+def _wall(rounds: int, deadline: float = 30.0, **spec: object):
+    return tiny_scenario(rounds=rounds, federation={"clients": 3, "deadline_s": deadline},
+                         evaluation={"federated": False},
+                         **{"async": {"enabled": True, "clock": "wall", "concurrency": 3, "buffer_size": 2, **spec}})
+
+
+def _nodes() -> list[NodeSpec]:
+    return [NodeSpec(i + 1, {"partition-id": i, "num-partitions": 3}) for i in range(3)]
+
+
+def test_wall_clock_drops_a_client_past_the_deadline_and_goes_on(db_url: str) -> None:
+    # Prepare: node 3 always answers 3 s late, past the 2 s deadline
+    spec = _wall(8, deadline=2.0)
+    with SlowNodeGrid(client_app, _nodes(), {"scenario-json": json.dumps(spec.to_dict())}, slow=3,
+                      delay_s=3.0) as grid:
+        # Execute
+        run_id, result = run_federation(grid, spec, RunStore(db_url), engine="inprocess")
+
+    # Assert: node 3 is recorded dropped at its deadline and never folded; the run went on without it
+    store = RunStore(db_url)
+    records = [c for r in store.rounds(run_id) for c in store.client_results(run_id, r.round)]
+    assert result.status == "finished" and len(store.rounds(run_id)) == 8
+    assert {(c.outcome, c.reason) for c in records if c.client == "3"} <= {("dropped", "no reply")}
+
+
+class ScriptedGrid:
+    """A grid whose replies the test hands over one by one (``answer``), on a clock the test moves."""
+
+    def __init__(self) -> None:
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # as a grid stamps messages
+        self.pushed: list[str] = []
+        self.ready: list[Message] = []
+        self.pulled: list[list[str]] = []
+
+    def push_messages(self, messages):
+        ids = [f"m{len(self.pushed) + i}" for i, _ in enumerate(list(messages))]
+        self.pushed.extend(ids)
+        return ids
+
+    def answer(self, message_id: str) -> None:
+        self.ready.append(Message(RecordDict(), reply_to=_sent(message_id)))
+
+    def pull_messages(self, message_ids):
+        wanted = set(message_ids)
+        self.pulled.append(sorted(wanted))
+        out = [m for m in self.ready if m.metadata.reply_to_message_id in wanted]
+        self.ready = [m for m in self.ready if m not in out]
+        return out
+
+
+def _sent(message_id: str) -> Message:
+    message = Message(RecordDict(), dst_node_id=3, message_type="train")
+    message.metadata.__dict__["_message_id"] = message_id
+    return message
+
+
+def test_the_wall_dispatcher_drops_at_the_deadline_and_discards_the_late_reply(db_url: str) -> None:
+    # Prepare: a dispatcher on a fake clock; node 3 is sent the model at t = 0 (deadline 2 s)
+    from aggregator.fedbuff import _WallDispatcher
+    from aggregator.serverapp import build_strategy
+    from core.strategy import ServerState
+
+    spec = _wall(2, deadline=2.0)
+    now = {"t": 0.0}
+    loop = BufferedLoop(scenario=spec, strategy=build_strategy(spec), store=RunStore(db_url), run_id="r")
+    grid = ScriptedGrid()
+    out = _WallDispatcher(loop, grid, (1, 2, 3), {}, monotonic=lambda: now["t"],
+                          sleep=lambda s: now.__setitem__("t", now["t"] + s))
+    state = ServerState(params=np.zeros(650, np.float32), round=0)
+    out.send(3, 0.0, state)
+    # Execute: nothing comes back; the clock passes the deadline while pop waits
+    dropped = out.pop()
+    out.send(1, out.clock(), state)
+    grid.answer("m0")  # node 3's late reply
+    grid.answer("m1")  # node 1's
+    arrived = out.pop()
+    # Assert: the late reply was pulled (freed) and discarded; node 1's came back
+    assert dropped.node == 3 and dropped.reply is None and dropped.arrival >= 2.0
+    assert arrived.node == 1 and arrived.reply is not None
+    assert out.abandoned == set() and out.in_flight == 0 and grid.ready == []
+
+
+class RefusingGrid(InProcessGrid):
+    """A link that refuses every message to node 3 (as a SuperLink refuses a payload too large)."""
+
+    def push_messages(self, messages):
+        batch = list(messages)
+        kept = [m for m in batch if m.metadata.dst_node_id != 3]
+        ids = iter(super().push_messages(kept))
+        return [next(ids) if m.metadata.dst_node_id != 3 else None for m in batch]
+
+
+def test_wall_clock_takes_a_refused_push_as_a_dropped_reply(db_url: str) -> None:
+    spec = _wall(3, deadline=1.0)
+    with RefusingGrid(client_app, _nodes(), {"scenario-json": json.dumps(spec.to_dict())}) as grid:
+        run_id, result = run_federation(grid, spec, RunStore(db_url), engine="inprocess")
+    store = RunStore(db_url)
+    records = [c for r in store.rounds(run_id) for c in store.client_results(run_id, r.round)]
+    # not retried in a tight loop (which would end the run "failed": 20 replies in a row not folded)
+    assert result.status == "finished" and len(store.rounds(run_id)) == 3
+    assert {c.outcome for c in records if c.client == "3"} <= {"dropped"}
+
+
+def test_a_resumed_wall_clock_run_goes_on_from_its_last_steps_time(db_url: str) -> None:
+    # Prepare: stopped after step 2
+    def stop_after_two(record: RoundRecord) -> None:
+        if record.round == 2:
+            raise KeyboardInterrupt
+
+    spec = _wall(4)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(spec, db_url=db_url, on_round=stop_after_two)
+    store = RunStore(db_url)
+    run_id = store.list_runs()[0].id
+    # Execute
+    simulate(spec, db_url=db_url, resume_id=run_id)
+    # Assert: the wall time never goes back across the resume
+    times = [r.metrics["wall-time-s"] for r in store.rounds(run_id)]
+    assert len(times) == 4 and times == sorted(times)

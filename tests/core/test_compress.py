@@ -112,6 +112,12 @@ def test_gap_encoding_roundtrips_any_sorted_coordinates(index):
     assert tokens.size == coords.size + int(np.sum(gaps // 255))
 
 
+def test_an_index_longer_than_any_valid_one_is_refused_before_it_is_decoded():
+    # 3 coordinates below 1,000 need at most 3 + 1000 // 255 + 1 = 7 bytes; 1 MB of escapes is refused unread
+    with pytest.raises(UpdateRejected, match="more than 3 coordinates"):
+        decode_gaps(np.full(1_000_000, 255, dtype=np.uint8), 3, 1000)
+
+
 def test_gap_encoding_by_hand():
     # 3, then +255 (one escape, then 0), then +600 (two escapes, then 90)
     assert encode_gaps(np.array([3, 258, 858])).tolist() == [3, 255, 0, 255, 255, 90]
