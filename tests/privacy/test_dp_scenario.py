@@ -89,7 +89,10 @@ def test_central_adaptive_dp_updates_are_all_folded(db_url: str) -> None:
     store = RunStore(db_url)
     assert [c.outcome for c in store.client_results(summary.run_id, 1)] == ["ok"] * 4
     (row,) = store.rounds(summary.run_id)
-    assert row.metrics == {"status": "ok"}
+    # nothing of DP's server view in the round's figures: its status, and federated evaluation's traffic
+    assert row.metrics == {"status": "ok", "eval-bytes-in": row.metrics["eval-bytes-in"],
+                           "eval-bytes-out": row.metrics["eval-bytes-out"]}
+    assert row.metrics["eval-bytes-in"] > 0 and row.metrics["eval-bytes-out"] > 0
     from privacy.dp import DPState
 
     assert DPState.from_json(store.load_state(summary.run_id).extra["dp"]).clip != 1.0

@@ -64,12 +64,12 @@ START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 240.0
 STOCK_APP = REPO / "tests" / "runtimes" / "flower_quickstart"
 SLOW_APP = REPO / "tests" / "runtimes" / "slow_app"  # Quorum's ClientApp; `delay-s` in a node's config slows it
-SLOW_DELAY_S = 12.0
+SLOW_DELAY_S = 8.0
 
 ASYNC_SCENARIO = """
 name = "deployment-async"
 seed = 5
-rounds = 3                       # server steps
+rounds = 2                       # server steps: two fast replies, then the slow one and a fast one
 [data]
 dataset = "digits"
 partition = "iid"
@@ -157,7 +157,7 @@ def test_a_stock_flower_clientapp_runs_on_flowers_ray_simulation_under_quorums_s
 
 def test_fedbuff_in_wall_time_on_a_superlink_steps_past_a_slow_supernode(processes: Processes,
                                                                           tmp_path: Path) -> None:
-    # Prepare: three SuperNodes, the third 12 s slower to train (issue 15)
+    # Prepare: three SuperNodes, the third 8 s slower to train (issue 15)
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(ASYNC_SCENARIO)
     delays = [0.0, 0.0, SLOW_DELAY_S]
@@ -168,9 +168,9 @@ def test_fedbuff_in_wall_time_on_a_superlink_steps_past_a_slow_supernode(process
     # Execute
     store, stored = _flwr_run(processes, "flwr-run-async", SLOW_APP, scenario, tmp_path / "async.db", env)
 
-    # Assert: three steps of two replies in wall time; steps were applied while the slow node trained,
+    # Assert: two steps of two replies in wall time; a step was applied while the slow node trained,
     # and its reply, when it came, was folded in stale with the weight 1 / sqrt(1 + staleness)
-    assert (stored.status, stored.rounds_done) == ("finished", 3), f"{stored.status}: {stored.error}"
+    assert (stored.status, stored.rounds_done) == ("finished", 2), f"{stored.status}: {stored.error}"
     rows = store.rounds(stored.id)
     folded = [(r.round, c) for r in rows for c in store.client_results(stored.id, r.round) if c.outcome == "ok"]
     assert all(sum(r.metrics["staleness-counts"]) == 2 for r in rows)
