@@ -21,6 +21,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, create_engine, event, inspect, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from core.errors import RunNotFound, StoreError
@@ -113,11 +114,19 @@ _ADDED_COLUMNS = (("client_results", "bytes_out", "INTEGER DEFAULT 0"),)
 
 
 def _add_missing_columns(engine: Engine) -> None:
+    """Add what an older store lacks. Another process may add it first (a duplicate column), and a
+    read-only user may not alter the table: both are left as they are, and the columns read again."""
     names = {table: {c["name"] for c in inspect(engine).get_columns(table)} for table, _, _ in _ADDED_COLUMNS}
-    with engine.begin() as connection:
-        for table, column, kind in _ADDED_COLUMNS:
-            if column not in names[table]:
+    for table, column, kind in _ADDED_COLUMNS:
+        if column in names[table]:
+            continue
+        try:
+            with engine.begin() as connection:
                 connection.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        except DBAPIError as exc:
+            if column not in {c["name"] for c in inspect(engine).get_columns(table)}:
+                raise StoreError(f"the run store lacks {table}.{column} (written by an older Quorum) and "
+                                 f"cannot add it: {exc.orig}; open it once with write access") from None
 
 
 def default_db_url(directory: str | Path = "runs") -> str:

@@ -50,7 +50,7 @@ def mask_with_seed(seed: bytes, length: int, bits: int = 32) -> np.ndarray:
         A 16- or 32-byte AES key.
     length : int
         Number of elements.
-    bits : {32, 64}
+    bits : {16, 32, 64}
         Element width.
 
     Returns
@@ -76,7 +76,7 @@ class MaskExpander:
     ----------
     length : int
         Number of elements of the vectors it works on.
-    bits : {32, 64}
+    bits : {16, 32, 64}
         Element width.
     """
 

@@ -98,9 +98,8 @@ class HookedSyncSGD:
         P and Q factors and the tensors it leaves uncompressed, four bytes a value)."""
 
         def counted(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-            future = hook(state, bucket)
-            self.comm.bytes_sent += self._payload(bucket)
-            return future
+            self.comm.bytes_sent += self._payload(bucket)  # before the hook: PowerSGD's warm-up counter moves in it
+            return hook(state, bucket)
 
         # DDP checks the annotations themselves, which postponed evaluation turned into strings
         counted.__annotations__ = {"state": object, "bucket": dist.GradBucket,
@@ -108,15 +107,25 @@ class HookedSyncSGD:
         return counted
 
     def _payload(self, bucket: dist.GradBucket) -> int:
+        """What the hook is about to hand to the collectives for ``bucket``, in bytes: fp16 two bytes a
+        value; PowerSGD, past its warm-up, the P and Q factors of each matrix it compresses (its own
+        ``_should_compress`` rule) and every other tensor in full, four bytes a value."""
         values = bucket.buffer().numel()
         if self.hook is CommHook.FP16 or self.hook is CommHook.BF16:
             return 2 * values
-        if self.state is None or self.state.iter <= self.state.start_powerSGD_iter:
+        state = self.state
+        if state is None or state.iter < state.start_powerSGD_iter:
             return 4 * values
-        low_rank = sum(t.numel() for t in (self.state.p_memory_dict.get(bucket.index()),
-                                           self.state.q_memory_dict.get(bucket.index())) if t is not None)
-        dense = sum(g.numel() for g in bucket.gradients() if g.dim() <= 1)
-        return 4 * (low_rank + dense)
+        sent = 0
+        for grad in bucket.gradients():
+            if grad.dim() <= 1:
+                sent += grad.numel()
+                continue
+            rows, cols = grad.shape[0], grad.numel() // grad.shape[0]
+            compress, dense, low_rank = powerSGD_hook._should_compress(
+                rows, cols, state.matrix_approximation_rank, state.min_compression_rate)
+            sent += low_rank if compress else dense
+        return 4 * sent
 
     def begin_epoch(self, sizes: Sequence[int], steps: int) -> None:
         """The examples each of the epoch's steps takes over all ranks (the weighted mean's denominator)."""
@@ -126,14 +135,13 @@ class HookedSyncSGD:
         """Step ``index`` of the epoch on this rank's batch (possibly empty); returns its summed loss."""
         self.optimizer.zero_grad(set_to_none=False)
         total = self.totals[index] if index < len(self.totals) else 0
-        with self.comm.guard(f"DDP all_reduce ({self.hook.value} hook)"):
-            if int(y.shape[0]) and total:
-                summed = F.cross_entropy(self.ddp(x), y, reduction="sum")
-                (summed * (self.world / total)).backward()
-                loss = float(summed.item())
-            else:  # nothing to learn from: a zero loss still takes part in the step's all-reduce
-                (self.ddp(self._blank()).sum() * 0.0).backward()
-                loss = 0.0
+        if int(y.shape[0]) and total:
+            summed = F.cross_entropy(self.ddp(x), y, reduction="sum")
+            objective, loss = summed * (self.world / total), float(summed.item())
+        else:  # nothing to learn from: a zero loss still takes part in the step's all-reduce
+            objective, loss = self.ddp(self._blank()).sum() * 0.0, 0.0
+        with self.comm.guard(f"DDP all_reduce ({self.hook.value} hook)"):  # the hook runs inside backward
+            objective.backward()
         self.optimizer.step()
         return loss
 

@@ -67,6 +67,9 @@ def check_spec(spec: LaunchSpec) -> Scenario:
             raise ParallelError(f"{key} = {value!r}: out of range")
     if spec.local_steps and spec.mode is not Mode.LOCALSGD:
         raise ParallelError(f"local_steps = {spec.local_steps}: only the localsgd mode takes local steps")
+    if spec.comm_hook is CommHook.BF16:
+        raise ParallelError("comm_hook = 'bf16': torch's bf16_compress_hook runs on NCCL (GPUs) only, and this "
+                            "mode runs on gloo; use fp16 or powersgd")
     if spec.comm_hook is not CommHook.NONE and spec.mode is not Mode.SYNC:
         raise ParallelError(f"comm_hook = {spec.comm_hook.value!r}: torch's DDP hooks compress the sync mode's "
                             "gradients; the localsgd mode compresses client updates with [compression]")
@@ -156,6 +159,10 @@ def _check_resumable(store: RunStore, spec: LaunchSpec, run_id: str) -> None:
     if run.engine != "parallel" or mode != spec.mode.value:
         raise ParallelError(f"run {run.id} is a {run.engine} run (mode {mode}); --resume continues a "
                             f"parallel run of the same mode, here {spec.mode.value}")
+    hook = (run.info or {}).get("comm_hook", CommHook.NONE.value)
+    if hook != spec.comm_hook.value:
+        raise ParallelError(f"run {run.id} trained with --comm-hook {hook}; resume it with the same hook, "
+                            f"not {spec.comm_hook.value} (its rounds would mix two methods under one label)")
 
 
 def _mark_failed(store: RunStore, run_id: str | None, status: str, message: str) -> None:

@@ -68,3 +68,23 @@ def test_sqlite_store_uses_wal(db_url: str) -> None:
     store = RunStore(db_url)
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_a_store_written_before_bytes_out_gets_the_column_on_open(tmp_path) -> None:
+    # Prepare: the client table as an older Quorum wrote it, with one row
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    RunStore(f"sqlite:///{path}")  # today's schema, then the column taken away again
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE client_results DROP COLUMN bytes_out")
+        db.execute("INSERT INTO runs (id, name, scenario, seed, status, engine, strategy, rounds_total, rounds_done, "
+                   "num_params, started_at, updated_at, info) VALUES ('r1', 'old', '{}', 0, 'finished', 'inprocess', "
+                   "'fedavg', 1, 1, 0, 0, 0, '{}')")
+        db.execute("INSERT INTO client_results (run_id, round, client, outcome, num_examples, bytes_in, metrics, "
+                   "finished_at) VALUES ('r1', 1, '7', 'ok', 5, 123, '{}', 0)")
+    # Execute
+    store = RunStore(f"sqlite:///{path}")
+    # Assert: the old row reads back, with no download recorded
+    (row,) = store.client_results("r1", 1)
+    assert (row.client, row.bytes_in, row.bytes_out) == ("7", 123, 0)

@@ -65,6 +65,39 @@ def test_one_rank_hooked_step_is_sgd_on_the_hooks_gradient(one_rank_group, hook)
         assert trainer.comm.bytes_sent == 2 * 2 * trainer.size
 
 
+def test_powersgd_bytes_follow_torchs_own_compression_rule(one_rank_group):
+    # Prepare: logistic regression, a 10 x 64 weight and 10 biases. PowerSGD sends its first two steps
+    # whole (650 values); then the weight as rank-1 factors, 10 + 64 = 74 values (640 > 2 x 74: worth it),
+    # and the 10 biases in full: 84 values, four bytes each
+    model = build_model("logreg", (1, 8, 8), 10, seed=1)
+    trainer = HookedSyncSGD(model, Comm(rank=0, world=1, timeout_s=5), CommHook.POWERSGD, (1, 8, 8), lr=0.1)
+    trainer.begin_epoch([8], 1)
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    # Execute
+    for _ in range(3):
+        trainer.step(x, y, 0)
+    # Assert
+    assert trainer.comm.bytes_sent == 4 * (650 + 650 + 84)
+
+
+def test_resuming_with_another_hook_is_refused(tmp_path):
+    from runtimes.parallel.launch import _check_resumable
+    from runtimes.parallel.runlog import create_run
+
+    scenario_path = tmp_path / "s.toml"
+    scenario_path.write_text('name = "s"\n[data]\ndataset = "digits"\n[model]\nname = "logreg"\n')
+    store = RunStore(f"sqlite:///{tmp_path / 'r.db'}")
+    run_id = create_run(store, load_scenario(scenario_path), Mode.SYNC, 650, {"mode": "sync", "comm_hook": "powersgd"})
+    with pytest.raises(ParallelError, match="--comm-hook powersgd; resume it with the same hook, not none"):
+        _check_resumable(store, LaunchSpec(scenario=scenario_path), run_id)
+    _check_resumable(store, LaunchSpec(scenario=scenario_path, comm_hook=CommHook.POWERSGD), run_id)
+
+
+def test_bf16_is_refused_before_any_worker_starts(scenario_file):
+    with pytest.raises(ParallelError, match="NCCL"):
+        check_spec(LaunchSpec(scenario=scenario_file(), comm_hook=CommHook.BF16))
+
+
 def test_an_empty_batch_still_joins_the_step_and_moves_nothing(one_rank_group):
     model = build_model("logreg", (1, 8, 8), 10, seed=1)
     before = get_flat(model).copy()
