@@ -63,9 +63,14 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
             train.append((parsed.train_loss, parsed.train_examples))
 
     collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
-    sent = wire_bytes(instruction) * len(nodes)
+    return _summarise(results, named, train, traffic["in"], wire_bytes(instruction) * len(nodes))
+
+
+def _summarise(results: dict[int, tuple[float, float | None, int]], named: dict[int, dict[str, int | float]],
+               train: list[tuple[float, int]], bytes_in: int, bytes_out: int) -> EvalSummary:
+    """The weighted means over the nodes that answered (each one's count capped at 3x the median)."""
     if not results:
-        return EvalSummary(None, None, None, {}, bytes_in=traffic["in"], bytes_out=sent)
+        return EvalSummary(None, None, None, {}, bytes_in=bytes_in, bytes_out=bytes_out)
     nodes_in = list(results)
     weights = dict(zip(nodes_in, _ROBUST.weights([results[n][2] for n in nodes_in]), strict=True))
     train_loss = (float(np.average([loss for loss, _ in train], weights=_ROBUST.weights([n for _, n in train])))
@@ -75,7 +80,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     names = sorted({k for figures in named.values() for k in figures})
     metrics = {k: _weighted({n: named[n][k] for n in nodes_in if k in named[n]}, weights) for k in names}
     return EvalSummary(loss, accuracy, train_loss, results, {k: v for k, v in metrics.items() if v is not None},
-                       bytes_in=traffic["in"], bytes_out=sent)
+                       bytes_in=bytes_in, bytes_out=bytes_out)
 
 
 def _weighted(values: dict[int, float], weights: dict[int, float]) -> float | None:

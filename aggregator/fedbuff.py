@@ -132,16 +132,10 @@ class BufferedLoop:
     def run(self, grid: Grid, state: ServerState) -> tuple[ServerState, str, RoundRecord | None]:
         spec = self.scenario.asynchronous
         nodes = sorted(grid.get_node_ids())
-        clock = json.loads(state.extra.get(_CLOCK_KEY, "{}"))
-        now = float(clock.get("wall_time_s" if spec.clock == "wall" else "virtual_time_s", 0.0))
         rng = np.random.default_rng([self.scenario.seed, 0xB0, state.round])
         # a permutation of positions: numpy would turn 64-bit node ids (a SuperLink's) into floats
         idle = [int(nodes[i]) for i in rng.permutation(len(nodes))]
-        out: _Dispatcher = (_WallDispatcher(self, grid, tuple(nodes), clock) if spec.clock == "wall" else
-                            _Dispatcher(self, grid, tuple(nodes), clock,
-                                        DeviceSpeeds(spec, self.scenario.seed, tuple(nodes),
-                                                     self.scenario.training.local_epochs)))
-        now = out.start(now)
+        out, now = self._dispatcher(grid, tuple(nodes), json.loads(state.extra.get(_CLOCK_KEY, "{}")))
         size = state.params.size
         agg = self.strategy.new_aggregate(size)
         folded: list[ClientRecord] = []
@@ -176,6 +170,16 @@ class BufferedLoop:
                 out.send(idle.pop(0), out.now(now), state)
         status = "finished" if state.round >= self.scenario.rounds else "failed"
         return state, status, last
+
+    def _dispatcher(self, grid: Grid, nodes: tuple[int, ...], clock: dict[str, Any]) -> tuple[_Dispatcher, float]:
+        """The dispatcher of ``async.clock`` and the time the loop starts at (a resumed run's last step's)."""
+        spec = self.scenario.asynchronous
+        if spec.clock == "wall":
+            out: _Dispatcher = _WallDispatcher(self, grid, nodes, clock)
+        else:
+            out = _Dispatcher(self, grid, nodes, clock,
+                              DeviceSpeeds(spec, self.scenario.seed, nodes, self.scenario.training.local_epochs))
+        return out, out.start(float(clock.get(out.time_key.replace("-", "_"), 0.0)))
 
     def _give_up(self, futile: int, folded: list[ClientRecord], step: int) -> None:
         reasons = Counter(c.reason for c in folded if c.outcome != "ok")

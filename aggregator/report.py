@@ -68,19 +68,7 @@ def write_report(store: RunStore, run_id: str, out_dir: str | Path) -> list[Path
     paths = [out / "summary.json", out / "accuracy_loss.png", out / "clients.png"]
     paths[0].write_text(json.dumps(summary, indent=2))
 
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 4))
-    for key, label in (("server_accuracy", "server"), ("fed_accuracy", "federated")):
-        ax_acc.plot(x, [r[key] for r in rows], marker="o", label=label)
-    for key, label in (("train_loss", "train"), ("server_loss", "server"), ("fed_loss", "federated")):
-        ax_loss.plot(x, [r[key] for r in rows], marker="o", label=label)
-    ax_acc.set(title=f"{summary['scenario']}: accuracy", xlabel="round", ylabel="accuracy")
-    ax_loss.set(title="loss", xlabel="round", ylabel="loss")
-    for ax in (ax_acc, ax_loss):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(paths[1], dpi=110)
-    plt.close(fig)
+    _plot_accuracy_loss(plt, summary["scenario"], rows, x, paths[1])
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for key in ("sampled", "answered", "dropped", "rejected"):
@@ -98,6 +86,23 @@ def write_report(store: RunStore, run_id: str, out_dir: str | Path) -> list[Path
         paths.append(out / "metrics.png")
         _plot_metrics(plt, summary["scenario"], rows, names, paths[-1])
     return paths
+
+
+def _plot_accuracy_loss(plt: Any, title: str, rows: list[dict[str, Any]], x: list[int], path: Path) -> None:
+    """Accuracy (server, federated) and loss (train, server, federated) per round, side by side."""
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in (("server_accuracy", "server"), ("fed_accuracy", "federated")):
+        ax_acc.plot(x, [r[key] for r in rows], marker="o", label=label)
+    for key, label in (("train_loss", "train"), ("server_loss", "server"), ("fed_loss", "federated")):
+        ax_loss.plot(x, [r[key] for r in rows], marker="o", label=label)
+    ax_acc.set(title=f"{title}: accuracy", xlabel="round", ylabel="accuracy")
+    ax_loss.set(title="loss", xlabel="round", ylabel="loss")
+    for ax in (ax_acc, ax_loss):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _plot_bytes(plt: Any, title: str, rows: list[dict[str, Any]], path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Compressed updates: composable uplink encoders with exact decoders, and a lighter broadcast.
+"""Compressed updates: composable uplink encoders with exact decoders.
 
 An uplink :class:`Codec` is a chain of at most two encoders over one flat
 float32 update ``x`` of ``d`` values:
@@ -38,10 +38,7 @@ The decoder trusts nothing: the server decodes with the codec *it* asked for
 wrong dtype, length or range, an unsorted or out-of-range index, or a
 non-finite scale is refused with :class:`~core.errors.UpdateRejected`.
 
-The downlink (:class:`Broadcast`) sends the global model in 16-bit floats
-(a stock Flower client loads them as they are) or 8-bit per-tensor linear
-codes (Quorum's client), deterministically rounded, so the server knows
-exactly the model every client starts from (:meth:`Broadcast.roundtrip`).
+The downlink's encoder is :mod:`core.broadcast`.
 """
 
 from __future__ import annotations
@@ -55,9 +52,9 @@ import numpy as np
 from flwr.app import Array
 
 from core.errors import UpdateRejected
-from core.layouts import ParamLayout, npy_bytes, npy_view
+from core.layouts import typed_array, typed_view
 
-__all__ = ["Codec", "Broadcast", "with_feedback", "quantize", "dequantize", "pack_bits", "unpack_bits",
+__all__ = ["Codec", "with_feedback", "quantize", "dequantize", "pack_bits", "unpack_bits",
            "top_k_index", "shared_index", "encode_gaps", "decode_gaps"]
 
 #: The largest magnitude a quantised payload may declare (beyond it a reply is refused).
@@ -260,13 +257,13 @@ class Codec:
         coordinates as byte gaps, :func:`encode_gaps`)."""
         index = self.index(vector)
         values = vector if index is None else vector[index]
-        arrays = {"index": _array(encode_gaps(index))} if index is not None and self.topk else {}
+        arrays = {"index": typed_array(encode_gaps(index))} if index is not None and self.topk else {}
         if self.bits == 32:
-            return {**arrays, "values": _array(values.astype(np.float32, copy=False))}
+            return {**arrays, "values": typed_array(values.astype(np.float32, copy=False))}
         codes, m = quantize(values, self.bits, rng)
         # the scale rides in the codes' first four bytes: an Array of its own costs ~300 bytes on the wire
         head = np.frombuffer(np.array([m], _F32).tobytes(), dtype=_U8)
-        return {**arrays, "codes": _array(np.concatenate([head, pack_bits(codes, self.bits)]))}
+        return {**arrays, "codes": typed_array(np.concatenate([head, pack_bits(codes, self.bits)]))}
 
     def decode(self, arrays: Mapping[str, Any], size: int, max_bytes: int | None = None) -> np.ndarray:
         """The dense float32 update of ``size`` values that ``arrays`` encode (a new buffer).
@@ -287,7 +284,7 @@ class Codec:
             raise UpdateRejected(f"compressed update is over the {max_bytes}-byte limit")
         k = self.kept(size)
         values = self._values(got, k)
-        index = decode_gaps(_view(got["index"], _U8, "compressed index"), k, size) if self.topk and k < size \
+        index = decode_gaps(typed_view(got["index"], _U8, "compressed index"), k, size) if self.topk and k < size \
             else None
         return self.scatter(values, size, index)
 
@@ -332,11 +329,11 @@ class Codec:
 
     def _values(self, got: Mapping[str, Any], k: int) -> np.ndarray:
         if self.bits == 32:
-            values = _view(got["values"], _F32, "compressed values")
+            values = typed_view(got["values"], _F32, "compressed values")
             if values.shape != (k,) or not np.isfinite(values).all():
                 raise UpdateRejected(f"compressed values: {values.shape[0]} finite float32 values expected {k}")
             return values
-        payload = _view(got["codes"], _U8, "compressed codes")
+        payload = typed_view(got["codes"], _U8, "compressed codes")
         want = 4 + (k * self.bits + 7) // 8
         if payload.shape != (want,):
             raise UpdateRejected(f"compressed codes: {payload.shape[0]} bytes, expected {want} (a float32 scale, "
@@ -364,94 +361,3 @@ def with_feedback(codec: Codec, delta: np.ndarray, residual: np.ndarray | None,
     arrays = codec.encode(send, rng)
     send -= codec.decode(arrays, send.size)
     return arrays, send
-
-
-@dataclass(frozen=True)
-class Broadcast:
-    """The global model's precision on the way down: 32 (as is), 16 (float16) or 8 bits.
-
-    8 bits are per-tensor linear codes, round to nearest: ``|w_hat - w| <= (max - min) / 510``
-    per tensor; 16 bits are float16, relative error at most ``2^-11`` (values beyond
-    float16's range are refused, not clipped).
-    """
-
-    bits: int = 32
-
-    def __post_init__(self) -> None:
-        if self.bits not in (8, 16, 32) or isinstance(self.bits, bool):
-            raise ValueError(f"downlink bits = {self.bits!r}: expected 8, 16 or 32")
-
-    def encode(self, params: np.ndarray, layout: ParamLayout) -> dict[str, Array]:
-        """The model as named tensors in this precision (what the instruction's ``arrays`` hold).
-
-        Raises
-        ------
-        ValueError
-            A value beyond float16's range under 16 bits.
-        """
-        arrays, offset = {}, 0
-        for name, shape, n in zip(layout.names, layout.shapes, layout.sizes, strict=True):
-            part = params[offset:offset + n].reshape(shape)
-            offset += n
-            if self.bits == 8:
-                lo, step, codes = _linear8(part)
-                arrays[name] = _array(codes)
-                arrays[f"{name}@range"] = _array(np.array([lo, step], dtype=_F32))
-                continue
-            if self.bits == 16 and part.size and float(np.max(np.abs(part))) > 65504.0:
-                raise ValueError(f"tensor {name!r} holds values beyond float16's range: use downlink bits 32")
-            arrays[name] = _array(part.astype(np.float16 if self.bits == 16 else np.float32))
-        return arrays
-
-    def decode(self, arrays: Mapping[str, Any], layout: ParamLayout) -> np.ndarray:
-        """The flat float32 model ``arrays`` hold (8-bit codes decoded; floats of any width cast).
-
-        Raises
-        ------
-        UpdateRejected
-            Missing tensors, wrong shapes or dtypes, a non-finite range.
-        """
-        out, offset = np.empty(layout.size, dtype=np.float32), 0
-        for name, shape, n in zip(layout.names, layout.shapes, layout.sizes, strict=True):
-            if name not in arrays or f"{name}@range" not in arrays:
-                raise UpdateRejected(f"8-bit global model lacks tensor {name!r} or its range")
-            codes = _view(arrays[name], _U8, f"global model tensor {name!r}")
-            bounds = _view(arrays[f"{name}@range"], _F32, "tensor range")
-            lo, step = (float(bounds[0]), float(bounds[-1])) if bounds.size == 2 else (math.nan, math.nan)
-            if codes.size != n or not (math.isfinite(lo) and math.isfinite(step) and step >= 0):
-                raise UpdateRejected(f"8-bit global model tensor {name!r}: {codes.size} codes, expected {n} "
-                                     f"{shape}, with a finite range")
-            out[offset:offset + n] = (codes.reshape(-1).astype(np.float64) * step + lo).astype(np.float32)
-            offset += n
-        return out
-
-    def roundtrip(self, params: np.ndarray, layout: ParamLayout) -> np.ndarray:
-        """Exactly the model a client decodes from this broadcast (what its delta is relative to)."""
-        if self.bits == 32:
-            return params
-        if self.bits == 16:
-            return params.astype(np.float16).astype(np.float32)
-        return self.decode(self.encode(params, layout), layout)
-
-
-def _linear8(part: np.ndarray) -> tuple[float, float, np.ndarray]:
-    lo, hi = (float(part.min()), float(part.max())) if part.size else (0.0, 0.0)
-    step = (hi - lo) / 255.0
-    if step == 0.0:
-        return lo, 0.0, np.zeros(part.shape, dtype=np.uint8)
-    # float32 lo/step are what travel: round with them, so the server's roundtrip equals the client's decode
-    lo32, step32 = float(np.float32(lo)), float(np.float32(step))
-    codes = np.clip(np.rint((part.astype(np.float64) - lo32) / step32), 0, 255).astype(np.uint8)
-    return lo32, step32, codes
-
-
-def _array(values: np.ndarray) -> Array:
-    values = np.ascontiguousarray(values)
-    return Array(dtype=str(values.dtype), shape=tuple(values.shape), stype="numpy.ndarray", data=npy_bytes(values))
-
-
-def _view(array: Any, dtype: np.dtype, what: str) -> np.ndarray:
-    if not isinstance(array, Array) or array.stype != "numpy.ndarray":
-        raise UpdateRejected(f"{what} is not a numpy Array")
-    data = array.data if isinstance(array.data, bytes) else bytes(array.data)
-    return npy_view(data, what, dtype).reshape(-1)

@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from io import BytesIO
+from typing import Any
 
 import numpy as np
 from flwr.app import Array
@@ -22,7 +23,7 @@ from flwr.app import Array
 from core.aggregate import all_finite
 from core.errors import UpdateRejected
 
-__all__ = ["ParamLayout", "npy_bytes", "npy_view", "encode_named", "gather", "FLAT_NAME"]
+__all__ = ["ParamLayout", "npy_bytes", "npy_view", "typed_array", "typed_view", "encode_named", "gather", "FLAT_NAME"]
 
 #: The one tensor name of a layout that knows no tensor names (a bare flat buffer).
 FLAT_NAME = "params"
@@ -108,6 +109,27 @@ def npy_view(data: bytes, what: str = "update", dtype: np.dtype | None = None) -
     if len(data) - offset != count * found.itemsize:
         raise UpdateRejected(f"{what} payload is truncated or padded")
     return np.frombuffer(data, dtype=found, count=count, offset=offset).reshape(shape)
+
+
+def typed_array(values: np.ndarray) -> Array:
+    """``values`` as a Flower ``Array`` of their own dtype (``.npy`` bytes): a compressed update's codes,
+    coordinates or values, a broadcast's tensors."""
+    values = np.ascontiguousarray(values)
+    return Array(dtype=str(values.dtype), shape=tuple(values.shape), stype="numpy.ndarray", data=npy_bytes(values))
+
+
+def typed_view(array: Any, dtype: np.dtype, what: str) -> np.ndarray:
+    """A flat read-only view of an untrusted ``Array`` that must hold exactly ``dtype``.
+
+    Raises
+    ------
+    UpdateRejected
+        Not a numpy ``Array``, or :func:`npy_view` refuses its payload.
+    """
+    if not isinstance(array, Array) or array.stype != "numpy.ndarray":
+        raise UpdateRejected(f"{what} is not a numpy Array")
+    data = array.data if isinstance(array.data, bytes) else bytes(array.data)
+    return npy_view(data, what, dtype).reshape(-1)
 
 
 def encode_named(flat: np.ndarray, layout: ParamLayout) -> dict[str, Array]:

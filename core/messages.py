@@ -33,7 +33,8 @@ from flwr.app.typing import MetricRecordValues
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from core.aggregate import all_finite
-from core.compress import Broadcast, Codec
+from core.broadcast import Broadcast
+from core.compress import Codec
 from core.errors import UpdateRejected
 from core.layouts import ParamLayout, encode_named, gather, npy_bytes, npy_view
 

@@ -8,8 +8,8 @@ from flwr.app import Array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.broadcast import Broadcast
 from core.compress import (
-    Broadcast,
     Codec,
     decode_gaps,
     dequantize,
