@@ -33,7 +33,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 test: setup system lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 bench: setup
 	$(PY) bench/aggregate.py

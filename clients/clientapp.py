@@ -3,8 +3,10 @@
 The same app runs in every runtime. Its data comes from the node: a
 simulated node names its partition of the scenario's data set
 (``partition-id`` / ``num-partitions`` in its node config); a real edge device
-names its own file (``data-path``), which never leaves the device. The model
-and the data are loaded once per process and reused across rounds.
+names its own file (``data-path``), which never leaves the device. A process
+builds one model per scenario and serves every node with it (a node's own
+buffers travel in its ``context.state``); a simulated node's partition is
+materialised when it is sampled and dropped after.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
@@ -43,35 +46,82 @@ __all__ = ["app", "client_mods"]
 
 @dataclass
 class _Runtime:
-    """What a node keeps between messages: its data and one model of the scenario's task."""
+    """What one call works with: the process's model of the scenario's task, and the node's data."""
 
     data: LocalData
     model: TaskModel
     scenario: Scenario
 
 
-_RUNTIMES: dict[tuple[Any, ...], _Runtime] = {}
+@dataclass
+class _Shared:
+    """What a process keeps per scenario: one model for every node it serves, and the
+    initial values of the model's own buffers (each node's copies live in its state)."""
+
+    model: TaskModel
+    buffers: dict[str, np.ndarray]
+
+
+_SHARED: dict[int, _Shared] = {}  # by id(scenario): scenario_from_run_config keeps the object alive
+_DEVICE_DATA: dict[str, LocalData] = {}  # a device's own file, read once per process
+
+#: Where a node keeps its copies of the model's buffers (``context.state``): running statistics
+#: and the like are the node's own, as they were when every node had a model of its own.
+BUFFERS_KEY = "quorum.buffers"
 
 
 def _runtime(context: Context) -> _Runtime:
-    """Load (once per process) the node's data and model."""
+    """The process's model (built once per scenario) with this node's buffers, and the node's data.
+
+    A simulated node's partition is materialised for this call and dropped
+    after it (a virtual client costs nothing until it is sampled); a
+    device's own file is read once.
+    """
     scenario = scenario_from_run_config(dict(context.run_config))
-    node = dict(context.node_config)
-    key = (id(scenario), node.get("partition-id"), node.get("data-path"))
-    runtime = _RUNTIMES.get(key)
-    if runtime is None:
-        runtime = _RUNTIMES[key] = _load_runtime(scenario, node)
-    return runtime
+    shared = _SHARED.get(id(scenario))
+    if shared is None:
+        model = TaskModel.build(load_task(scenario), scenario.seed)
+        shared = _SHARED[id(scenario)] = _Shared(model, _own_buffers(model))
+    _load_buffers(shared, context)
+    return _Runtime(data=_node_data(shared.model, dict(context.node_config)), model=shared.model, scenario=scenario)
 
 
-def _load_runtime(scenario: Scenario, node: dict[str, Any]) -> _Runtime:
-    """The task's data for this node (a device's own file, or a simulated partition), then its model."""
-    task = load_task(scenario)
+def _node_data(model: TaskModel, node: dict[str, Any]) -> LocalData:
+    """The task's data for this node: a device's own file, or a simulated partition."""
     if "data-path" in node:
-        data = task.device_data(str(node["data-path"]))
-    else:
-        data = task.partition(int(node["partition-id"]))
-    return _Runtime(data=data, model=TaskModel.build(task, scenario.seed), scenario=scenario)
+        path = str(node["data-path"])
+        if path not in _DEVICE_DATA:
+            _DEVICE_DATA[path] = model.task.device_data(path)
+        return _DEVICE_DATA[path]
+    return model.task.partition(int(node["partition-id"]))
+
+
+def _own_buffers(model: TaskModel) -> dict[str, np.ndarray]:
+    """The saved buffers that do not travel (e.g. batch-norm statistics), at their initial values."""
+    buffers = {name for name, _ in model.model.named_buffers()}
+    travel = set(model.names)
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.model.state_dict().items()
+            if k in buffers and k not in travel}
+
+
+def _load_buffers(shared: _Shared, context: Context) -> None:
+    if not shared.buffers:
+        return
+    kept = context.state.get(BUFFERS_KEY)
+    values = {k: kept[k].numpy() for k in kept} if isinstance(kept, ArrayRecord) else shared.buffers
+    state = shared.model.model.state_dict()
+    with torch.no_grad():
+        for name, value in values.items():
+            state[name].copy_(torch.from_numpy(np.array(value)))
+
+
+def _keep_buffers(runtime: _Runtime, context: Context) -> None:
+    """Save the node's buffers after it trained (nothing when the model has none that stay home)."""
+    shared = _SHARED[id(runtime.scenario)]
+    if shared.buffers:
+        state = runtime.model.model.state_dict()
+        context.state[BUFFERS_KEY] = ArrayRecord({k: Array(state[k].detach().cpu().numpy().copy())
+                                                  for k in shared.buffers})
 
 
 def client_mods() -> list[Any]:
@@ -126,6 +176,7 @@ def train_handler(message: Message, context: Context) -> Message:
     runtime.model.set_flat(params)
     result, sgd_metrics = _train(runtime, config, client_seed(config.seed, config.round, context.node_id))
     delta = runtime.model.get_flat() - params
+    _keep_buffers(runtime, context)
     metrics = {"train-loss": result["loss"], "duration-s": time.monotonic() - started,
                **_named("train-", result), **sgd_metrics}
     if config.extra.get("dp-discrete") and RECORD not in message.content:

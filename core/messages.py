@@ -30,7 +30,7 @@ from typing import Any, TypeGuard
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.app.typing import MetricRecordValues
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, no_object_id_recompute
 
 from core.aggregate import all_finite
 from core.broadcast import Broadcast
@@ -556,7 +556,8 @@ def wire_bytes(content: RecordDict) -> int:
     in-process client can hand over) is counted by its arrays' bytes (:func:`content_bytes`).
     """
     try:
-        return sum(len(obj.deflate()) for obj in get_all_nested_objects(content).values())
+        with no_object_id_recompute():  # each object's id once, not again inside every parent's body
+            return sum(len(obj.deflate()) for obj in get_all_nested_objects(content).values())
     except (ValueError, TypeError, OverflowError, AttributeError):
         return content_bytes(content) if isinstance(content, RecordDict) else 0
 

@@ -28,6 +28,8 @@ RunQuery = Annotated[str | None, Query(alias="run", description="Only this run."
 #: The largest number a query or path may carry: beyond it SQLite cannot bind it (a 4xx, never a 500).
 MAX_INT = 2**63 - 1
 RoundPath = Annotated[int, Path(ge=0, le=MAX_INT, description="The round number.")]
+#: The most clients one request of ``/api/clients`` may ask for (page through the rest with ``offset``).
+MAX_CLIENTS_PAGE = 1000
 
 
 #: Error answers, declared in /openapi.json so every status a route can give is documented.
@@ -138,14 +140,18 @@ def checkpoint(request: Request, run_id: str,
                         filename=f"{run_id}-round-{number:05d}.safetensors")
 
 
-@router.get("/clients", response_model=list[ClientSummaryOut], summary="Every client's participation")
-def list_clients(request: Request, run_id: RunQuery = None) -> list[dict[str, Any]]:
+@router.get("/clients", response_model=list[ClientSummaryOut], summary="Every client's participation, one page")
+def list_clients(request: Request, run_id: RunQuery = None,
+                 limit: Annotated[int | None, Query(ge=1, le=MAX_CLIENTS_PAGE,
+                                                    description="At most this many clients (natural order).")] = None,
+                 offset: Annotated[int, Query(ge=0, le=MAX_INT, description="Skip this many clients first.")] = 0,
+                 ) -> list[dict[str, Any]]:
     reader = reader_of(request)
     if run_id is None:  # summed over the runs that do not hide their participants (DP)
-        return [client_summary_data(c) for c in public_clients(reader)]
+        return [client_summary_data(c) for c in public_clients(reader, limit, offset)]
     if run_hides_clients(reader, run_id):
         return []  # a DP run's participants stay hidden
-    return [client_summary_data(c) for c in reader.clients(run_id)]
+    return [client_summary_data(c) for c in reader.clients(run_id, limit, offset)]
 
 
 @router.get("/clients/{client}", response_model=list[ClientResultOut],

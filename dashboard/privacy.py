@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dashboard.queries import RECENT, ClientSummary, Reader, natural_key
+from dashboard.queries import ClientSummary, Reader
 
-__all__ = ["hides_clients", "run_hides_clients", "without_private_runs", "public_clients", "HIDDEN_DETAIL"]
+__all__ = ["hides_clients", "run_hides_clients", "without_private_runs", "public_clients", "public_runs",
+           "HIDDEN_DETAIL"]
 
 HIDDEN_DETAIL = ("this run is differentially private: which clients were sampled stays hidden "
                  "(amplification by sampling needs it secret); the round's counts are in the round itself")
@@ -45,23 +46,14 @@ def without_private_runs(reader: Reader, rows: Iterable[Any]) -> list[Any]:
     return kept
 
 
-def public_clients(reader: Reader) -> list[ClientSummary]:
-    """Every client's participation summed over the runs that do not hide their clients.
-
-    Without DP runs in the store this is the store's own summary; otherwise
-    the summaries of the other runs are added up run by run (newest first).
-    """
+def public_runs(reader: Reader) -> list[str] | None:
+    """The runs whose participants may be shown: None when that is every run (no DP run in the store)."""
     runs = [run for run, _ in reader.runs()]
     if not any(hides_clients(run.scenario) for run in runs):
-        return reader.clients(None)
-    merged: dict[str, ClientSummary] = {}
-    for run in runs:
-        if hides_clients(run.scenario):
-            continue
-        for c in reader.clients(run.id):
-            seen = merged.get(c.client)
-            merged[c.client] = c if seen is None else ClientSummary(
-                client=c.client, rounds=seen.rounds + c.rounds, ok=seen.ok + c.ok, dropped=seen.dropped + c.dropped,
-                rejected=seen.rejected + c.rejected, runs=seen.runs + c.runs, examples=seen.examples + c.examples,
-                last_seen=max(seen.last_seen, c.last_seen), recent=(seen.recent + c.recent)[:RECENT])
-    return [merged[k] for k in sorted(merged, key=natural_key)]
+        return None
+    return [run.id for run in runs if not hides_clients(run.scenario)]
+
+
+def public_clients(reader: Reader, limit: int | None = None, offset: int = 0) -> list[ClientSummary]:
+    """Every client's participation summed over the runs that do not hide their clients, one page."""
+    return reader.clients(public_runs(reader), limit, offset)

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, case, func, select
 from sqlalchemy.orm import Session
@@ -167,19 +168,37 @@ class Reader:
         return None if path is None else (row.round, path)
 
     # -- clients ------------------------------------------------------------
-    def clients(self, run_id: str | None = None) -> list[ClientSummary]:
+    def clients(self, runs: str | Sequence[str] | None = None, limit: int | None = None,
+                offset: int = 0) -> list[ClientSummary]:
+        """Clients summed over ``runs`` (one run, several, or all when None), in natural order
+        ("2" before "10", names after numbers); one page of ``limit`` from ``offset``."""
+        scope = _scope(runs)
         with self._session() as s:
-            totals = s.execute(_client_totals(run_id)).all()
-            recent = s.execute(_client_recent(run_id)).all()
+            query = _client_totals(scope).order_by(*_natural_order())
+            if limit is not None:
+                query = query.limit(limit)
+            if offset:
+                query = query.offset(offset)
+            totals = s.execute(query).all()
+            page = [r.client for r in totals] if limit is not None else None
+            recent = s.execute(_client_recent(scope, page)).all() if totals else []
         history: dict[str, list[Participation]] = {}
         for row in recent:
             history.setdefault(row.client, []).append(
                 Participation(row.run_id, row.round, row.outcome, row.stage, row.reason))
-        summaries = [ClientSummary(client=r.client, rounds=r.rounds, ok=r.ok or 0, dropped=r.dropped or 0,
-                                   rejected=r.rejected or 0, runs=r.runs, examples=r.examples or 0,
-                                   last_seen=r.last_seen, recent=history.get(r.client, []))
-                     for r in totals]
-        return sorted(summaries, key=lambda c: natural_key(c.client))
+        return [ClientSummary(client=r.client, rounds=r.rounds, ok=r.ok or 0, dropped=r.dropped or 0,
+                              rejected=r.rejected or 0, runs=r.runs, examples=r.examples or 0,
+                              last_seen=r.last_seen, recent=history.get(r.client, []))
+                for r in totals]
+
+    def count_clients(self, runs: str | Sequence[str] | None = None) -> int:
+        """How many distinct clients took part in ``runs`` (all runs when None)."""
+        query = select(func.count(ClientResult.client.distinct()))
+        scope = _scope(runs)
+        if scope is not None:
+            query = query.where(ClientResult.run_id.in_(scope))
+        with self._session() as s:
+            return int(s.execute(query).scalar_one())
 
     def client_history(self, client: str, run_id: str | None = None, limit: int = 1000) -> list[ClientResult]:
         with self._session() as s:
@@ -241,7 +260,18 @@ def _count_if(condition: ColumnElement[bool]) -> ColumnElement[int]:
     return func.sum(case((condition, 1), else_=0))
 
 
-def _client_totals(run_id: str | None) -> Select:
+def _scope(runs: str | Sequence[str] | None) -> list[str] | None:
+    return None if runs is None else [runs] if isinstance(runs, str) else list(runs)
+
+
+def _natural_order() -> tuple[ColumnElement[Any], ...]:
+    """SQL's form of :func:`natural_key`: numeric labels by length then text (numeric order), then names."""
+    client = ClientResult.client
+    is_name = func.length(func.trim(client, "0123456789")) > 0
+    return case((is_name, 1), else_=0), case((is_name, 0), else_=func.length(client)), client.expression
+
+
+def _client_totals(runs: list[str] | None) -> Select:
     query = select(ClientResult.client, func.count().label("rounds"),
                    _count_if(ClientResult.outcome == "ok").label("ok"),
                    _count_if(ClientResult.outcome.in_(("dropped", "late"))).label("dropped"),
@@ -249,15 +279,17 @@ def _client_totals(run_id: str | None) -> Select:
                    func.count(ClientResult.run_id.distinct()).label("runs"),
                    func.sum(ClientResult.num_examples).label("examples"),
                    func.max(ClientResult.finished_at).label("last_seen")).group_by(ClientResult.client)
-    return query.where(ClientResult.run_id == run_id) if run_id else query
+    return query if runs is None else query.where(ClientResult.run_id.in_(runs))
 
 
-def _client_recent(run_id: str | None) -> Select:
+def _client_recent(runs: list[str] | None, clients: list[str] | None) -> Select:
     rank = func.row_number().over(partition_by=ClientResult.client, order_by=ClientResult.id.desc())
     inner = select(ClientResult.client, ClientResult.run_id, ClientResult.round, ClientResult.outcome,
                    ClientResult.stage, ClientResult.reason, ClientResult.id, rank.label("rank"))
-    if run_id:
-        inner = inner.where(ClientResult.run_id == run_id)
+    if runs is not None:
+        inner = inner.where(ClientResult.run_id.in_(runs))
+    if clients is not None:  # one page's clients only
+        inner = inner.where(ClientResult.client.in_(clients))
     sub = inner.subquery()
     return select(sub).where(sub.c.rank <= RECENT).order_by(sub.c.client, sub.c.id.desc())
 

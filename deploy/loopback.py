@@ -25,7 +25,7 @@ import numpy as np
 from deploy.config import load_config
 from deploy.enroll import directory_path
 from deploy.errors import ProcessFailed
-from learning.datasets import build_federation
+from learning.federation import build_federation
 from scenarios.schema import load_scenario
 
 __all__ = ["Processes", "Started", "free_ports", "write_device_data", "LoopbackFederation", "TAG_ENV"]

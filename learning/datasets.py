@@ -11,18 +11,17 @@ import csv
 import functools
 import importlib.util
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from learning.errors import DataError
-from learning.partition import dirichlet, iid, shards
-from scenarios.schema import DataSpec
 
 __all__ = [
     "ArrayDataset", "ClientData", "Federation", "load_mnist", "load_digits",
-    "synthetic_devices", "load_file", "load_client_data", "build_federation",
+    "synthetic_devices", "load_file", "load_client_data", "split_train_test",
 ]
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -62,7 +61,7 @@ class ClientData:
 class Federation:
     """Client data sets plus the server's held-out test set (``None`` when none is held out)."""
 
-    clients: tuple[ClientData, ...]
+    clients: Sequence[ClientData]
     test: ArrayDataset | None
     num_classes: int
     input_shape: tuple[int, ...]
@@ -299,91 +298,10 @@ def load_client_data(
     if not 0 <= test_fraction < 1:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
     data = load_file(path, label_column)
-    return _split(data, test_fraction, np.random.default_rng(seed))
+    return split_train_test(data, test_fraction, np.random.default_rng(seed))
 
 
-# ----------------------------------------------------------------- federations
-
-
-def build_federation(spec: DataSpec, num_clients: int, seed: int) -> Federation:
-    """Build the data of a whole federation from a scenario's data section.
-
-    For MNIST, digits and files: hold out ``server_test_fraction`` of every
-    class as the server test set, split the rest over ``num_clients`` with the
-    chosen partitioner, then split each client's part into train and test by
-    ``client_test_fraction``. FedProx Synthetic is naturally partitioned: one
-    device per client, each split 90/10 into train and test as in the paper,
-    and the server test set is the union of the devices' test splits (the
-    ``partition`` and both test fractions are ignored).
-
-    Raises
-    ------
-    DataError
-        The data file is malformed, or the data cannot be split as asked.
-    """
-    holdout_ss, partition_ss, split_ss = np.random.SeedSequence(seed).spawn(3)
-    if spec.dataset == "synthetic":
-        return _synthetic_federation(spec, num_clients, np.random.default_rng(partition_ss))
-    data = _load(spec)
-    pool, test = _holdout(data, spec.server_test_fraction, np.random.default_rng(holdout_ss))
-    try:
-        parts = _partition(spec, pool.y, num_clients, np.random.default_rng(partition_ss))
-    except ValueError as exc:
-        raise DataError(f"{spec.dataset}: {exc}") from None
-    split_rng = np.random.default_rng(split_ss)
-    clients = tuple(_split(pool.subset(p), spec.client_test_fraction, split_rng) for p in parts)
-    return Federation(clients, test, int(data.y.max()) + 1, tuple(data.x.shape[1:]))
-
-
-def _load(spec: DataSpec) -> ArrayDataset:
-    if spec.dataset == "mnist":
-        return load_mnist()
-    if spec.dataset == "digits":
-        return load_digits()
-    return load_file(spec.path, spec.label_column)
-
-
-def _synthetic_federation(spec: DataSpec, num_clients: int, rng: np.random.Generator) -> Federation:
-    devices = synthetic_devices(spec.synthetic_alpha, spec.synthetic_beta, num_clients, rng)
-    clients = []
-    for device in devices:
-        cut = int(SYNTHETIC_TRAIN_FRACTION * len(device))  # as in the reference code
-        index = np.arange(len(device))
-        clients.append(ClientData(device.subset(index[:cut]), device.subset(index[cut:])))
-    test = ArrayDataset(
-        np.concatenate([c.test.x for c in clients]), np.concatenate([c.test.y for c in clients])
-    )
-    return Federation(tuple(clients), test, SYNTHETIC_CLASSES, (SYNTHETIC_FEATURES,))
-
-
-def _partition(
-    spec: DataSpec, labels: np.ndarray, num_clients: int, rng: np.random.Generator
-) -> list[np.ndarray]:
-    if spec.partition == "iid":
-        return iid(labels, num_clients, rng)
-    if spec.partition == "dirichlet":
-        min_size = max(1, min(10, len(labels) // (2 * num_clients)))
-        return dirichlet(labels, num_clients, spec.alpha, rng, min_size=min_size)
-    return shards(labels, num_clients, spec.shards_per_client, rng)
-
-
-def _holdout(
-    data: ArrayDataset, fraction: float, rng: np.random.Generator
-) -> tuple[ArrayDataset, ArrayDataset | None]:
-    """Stratified split: ``round(fraction * n_k)`` examples of each class ``k`` go to the test set."""
-    if fraction == 0:
-        return data, None
-    held = []
-    for k in np.unique(data.y):
-        members = rng.permutation(np.flatnonzero(data.y == k))
-        held.append(members[: int(round(fraction * len(members)))])
-    test_index = np.sort(np.concatenate(held))
-    keep = np.ones(len(data), dtype=bool)
-    keep[test_index] = False
-    return data.subset(np.flatnonzero(keep)), data.subset(test_index)
-
-
-def _split(data: ArrayDataset, fraction: float, rng: np.random.Generator) -> ClientData:
+def split_train_test(data: ArrayDataset, fraction: float, rng: np.random.Generator) -> ClientData:
     """Random train/test split; the training side always keeps at least one example."""
     order = rng.permutation(len(data))
     n_test = min(int(round(fraction * len(data))), max(len(data) - 1, 0))

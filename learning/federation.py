@@ -1,18 +1,39 @@
-"""The scenario's federated data set, built once per process and reused.
+"""A scenario's federated data set: built from its ``[data]`` section, once per process.
 
-Every part of one process that needs the federation (the clients of an
-in-process run, the server's held-out test set, a warm deployment worker)
-asks here, so the data set is read and partitioned once.
+:func:`build_federation` holds out the server's test set and partitions the
+rest over the clients (eagerly, or, with ``partition = "resample"``, as
+:class:`ResampledClients` recipes materialised on demand). Every part of one
+process that needs the federation (the clients of an in-process run, the
+server's held-out test set, a warm deployment worker) asks
+:func:`cached_federation`, so the data set is read and partitioned once.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import overload
 
-from learning.datasets import Federation, build_federation
+import numpy as np
+
+from learning.datasets import (
+    SYNTHETIC_CLASSES,
+    SYNTHETIC_FEATURES,
+    SYNTHETIC_TRAIN_FRACTION,
+    ArrayDataset,
+    ClientData,
+    Federation,
+    load_digits,
+    load_file,
+    load_mnist,
+    split_train_test,
+    synthetic_devices,
+)
+from learning.errors import DataError
+from learning.partition import dirichlet, iid, shards
 from scenarios.schema import DataSpec, Scenario
 
-__all__ = ["cached_federation"]
+__all__ = ["cached_federation", "build_federation", "ResampledClients"]
 
 
 def cached_federation(scenario: Scenario) -> Federation:
@@ -23,3 +44,123 @@ def cached_federation(scenario: Scenario) -> Federation:
 @functools.lru_cache(maxsize=2)
 def _federation(spec: DataSpec, num_clients: int, seed: int) -> Federation:
     return build_federation(spec, num_clients, seed)
+
+
+def build_federation(spec: DataSpec, num_clients: int, seed: int) -> Federation:
+    """Build the data of a whole federation from a scenario's data section.
+
+    For MNIST, digits and files: hold out ``server_test_fraction`` of every
+    class as the server test set, split the rest over ``num_clients`` with the
+    chosen partitioner, then split each client's part into train and test by
+    ``client_test_fraction``. FedProx Synthetic is naturally partitioned: one
+    device per client, each split 90/10 into train and test as in the paper,
+    and the server test set is the union of the devices' test splits (the
+    ``partition`` and both test fractions are ignored).
+
+    Raises
+    ------
+    DataError
+        The data file is malformed, or the data cannot be split as asked.
+    """
+    holdout_ss, partition_ss, split_ss = np.random.SeedSequence(seed).spawn(3)
+    if spec.dataset == "synthetic":
+        return _synthetic_federation(spec, num_clients, np.random.default_rng(partition_ss))
+    data = _load(spec)
+    pool, test = _holdout(data, spec.server_test_fraction, np.random.default_rng(holdout_ss))
+    if spec.partition == "resample":
+        clients: Sequence[ClientData] = ResampledClients(pool, num_clients, spec, partition_ss)
+        return Federation(clients, test, int(data.y.max()) + 1, tuple(data.x.shape[1:]))
+    try:
+        parts = _partition(spec, pool.y, num_clients, np.random.default_rng(partition_ss))
+    except ValueError as exc:
+        raise DataError(f"{spec.dataset}: {exc}") from None
+    split_rng = np.random.default_rng(split_ss)
+    clients = tuple(split_train_test(pool.subset(p), spec.client_test_fraction, split_rng) for p in parts)
+    return Federation(clients, test, int(data.y.max()) + 1, tuple(data.x.shape[1:]))
+
+
+class ResampledClients(Sequence[ClientData]):
+    """Virtual clients that cost nothing until asked for: ``partition = "resample"``.
+
+    Client ``i`` is a recipe, not data: from its own generator (the partition
+    seed and ``i``) it draws label proportions ``p ~ Dir(alpha)``, then
+    ``samples_per_client`` labels from ``p`` and, for each, an example of that
+    class from the pool, with replacement; then it splits them into train and
+    test by ``client_test_fraction``. The only index kept is each class's
+    example positions, computed once, so 10,000 clients cost what 10 do, and a
+    client's data is materialised when it is sampled and dropped after.
+    """
+
+    def __init__(self, pool: ArrayDataset, num_clients: int, spec: DataSpec, seed: np.random.SeedSequence) -> None:
+        self._pool, self._n, self._spec = pool, num_clients, spec
+        self._classes = [np.flatnonzero(pool.y == k) for k in np.unique(pool.y)]
+        self._entropy, self._key = seed.entropy, tuple(seed.spawn_key)
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> ClientData: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[ClientData]: ...
+
+    def __getitem__(self, i: int | slice) -> ClientData | Sequence[ClientData]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        if not -self._n <= i < self._n:
+            raise IndexError(f"client {i} of {self._n}")
+        i %= self._n
+        rng = np.random.default_rng(np.random.SeedSequence(self._entropy, spawn_key=(*self._key, i)))
+        proportions = rng.dirichlet(np.full(len(self._classes), self._spec.alpha))
+        counts = rng.multinomial(self._spec.samples_per_client, proportions)
+        index = np.concatenate([rng.choice(members, size=c) for members, c in zip(self._classes, counts, strict=True)])
+        return split_train_test(self._pool.subset(index), self._spec.client_test_fraction, rng)
+
+
+def _load(spec: DataSpec) -> ArrayDataset:
+    if spec.dataset == "mnist":
+        return load_mnist()
+    if spec.dataset == "digits":
+        return load_digits()
+    return load_file(spec.path, spec.label_column)
+
+
+def _synthetic_federation(spec: DataSpec, num_clients: int, rng: np.random.Generator) -> Federation:
+    devices = synthetic_devices(spec.synthetic_alpha, spec.synthetic_beta, num_clients, rng)
+    clients = []
+    for device in devices:
+        cut = int(SYNTHETIC_TRAIN_FRACTION * len(device))  # as in the reference code
+        index = np.arange(len(device))
+        clients.append(ClientData(device.subset(index[:cut]), device.subset(index[cut:])))
+    test = ArrayDataset(
+        np.concatenate([c.test.x for c in clients]), np.concatenate([c.test.y for c in clients])
+    )
+    return Federation(tuple(clients), test, SYNTHETIC_CLASSES, (SYNTHETIC_FEATURES,))
+
+
+def _partition(
+    spec: DataSpec, labels: np.ndarray, num_clients: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    if spec.partition == "iid":
+        return iid(labels, num_clients, rng)
+    if spec.partition == "dirichlet":
+        min_size = max(1, min(10, len(labels) // (2 * num_clients)))
+        return dirichlet(labels, num_clients, spec.alpha, rng, min_size=min_size)
+    return shards(labels, num_clients, spec.shards_per_client, rng)
+
+
+def _holdout(
+    data: ArrayDataset, fraction: float, rng: np.random.Generator
+) -> tuple[ArrayDataset, ArrayDataset | None]:
+    """Stratified split: ``round(fraction * n_k)`` examples of each class ``k`` go to the test set."""
+    if fraction == 0:
+        return data, None
+    held = []
+    for k in np.unique(data.y):
+        members = rng.permutation(np.flatnonzero(data.y == k))
+        held.append(members[: int(round(fraction * len(members)))])
+    test_index = np.sort(np.concatenate(held))
+    keep = np.ones(len(data), dtype=bool)
+    keep[test_index] = False
+    return data.subset(np.flatnonzero(keep)), data.subset(test_index)

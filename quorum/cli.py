@@ -51,19 +51,28 @@ def simulate(
     = "inprocess",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the live display.")]
     = False,
+    workers: Annotated[int | None, typer.Option(
+        min=1, max=1024, help="In-process engine: worker processes that run clients, one call each at a time "
+        "(default: one per core; 1 runs every client in this process).")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        help="Ray engine: join the running Ray cluster at this address ('auto', or the head's host:port, "
+        "from `ray start --head`) instead of starting a private one.")] = None,
 ) -> None:
     """Run a federation from a scenario file on this machine and store every round."""
     from quorum.progress import RoundDisplay
     from runtimes.simulation import simulate as run
     from scenarios.schema import load_scenario
 
+    if ray_address and engine != "ray":
+        _fail(f"--ray-address {ray_address} needs --engine ray (the engine is {engine})")
     try:
         spec = load_scenario(scenario)
         overrides = {k: v for k, v in (("rounds", rounds), ("seed", seed)) if v is not None}
         if overrides:
             spec = spec.with_overrides(**overrides)
         with RoundDisplay(spec, enabled=not json_out) as display:
-            summary = run(spec, db_url=db, engine=engine, on_round=display.update, on_start=display.start)
+            summary = run(spec, db_url=db, engine=engine, on_round=display.update, on_start=display.start,
+                          workers=workers, ray_address=ray_address)
     except (ScenarioError, QuorumError) as exc:
         _fail(str(exc))
     _print_summary(summary, json_out)
@@ -74,6 +83,8 @@ def resume(
     run_id: Annotated[str, typer.Argument(help="The run to continue (its id, or a unique part of it).")],
     db: DbOption = DEFAULT_DB,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    workers: Annotated[int | None, typer.Option(
+        min=1, max=1024, help="In-process engine: worker processes (default: one per core).")] = None,
 ) -> None:
     """Continue a run whose process died, from its last committed round."""
     from quorum.progress import RoundDisplay
@@ -86,7 +97,7 @@ def resume(
         spec = scenario_from_dict(stored.scenario, source=f"run {stored.id}")
         with RoundDisplay(spec, enabled=not json_out, done=stored.rounds_done) as display:
             summary = run(spec, db_url=db, engine=stored.engine if stored.engine == "ray" else "inprocess",
-                          resume_id=stored.id, on_round=display.update)
+                          resume_id=stored.id, on_round=display.update, workers=workers)
     except (ScenarioError, QuorumError) as exc:
         _fail(str(exc))
     _print_summary(summary, json_out)

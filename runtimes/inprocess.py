@@ -4,9 +4,14 @@ Flower ships no runtime without Ray or a SuperLink, so this is the embedded
 default used by ``quorum simulate``, the scenarios and the tests: the very same
 ServerApp logic and ClientApp run, messages are real Flower ``Message`` s, and
 one worker thread executes client calls so the aggregator can poll, enforce
-deadlines and fold replies as they arrive. Faults from the scenario (clients
-that vanish at a stage, stragglers, corrupt replies) are injected here, at the
-transport, so neither the round loop nor the ClientApp carries fault code.
+deadlines and fold replies as they arrive. With ``workers > 1`` the calls run
+on a :class:`runtimes.pool.WorkerPool` of forked processes, one call per worker
+at a time; replies are handed out in the order the messages were pushed (a
+reply waits only while an earlier message is still running), so the
+aggregate folds in the same order, and gives the same bits, as on one worker.
+Faults from the scenario (clients that vanish at a stage, stragglers, corrupt
+replies) are injected here, at the transport, so neither the round loop nor
+the ClientApp carries fault code.
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from runtimes.faults import FaultPlan
+from runtimes.pool import WorkerPool, call_app
 
 __all__ = ["InProcessGrid", "LocalGrid", "NodeSpec"]
 
@@ -76,11 +82,17 @@ class InProcessGrid(LocalGrid):
         Which messages vanish, arrive late or arrive corrupted.
     run_id : int
         The Flower run id to stamp on messages.
+    workers : int
+        Client calls at a time: 1 runs them on a thread of this process; more
+        run them on that many forked worker processes.
+    threads : int | None
+        Torch intra-op threads per worker process (default: cores / workers);
+        with one worker, when given, this process's torch threads.
     """
 
     def __init__(self, client_app: ClientApp, nodes: Iterable[NodeSpec],
                  run_config: Mapping[str, int | float | str | bool], faults: FaultPlan | None = None,
-                 run_id: int = 1) -> None:
+                 run_id: int = 1, workers: int = 1, threads: int | None = None) -> None:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SERVER_NODE_ID, 1
         self._run = Run.create_empty(run_id)
         self._app = client_app
@@ -90,14 +102,23 @@ class InProcessGrid(LocalGrid):
                                state=RecordDict(), run_config=dict(run_config))
             for n in nodes
         }
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quorum-node")
+        self._pool = WorkerPool(client_app, workers, threads) if workers > 1 else None
+        if self._pool is None and threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)  # this process runs the clients
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="quorum-node")
         self._lock = threading.Lock()
         self._pending: dict[str, Future[Message | None]] = {}
+        self._seq: dict[str, int] = {}  # push order of pending messages
+        self._pushed = 0
         self._ready_at: dict[str, float] = {}
 
     # -- Grid API ---------------------------------------------------------
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         batch = list(messages)
+        if self._pool is not None:
+            self._pool.start()
         dropped = self._faults.pick_dropped(batch)
         ids = []
         for message in batch:
@@ -110,17 +131,21 @@ class InProcessGrid(LocalGrid):
                 continue  # the node vanished: no reply will ever come
             with self._lock:
                 self._pending[message_id] = self._executor.submit(self._handle, message)
+                self._seq[message_id], self._pushed = self._pushed, self._pushed + 1
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         now = time.monotonic()
         out = []
         with self._lock:
-            for message_id in message_ids:
+            running = [self._seq[m] for m, f in self._pending.items() if not f.done()]
+            frontier = min(running, default=self._pushed)  # replies after a running message wait for it
+            for message_id in sorted(message_ids, key=lambda m: self._seq.get(m, -1)):
                 future = self._pending.get(message_id)
-                if future is None or not future.done() or self._ready_at.get(message_id, 0) > now:
+                if (future is None or not future.done() or self._seq[message_id] > frontier
+                        or self._ready_at.get(message_id, 0) > now):
                     continue
-                del self._pending[message_id]
+                del self._pending[message_id], self._seq[message_id]
                 reply = future.result()
                 if reply is not None:
                     out.append(reply)
@@ -151,7 +176,12 @@ class InProcessGrid(LocalGrid):
             return not any(m in self._pending for m in message_ids)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        """Cancel what has not started, stop the workers (a call still running in one ends as an
+        error reply once its worker is gone), then wait for the call threads."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.close()
+        self._executor.shutdown(wait=True)
 
     def __enter__(self) -> InProcessGrid:
         return self
@@ -161,10 +191,10 @@ class InProcessGrid(LocalGrid):
 
     def _handle(self, message: Message) -> Message | None:
         context = self._contexts[message.metadata.dst_node_id]
-        try:
-            reply = self._app(message, context)
-        except Exception as exc:
-            reply = Message(Error(code=1, reason=f"{type(exc).__name__}: {exc}"), reply_to=message)
+        if self._pool is not None:
+            reply = self._pool.call(message, context)
+        else:
+            reply = call_app(self._app, message, context)
         _set_message_id(reply, uuid.uuid4().hex)
         delay = self._faults.delay_for(message)
         if delay:

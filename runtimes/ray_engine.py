@@ -59,7 +59,10 @@ class RayOptions:
     ``cpus_per_client``: CPUs per ClientApp actor (actors = ``num_cpus / cpus_per_client``);
     ``object_store_mb``: Ray's object store (default: Ray's choice);
     ``discovery_timeout_s``: how long actor start-up and first contact may take;
-    ``verbose``: forward actor output and Ray's warnings (failing clients are stored anyway).
+    ``verbose``: forward actor output and Ray's warnings (failing clients are stored anyway);
+    ``address``: join the running Ray cluster there (``"auto"``, or the head's ``host:port``)
+    instead of starting a private one: its nodes' CPUs size the actor pool, ``num_cpus`` and
+    ``object_store_mb`` are the cluster's own, and the cluster is left running.
     """
 
     num_cpus: int | None = None
@@ -67,6 +70,7 @@ class RayOptions:
     object_store_mb: int | None = None
     discovery_timeout_s: float = 300.0
     verbose: bool = False
+    address: str | None = None
 
     def cpus(self) -> int:
         return self.num_cpus or max(1, min(2, os.cpu_count() or 1))
@@ -156,11 +160,14 @@ class _RayRun:
 
 
 def _backend_config(options: RayOptions, temp_dir: str) -> dict[str, Any]:
-    init_args: dict[str, Any] = {
-        "address": "local", "num_cpus": options.cpus(), "num_gpus": 0, "include_dashboard": False,
-        "_temp_dir": temp_dir, "log_to_driver": options.verbose,
-        "logging_level": "WARNING" if options.verbose else "ERROR"}
-    if options.object_store_mb is not None:
+    init_args: dict[str, Any] = {"log_to_driver": options.verbose,
+                                 "logging_level": "WARNING" if options.verbose else "ERROR"}
+    if options.address:  # an existing cluster: its resources and files are its own
+        init_args["address"] = options.address
+    else:
+        init_args.update(address="local", num_cpus=options.cpus(), num_gpus=0, include_dashboard=False,
+                         _temp_dir=temp_dir)
+    if options.object_store_mb is not None and not options.address:
         init_args["object_store_memory"] = options.object_store_mb * 2**20
     return {"init_args": init_args, "client_resources": {"num_cpus": options.cpus_per_client, "num_gpus": 0}}
 

@@ -20,6 +20,7 @@ from core.records import RoundRecord
 from privacy.secagg.identity import node_config
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec
+from runtimes.pool import default_workers
 from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario
 
@@ -45,33 +46,51 @@ class RunSummary:
 
 def simulate(scenario: Scenario, *, db_url: str, engine: str = "inprocess",
              resume_id: str | None = None, on_round: Callable[[RoundRecord], None] | None = None,
-             on_start: Callable[[str], None] | None = None) -> RunSummary:
-    """Run ``scenario`` (or resume run ``resume_id``) and summarise it."""
+             on_start: Callable[[str], None] | None = None, workers: int | None = None,
+             threads: int | None = None, ray_address: str | None = None) -> RunSummary:
+    """Run ``scenario`` (or resume run ``resume_id``) and summarise it.
+
+    ``workers`` (in-process engine): client calls at a time, on that many
+    forked processes; default one per core, 1 runs them in this process.
+    ``threads``: torch threads per worker (default: cores / workers).
+    ``ray_address`` (Ray engine): a running Ray cluster to join instead of starting one.
+    """
     started = time.monotonic()
     if scenario.asynchronous.enabled and scenario.asynchronous.clock == "virtual" and engine != "inprocess":
         raise ScenarioError(f"{scenario.name}: async.clock = \"virtual\" simulates device speeds on the in-process "
                             f"engine only, not engine {engine!r}; set async.clock = \"wall\" to run in real time")
     store = RunStore(db_url)
     if engine == "ray":
-        from runtimes.ray_engine import run_on_ray
+        from runtimes.ray_engine import RayOptions, run_on_ray
 
-        run_id = run_on_ray(scenario, db_url, resume_id=resume_id, on_start=on_start, on_round=on_round)
+        run_id = run_on_ray(scenario, db_url, resume_id=resume_id, on_start=on_start, on_round=on_round,
+                            options=RayOptions(address=ray_address))
     elif engine == "inprocess":
-        run_id = _run_inprocess(scenario, store, resume_id, on_round, on_start)
+        if workers is not None and workers < 1:
+            raise ScenarioError(f"workers must be at least 1, got {workers}")
+        pool = _Pool(default_workers() if workers is None else workers, threads)
+        run_id = _run_inprocess(scenario, store, resume_id, on_round, on_start, pool)
     else:
         raise ValueError(f"engine must be 'inprocess' or 'ray', got {engine!r}")
     return summarize(store, run_id, time.monotonic() - started)
 
 
+@dataclass(frozen=True)
+class _Pool:
+    workers: int
+    threads: int | None
+
+
 def _run_inprocess(scenario: Scenario, store: RunStore, resume_id: str | None,
                    on_round: Callable[[RoundRecord], None] | None,
-                   on_start: Callable[[str], None] | None) -> str:
+                   on_start: Callable[[str], None] | None, pool: _Pool) -> str:
     n = scenario.federation.clients
     identities = secagg_identities(scenario)
     nodes = [NodeSpec(i + 1, {"partition-id": i, "num-partitions": n, **identities.get(i + 1, {})})
              for i in range(n)]
     run_config = {"scenario-json": json.dumps(scenario.to_dict())}
-    with InProcessGrid(client_app, nodes, run_config, FaultPlan.from_spec(scenario.faults, scenario.seed)) as grid:
+    faults = FaultPlan.from_spec(scenario.faults, scenario.seed)
+    with InProcessGrid(client_app, nodes, run_config, faults, workers=pool.workers, threads=pool.threads) as grid:
         run_id, _ = run_federation(grid, scenario, store, engine="inprocess", resume_id=resume_id,
                                    on_round=on_round, on_start=on_start)
     return run_id

@@ -40,9 +40,12 @@ ATTACKS = ("alie", "ipm", "signflip", "labelflip", "scaling", "mimic", "weight_i
 @dataclass(frozen=True)
 class DataSpec:
     dataset: Literal["mnist", "digits", "synthetic", "file"] = "mnist"
-    partition: Literal["iid", "dirichlet", "shards"] = "iid"
+    # resample: each client draws samples_per_client examples with replacement, its label
+    # proportions ~ Dirichlet(alpha); a client is materialised only when it is sampled.
+    partition: Literal["iid", "dirichlet", "shards", "resample"] = "iid"
     alpha: float = 0.5
     shards_per_client: int = 2
+    samples_per_client: int = 50
     server_test_fraction: float = 0.2
     client_test_fraction: float = 0.1
     synthetic_alpha: float = 1.0
@@ -54,6 +57,11 @@ class DataSpec:
         positive("alpha", self.alpha)
         positive("shards_per_client", self.shards_per_client)
         at_most("shards_per_client", self.shards_per_client, 10_000)
+        positive("samples_per_client", self.samples_per_client)
+        at_most("samples_per_client", self.samples_per_client, 1_000_000)
+        if self.partition == "resample" and self.dataset == "synthetic":
+            raise Bad("partition", self.partition, "does not apply to dataset = 'synthetic', which is naturally "
+                      "partitioned (one device per client)")
         # a test split of 1.0 leaves nothing to train on
         fraction("server_test_fraction", self.server_test_fraction, allow_zero=True, allow_one=False)
         fraction("client_test_fraction", self.client_test_fraction, allow_zero=True, allow_one=False)

@@ -21,7 +21,8 @@ from torch import nn
 from aggregator.serverapp import build_strategy
 from aggregator.step import train_config
 from core.strategy import ServerState, Strategy
-from learning.datasets import Federation, build_federation
+from learning.datasets import Federation
+from learning.federation import build_federation
 from learning.models import build_model, get_flat, set_flat
 from learning.training import evaluate
 from runtimes.parallel.comm import Comm

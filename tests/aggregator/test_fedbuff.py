@@ -16,8 +16,9 @@ from aggregator.fedbuff import BufferedLoop, DeviceSpeeds, staleness_weight
 from aggregator.serverapp import run_federation
 from aggregator.store import RunStore
 from clients.clientapp import app as client_app
-from core.messages import read_instruction, train_reply
+from core.messages import TrainConfig, read_instruction, train_reply
 from core.records import RoundRecord
+from learning.task import TaskModel, load_task
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError
@@ -208,12 +209,19 @@ class SlowNodeGrid(InProcessGrid):
         return ids
 
 
+def _warm_up(spec) -> None:
+    model = TaskModel.build(load_task(spec), spec.seed)
+    model.train(model.task.partition(0).train, TrainConfig(round=1, epochs=1, batch_size=16, lr=0.1, momentum=0.0,
+                                                           seed=0), seed=0)
+
+
 def test_wall_clock_mode_steps_while_a_slow_client_trains_and_folds_its_stale_reply(db_url: str) -> None:
     # Prepare: 3 clients, all in flight, a step every 2 replies; node 3 answers 0.6 s late in wall time
     spec = tiny_scenario(rounds=30, federation={"clients": 3, "deadline_s": 30.0}, evaluation={"federated": False},
                          **{"async": {"enabled": True, "clock": "wall", "concurrency": 3, "buffer_size": 2}})
     nodes = [NodeSpec(i + 1, {"partition-id": i, "num-partitions": 3}) for i in range(3)]
     run_config = {"scenario-json": json.dumps(spec.to_dict())}
+    _warm_up(spec)  # the process's first training imports torch's compiler stack (2-3 s), longer than the delay
     with SlowNodeGrid(client_app, nodes, run_config, slow=3, delay_s=0.6) as grid:
         # Execute
         run_id, result = run_federation(grid, spec, RunStore(db_url), engine="inprocess")

@@ -8,7 +8,7 @@ import pytest
 from aggregator.store import RunStore
 from aggregator.strategies import FedAvg
 from core.messages import client_seed
-from learning.datasets import build_federation
+from learning.federation import build_federation
 from learning.models import build_model, get_flat, set_flat
 from learning.training import train
 from runtimes.simulation import simulate

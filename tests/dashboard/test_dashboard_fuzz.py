@@ -29,7 +29,7 @@ def _routes(run_id: str, value: int | str) -> list[str]:
     return [f"/api/runs?offset={n}", f"/api/runs?limit={n}", f"/api/runs/{run_id}/rounds/{n}",
             f"/api/runs/{run_id}/rounds/{n}/clients", f"/api/runs/{run_id}/rounds?after={n}",
             f"/api/runs/{run_id}/checkpoint?round={n}", f"/runs/{run_id}/rounds/{n}", f"/?page={n}",
-            f"/?per_page={n}"]
+            f"/?per_page={n}", f"/api/clients?limit={n}", f"/api/clients?offset={n}", f"/clients?page={n}"]
 
 
 @pytest.mark.parametrize("number", HUGE)

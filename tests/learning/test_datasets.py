@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import tracemalloc
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
 from learning.datasets import (
     ArrayDataset,
     Federation,
-    build_federation,
     load_digits,
     load_mnist,
     synthetic_devices,
 )
 from learning.errors import DataError
+from learning.federation import build_federation
 from scenarios.schema import DataSpec
 
 
@@ -150,3 +153,53 @@ def test_build_federation_from_a_user_file(tmp_path) -> None:
 def test_too_many_clients_is_a_data_error() -> None:
     with pytest.raises(DataError, match="digits: num_clients must be in"):
         build_federation(DataSpec(dataset="digits"), 5000, seed=0)
+
+
+def _peak_bytes(build: Callable[[], object]) -> int:
+    tracemalloc.start()
+    try:
+        kept = build()
+        return tracemalloc.get_traced_memory()[1] + 0 * id(kept)
+    finally:
+        tracemalloc.stop()
+
+
+def test_resampled_clients_are_recipes_drawn_from_the_training_pool() -> None:
+    # Prepare: 10,000 virtual clients of 40 examples over MNIST's 4,000-image training pool
+    spec = DataSpec(dataset="mnist", partition="resample", samples_per_client=40, alpha=0.5,
+                    client_test_fraction=0.25)
+
+    # Execute
+    fed = build_federation(spec, 10_000, seed=0)
+    again = build_federation(spec, 10_000, seed=0)
+    other_seed = build_federation(spec, 10_000, seed=1)
+
+    # Assert: 10,000 clients at the memory cost of 10 (the data set keeps a per-class index only)
+    assert fed.num_clients == 10_000
+    assert _peak_bytes(lambda: build_federation(spec, 10_000, seed=0)) < 1.2 * _peak_bytes(
+        lambda: build_federation(spec, 10, seed=0))
+    client = fed.clients[9_999]
+    assert (len(client.train), len(client.test)) == (30, 10)  # round(0.25 * 40) = 10 held out
+    # a client is the same recipe every time it is materialised, and another seed is another client
+    assert np.array_equal(client.train.x, again.clients[9_999].train.x)
+    assert not np.array_equal(client.train.x, other_seed.clients[9_999].train.x)
+    assert np.array_equal(fed.clients[-1].train.y, client.train.y)
+    # every example comes from the training pool, never the server's held-out images
+    held_out = {row.tobytes() for row in fed.test.x.reshape(len(fed.test), -1)}
+    rows = np.concatenate([fed.clients[i].train.x for i in range(0, 10_000, 500)]).reshape(-1, 784)
+    assert not held_out & {row.tobytes() for row in rows}
+    with pytest.raises(IndexError, match="client 10000 of 10000"):
+        fed.clients[10_000]
+
+
+def test_resampled_label_skew_follows_alpha() -> None:
+    # Dir(alpha) proportions: the expected share of a client's most common label is far higher for
+    # alpha = 0.1 (most mass on one class) than for alpha = 100 (close to uniform, about 0.1 + noise)
+    def top_share(alpha: float) -> float:
+        spec = DataSpec(dataset="mnist", partition="resample", samples_per_client=200, alpha=alpha,
+                        client_test_fraction=0.0)
+        fed = build_federation(spec, 200, seed=3)
+        return float(np.mean([np.bincount(fed.clients[i].train.y, minlength=10).max() / 200 for i in range(200)]))
+
+    assert top_share(0.1) > 0.6
+    assert top_share(100.0) < 0.2

@@ -113,7 +113,7 @@ def test_distributed_discrete_gaussian_noises_on_the_grid_and_is_accounted(db_ur
                              secagg={"enabled": True, "bits": 64, "clip_range": 64.0}, dp=dp)
 
     # Execute
-    summary = simulate(scenario, db_url=db_url)
+    summary = simulate(scenario, db_url=db_url, workers=1)  # clients in this process: recorded
 
     # Assert: it ran, every round was accounted as the Gaussian mechanism at z (tau is 0 at these
     # sigmas), and every model coordinate of every client got an integer share of the planned size
@@ -155,7 +155,7 @@ def test_centered_clipping_under_central_dp_runs_and_clients_send_raw_deltas(db_
                              dp={"enabled": True, "noise_multiplier": 0.3, "clip_norm": 1.0, "sampling": "fixed"})
 
     # Execute
-    summary = simulate(scenario, db_url=db_url)
+    summary = simulate(scenario, db_url=db_url, workers=1)  # clients in this process: recorded
 
     # Assert: the server clips the rule's centred term; a client clipping its raw delta first would bias
     # it, so no client was asked to; both rounds released and accounted

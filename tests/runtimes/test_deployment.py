@@ -94,10 +94,10 @@ max_staleness = 10
 """
 
 
-def test_two_rounds_on_a_superlink_with_two_supernodes(processes: Processes, tmp_path: Path) -> None:
-    # Prepare
+def test_a_round_on_a_superlink_with_two_supernodes(processes: Processes, tmp_path: Path) -> None:
+    # Prepare: one round with federated evaluation (rounds over a SuperLink are the deploy tests' subject)
     scenario = tmp_path / "scenario.toml"
-    scenario.write_text(SCENARIO)
+    scenario.write_text(SCENARIO.replace("rounds = 2", "rounds = 1").replace("every = 2 ", "every = 1 "))
     t0 = time.monotonic()
     env, _ = _federation(processes, tmp_path, "", ["partition-id=0 num-partitions=2",
                                                    "partition-id=1 num-partitions=2"])
@@ -109,12 +109,12 @@ def test_two_rounds_on_a_superlink_with_two_supernodes(processes: Processes, tmp
     stock = _flwr_run(processes, "flwr-run-stock", STOCK_APP, scenario, tmp_path / "stock.db", env)
     t_done = time.monotonic()
 
-    # Assert: both finished both rounds with every client's update, to the same accuracy
+    # Assert: both finished the round with every client's update, to the same accuracy
     for store, stored in (quorum, stock):
-        assert (stored.status, stored.rounds_done) == ("finished", 2), \
+        assert (stored.status, stored.rounds_done) == ("finished", 1), \
             f"{stored.status}: {stored.error}\n{processes.logs()}"
         rounds = store.rounds(stored.id)
-        assert [r.round for r in rounds] == [1, 2]
+        assert [r.round for r in rounds] == [1]
         for r in rounds:
             results = store.client_results(stored.id, r.round)
             assert [c.outcome for c in results] == ["ok", "ok"], [(c.client, c.outcome, c.reason) for c in results]
@@ -122,10 +122,10 @@ def test_two_rounds_on_a_superlink_with_two_supernodes(processes: Processes, tmp
     accuracy = {name: store.rounds(stored.id)[-1].server_accuracy
                 for name, (store, stored) in (("quorum", quorum), ("stock", stock))}
     assert accuracy["stock"] == pytest.approx(accuracy["quorum"], abs=0.01), accuracy
-    assert accuracy["quorum"] > 0.3  # two rounds of one epoch: past chance (0.1); 0.45-0.6 seen (node ids seed it)
+    assert accuracy["quorum"] > 0.2  # one round of one epoch: past chance (0.1); node ids seed the shuffle
     # Federated evaluation has the round loop's fixed 30 s deadline: on a loaded machine a
     # fresh ClientApp process may miss it, which is data (a late client), not a failure.
-    print(f"deployment: up in {t_up - t0:.1f} s, 2 clients x 2 rounds in {t_quorum - t_up:.1f} s "
+    print(f"deployment: up in {t_up - t0:.1f} s, 2 clients x 1 round in {t_quorum - t_up:.1f} s "
           f"(flwr run: FAB build to exit), the stock app in {t_done - t_quorum:.1f} s; "
           f"server accuracy {accuracy}")
 

@@ -44,6 +44,10 @@ def test_defaults_and_derived_values() -> None:
         ("data = 3", "bad.toml: data = 3: must be a table"),
         ("rounds = [", "bad.toml: not valid TOML"),
         ("[secagg]\nclient_metrics = 'no'", "bad.toml: secagg.client_metrics = 'no': must be true or false"),
+        ("[data]\npartition = 'resample'\nsamples_per_client = 0",
+         "bad.toml: data.samples_per_client = 0: must be > 0"),
+        ("[data]\ndataset = 'synthetic'\npartition = 'resample'",
+         "bad.toml: data.partition = 'resample': does not apply to dataset = 'synthetic'"),
     ],
 )
 def test_bad_value_names_file_key_and_value(text: str, message: str) -> None:

@@ -14,7 +14,7 @@ import torch
 from torch.nn import functional as F
 
 from core.messages import client_seed
-from learning.datasets import build_federation
+from learning.federation import build_federation
 from learning.models import build_model, get_flat
 from tests.conftest import wait_for
 

@@ -13,7 +13,7 @@ import torch
 from parallel_support import reference_sync
 
 from aggregator.store import RunStore
-from learning.datasets import build_federation
+from learning.federation import build_federation
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 

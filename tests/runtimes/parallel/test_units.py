@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from aggregator.strategies import FedAvg
 from core import aggregate
-from learning.datasets import build_federation
+from learning.federation import build_federation
 from learning.models import build_model, get_flat
 from learning.training import train
 from runtimes.parallel.comm import Comm, bucket_views, pack, release_process_group, unpack, wire_for

@@ -1,0 +1,206 @@
+"""Worker processes for the in-process runtime: every core runs clients.
+
+A :class:`WorkerPool` forks ``workers`` processes once, when the first
+message is pushed (after the aggregator has loaded its data, so the forked
+workers share those pages). Each worker keeps what the ClientApp caches per
+process (the task, the data set's partition index, one model) and reuses it
+across clients and rounds; a node's own state travels with each call (its
+``Context``: node config and ``state``), so any worker can serve any node and
+the aggregator process stays the one owner of every node's context.
+
+Each worker runs torch on ``threads`` intra-op threads (default: the cores
+divided among the workers). Torch's results depend on that number (a
+reduction split over two threads adds in another order), so a run is
+bit-identical to the one-process run at the same threads per client.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import signal
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from flwr.app import Context, Error, Message
+from flwr.clientapp import ClientApp
+from flwr.common.serde import context_from_proto, context_to_proto, message_from_proto, message_to_proto
+from flwr.proto.message_pb2 import Context as ContextProto
+from flwr.proto.message_pb2 import Message as MessageProto
+
+__all__ = ["WorkerPool", "default_workers", "call_app"]
+
+#: Seconds a worker has to exit after being asked, before it is terminated.
+_STOP_GRACE_S = 5.0
+#: How often an idle worker checks that the aggregator's process is still its parent.
+_PARENT_CHECK_S = 1.0
+
+
+def default_workers() -> int:
+    """One worker per core this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def call_app(app: ClientApp, message: Message, context: Context) -> Message:
+    """Run the ClientApp; an exception becomes the error reply a SuperNode would send."""
+    try:
+        return app(message, context)
+    except Exception as exc:
+        return Message(Error(code=1, reason=f"{type(exc).__name__}: {exc}"), reply_to=message)
+
+
+def _serve(app: ClientApp, conn: Connection, threads: int, inherited: list[Connection]) -> None:
+    """A worker's loop: (message, context) in, (reply, the context's new state) out, until ``None``.
+
+    Ctrl-C reaches the whole process group: a worker ignores it and lets the
+    aggregator's process end the run and close the pool. A worker whose
+    aggregator died (killed, even with SIGKILL) notices within a second and exits.
+    """
+    import torch
+
+    for other in inherited:  # the pool's ends of earlier workers' pipes: holding them would hide their EOF
+        other.close()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    parent = os.getppid()
+    while True:
+        try:
+            while not conn.poll(_PARENT_CHECK_S):
+                if os.getppid() != parent:
+                    return
+            job = conn.recv_bytes()
+        except (EOFError, OSError):  # the aggregator's process is gone
+            return
+        if not job:
+            return
+        message, context = _decode(*pickle.loads(job))
+        reply = call_app(app, message, context)
+        conn.send_bytes(pickle.dumps(_encode(reply, context)))
+
+
+class _Worker:
+    def __init__(self, ctx: Any, app: ClientApp, threads: int, siblings: list[_Worker]) -> None:
+        self.conn, child = ctx.Pipe()
+        inherited = [self.conn, *(s.conn for s in siblings)]
+        self.process = ctx.Process(target=_serve, args=(app, child, threads, inherited), daemon=True,
+                                   name="quorum-client-worker")
+        self.process.start()
+        child.close()
+
+    def call(self, message: Message, context: Context) -> tuple[Message, Context]:
+        self.conn.send_bytes(pickle.dumps(_encode(message, context)))
+        return _decode(*pickle.loads(self.conn.recv_bytes()))
+
+    def stop(self) -> None:
+        try:
+            self.conn.send_bytes(b"")
+        except (OSError, ValueError):
+            pass
+        self.process.join(_STOP_GRACE_S)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(_STOP_GRACE_S)
+        self.conn.close()
+
+
+class WorkerPool:
+    """``workers`` forked processes that run ``app`` for any node; thread-safe, one call per worker at a time.
+
+    Parameters
+    ----------
+    app : ClientApp
+        The app every worker runs (inherited by fork, never pickled).
+    workers : int
+        How many processes.
+    threads : int | None
+        Torch intra-op threads per worker; default: the cores divided among the workers.
+    """
+
+    def __init__(self, app: ClientApp, workers: int, threads: int | None = None) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self._app, self.workers = app, workers
+        self.threads = threads or max(1, default_workers() // workers)
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def start(self) -> None:
+        """Fork the workers, once (idempotent); the grid calls it from the thread that pushes, before
+        any of its own call threads exist."""
+        with self._lock:
+            if self._all or self._closed:
+                return
+            # torch imports its compiler stack (2-3 s) at the first optimizer built; import it once here
+            # so that no worker pays it again and the pages are shared
+            import torch._dynamo  # noqa: F401
+
+            ctx = mp.get_context("fork")  # workers inherit the loaded data and the app; nothing is pickled
+            # Frozen objects are skipped by the collector: a worker's garbage collection would otherwise
+            # touch every inherited object (10,000 node contexts) and copy its page
+            gc.collect()
+            gc.freeze()
+            try:
+                for _ in range(self.workers):
+                    worker = _Worker(ctx, self._app, self.threads, self._all)
+                    self._all.append(worker)
+                    self._idle.put(worker)
+            finally:
+                gc.unfreeze()
+
+    def call(self, message: Message, context: Context) -> Message:
+        """Run the app for ``message`` on an idle worker; ``context.state`` takes the node's new state.
+
+        A worker that dies mid-call (killed, out of memory) is replaced, and the
+        call answers with an error reply naming its exit code.
+        """
+        self.start()
+        worker = self._idle.get()
+        try:
+            reply, returned = worker.call(message, context)
+        except (EOFError, OSError):
+            worker.process.join(_STOP_GRACE_S)
+            code = worker.process.exitcode
+            if not self._closed:
+                worker = self._replace(worker)
+            return Message(Error(code=1, reason=f"client worker process died (exit code {code})"),
+                           reply_to=message)
+        finally:
+            self._idle.put(worker)
+        context.state = returned.state
+        return reply
+
+    def _replace(self, dead: _Worker) -> _Worker:
+        with self._lock:
+            dead.stop()
+            others = [w for w in self._all if w is not dead]
+            fresh = _Worker(mp.get_context("fork"), self._app, self.threads, others)
+            self._all[self._all.index(dead)] = fresh
+            return fresh
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            workers, self._all = self._all, []
+        for worker in workers:
+            worker.stop()
+
+
+def _encode(message: Message, context: Context) -> tuple[bytes, bytes]:
+    """Flower's own wire form of a message and a node's context (arrays as bytes, exactly)."""
+    return message_to_proto(message).SerializeToString(), context_to_proto(context).SerializeToString()
+
+
+def _decode(message: bytes, context: bytes) -> tuple[Message, Context]:
+    m, c = MessageProto(), ContextProto()
+    m.ParseFromString(message)
+    c.ParseFromString(context)
+    return message_from_proto(m), context_from_proto(c)
