@@ -34,7 +34,7 @@ from core.messages import (
 )
 from learning.federation import cached_federation
 from learning.models import layout_of
-from learning.task import LocalData, Metrics, TaskModel, load_task
+from learning.task import LocalData, Metrics, Task, TaskModel, load_task
 from privacy.dp import ClientDPConfig, client_payload, secure_rng, train_client
 from privacy.secagg.flower_mod import secagg_mod
 from privacy.secagg.flower_records import RECORD
@@ -63,7 +63,7 @@ class _Shared:
 
 
 _SHARED: dict[int, _Shared] = {}  # by id(scenario): scenario_from_run_config keeps the object alive
-_DEVICE_DATA: dict[str, LocalData] = {}  # a device's own file, read once per process
+_DEVICE_DATA: dict[tuple[int, str], LocalData] = {}  # a device's own file, read once per scenario and process
 
 #: Where a node keeps its copies of the model's buffers (``context.state``): running statistics
 #: and the like are the node's own, as they were when every node had a model of its own.
@@ -78,22 +78,24 @@ def _runtime(context: Context) -> _Runtime:
     device's own file is read once.
     """
     scenario = scenario_from_run_config(dict(context.run_config))
+    task = load_task(scenario)
+    data = _node_data(task, scenario, dict(context.node_config))  # first: a device's file shapes its model
     shared = _SHARED.get(id(scenario))
     if shared is None:
-        model = TaskModel.build(load_task(scenario), scenario.seed)
+        model = TaskModel.build(task, scenario.seed)
         shared = _SHARED[id(scenario)] = _Shared(model, _own_buffers(model))
     _load_buffers(shared, context)
-    return _Runtime(data=_node_data(shared.model, dict(context.node_config)), model=shared.model, scenario=scenario)
+    return _Runtime(data=data, model=shared.model, scenario=scenario)
 
 
-def _node_data(model: TaskModel, node: dict[str, Any]) -> LocalData:
+def _node_data(task: Task, scenario: Scenario, node: dict[str, Any]) -> LocalData:
     """The task's data for this node: a device's own file, or a simulated partition."""
     if "data-path" in node:
-        path = str(node["data-path"])
-        if path not in _DEVICE_DATA:
-            _DEVICE_DATA[path] = model.task.device_data(path)
-        return _DEVICE_DATA[path]
-    return model.task.partition(int(node["partition-id"]))
+        key = (id(scenario), str(node["data-path"]))
+        if key not in _DEVICE_DATA:
+            _DEVICE_DATA[key] = task.device_data(key[1])
+        return _DEVICE_DATA[key]
+    return task.partition(int(node["partition-id"]))
 
 
 def _own_buffers(model: TaskModel) -> dict[str, np.ndarray]:

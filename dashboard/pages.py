@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from dashboard.api import MAX_INT, RoundPath
-from dashboard.privacy import public_runs, run_hides_clients, without_private_runs
+from dashboard.privacy import run_hides_clients, without_private_runs
 from dashboard.queries import Reader
 from dashboard.views import (
     client_result_data,
@@ -120,12 +120,11 @@ def clients_page(request: Request, run: Annotated[str | None, Query()] = None,
                  page: Annotated[int, Query(ge=1, le=MAX_INT // CLIENTS_PER_PAGE)] = 1) -> HTMLResponse:
     reader = _reader(request)
     hidden = bool(run and run_hides_clients(reader, run))
-    scope = run if run else public_runs(reader)
-    total = 0 if hidden else reader.count_clients(scope)
+    total = 0 if hidden else reader.count_clients(run or None, public=not run)
     pages = max(1, -(-total // CLIENTS_PER_PAGE))
     page = min(page, pages)
     offset = (page - 1) * CLIENTS_PER_PAGE
-    summaries = [] if hidden or not total else reader.clients(scope, CLIENTS_PER_PAGE, offset)
+    summaries = [] if hidden or not total else reader.clients(run or None, CLIENTS_PER_PAGE, offset, public=not run)
     clients = [client_summary_data(c) for c in summaries]
     runs = [(r.id, r.name) for r, _ in reader.runs()]
     pager = {"page": page, "pages": pages, "matching": total, "first": offset + 1 if clients else 0,

@@ -14,8 +14,7 @@ from typing import Any
 
 from dashboard.queries import ClientSummary, Reader
 
-__all__ = ["hides_clients", "run_hides_clients", "without_private_runs", "public_clients", "public_runs",
-           "HIDDEN_DETAIL"]
+__all__ = ["hides_clients", "run_hides_clients", "without_private_runs", "public_clients", "HIDDEN_DETAIL"]
 
 HIDDEN_DETAIL = ("this run is differentially private: which clients were sampled stays hidden "
                  "(amplification by sampling needs it secret); the round's counts are in the round itself")
@@ -46,14 +45,7 @@ def without_private_runs(reader: Reader, rows: Iterable[Any]) -> list[Any]:
     return kept
 
 
-def public_runs(reader: Reader) -> list[str] | None:
-    """The runs whose participants may be shown: None when that is every run (no DP run in the store)."""
-    runs = [run for run, _ in reader.runs()]
-    if not any(hides_clients(run.scenario) for run in runs):
-        return None
-    return [run.id for run in runs if not hides_clients(run.scenario)]
-
-
 def public_clients(reader: Reader, limit: int | None = None, offset: int = 0) -> list[ClientSummary]:
-    """Every client's participation summed over the runs that do not hide their clients, one page."""
-    return reader.clients(public_runs(reader), limit, offset)
+    """Every client's participation summed over the runs that do not hide their clients, one page
+    (the DP runs are left out in the same SQL query that sums the rest)."""
+    return reader.clients(None, limit, offset, public=True)

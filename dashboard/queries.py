@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, case, func, select
+from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from aggregator.store import ClientResult, Event, Round, Run, RunStore
@@ -169,19 +169,20 @@ class Reader:
 
     # -- clients ------------------------------------------------------------
     def clients(self, runs: str | Sequence[str] | None = None, limit: int | None = None,
-                offset: int = 0) -> list[ClientSummary]:
+                offset: int = 0, public: bool = False) -> list[ClientSummary]:
         """Clients summed over ``runs`` (one run, several, or all when None), in natural order
-        ("2" before "10", names after numbers); one page of ``limit`` from ``offset``."""
+        ("2" before "10", names after numbers); one page of ``limit`` from ``offset``. ``public``
+        leaves out the runs that hide their participants (``[dp] enabled``), decided in the same query."""
         scope = _scope(runs)
         with self._session() as s:
-            query = _client_totals(scope).order_by(*_natural_order())
+            query = _public(_client_totals(scope), public).order_by(*_natural_order())
             if limit is not None:
                 query = query.limit(limit)
             if offset:
                 query = query.offset(offset)
             totals = s.execute(query).all()
             page = [r.client for r in totals] if limit is not None else None
-            recent = s.execute(_client_recent(scope, page)).all() if totals else []
+            recent = s.execute(_client_recent(scope, page, public)).all() if totals else []
         history: dict[str, list[Participation]] = {}
         for row in recent:
             history.setdefault(row.client, []).append(
@@ -191,9 +192,9 @@ class Reader:
                               last_seen=r.last_seen, recent=history.get(r.client, []))
                 for r in totals]
 
-    def count_clients(self, runs: str | Sequence[str] | None = None) -> int:
-        """How many distinct clients took part in ``runs`` (all runs when None)."""
-        query = select(func.count(ClientResult.client.distinct()))
+    def count_clients(self, runs: str | Sequence[str] | None = None, public: bool = False) -> int:
+        """How many distinct clients took part in ``runs`` (all runs when None; see :meth:`clients`)."""
+        query = _public(select(func.count(ClientResult.client.distinct())), public)
         scope = _scope(runs)
         if scope is not None:
             query = query.where(ClientResult.run_id.in_(scope))
@@ -264,11 +265,22 @@ def _scope(runs: str | Sequence[str] | None) -> list[str] | None:
     return None if runs is None else [runs] if isinstance(runs, str) else list(runs)
 
 
+def _public(query: Select, public: bool) -> Select:
+    """Without the client rows of runs whose scenario enables DP (``dashboard.privacy.hides_clients``)."""
+    if not public:
+        return query
+    private = select(Run.id).where(func.coalesce(func.json_extract(Run.scenario, "$.dp.enabled"), 0) != 0)
+    return query.where(ClientResult.run_id.not_in(private))
+
+
 def _natural_order() -> tuple[ColumnElement[Any], ...]:
-    """SQL's form of :func:`natural_key`: numeric labels by length then text (numeric order), then names."""
+    """SQL's form of :func:`natural_key`: numeric labels by value (length without leading zeros, then
+    text), then names (the empty label among them) alphabetically."""
     client = ClientResult.client
-    is_name = func.length(func.trim(client, "0123456789")) > 0
-    return case((is_name, 1), else_=0), case((is_name, 0), else_=func.length(client)), client.expression
+    is_name = or_(func.length(func.trim(client, "0123456789")) > 0, client == "")
+    value = func.ltrim(client, "0")  # a number's digits without leading zeros: by length, then by text
+    return (case((is_name, 1), else_=0), case((is_name, 0), else_=func.length(value)),
+            case((is_name, client), else_=value), client.expression)
 
 
 def _client_totals(runs: list[str] | None) -> Select:
@@ -282,7 +294,7 @@ def _client_totals(runs: list[str] | None) -> Select:
     return query if runs is None else query.where(ClientResult.run_id.in_(runs))
 
 
-def _client_recent(runs: list[str] | None, clients: list[str] | None) -> Select:
+def _client_recent(runs: list[str] | None, clients: list[str] | None, public: bool) -> Select:
     rank = func.row_number().over(partition_by=ClientResult.client, order_by=ClientResult.id.desc())
     inner = select(ClientResult.client, ClientResult.run_id, ClientResult.round, ClientResult.outcome,
                    ClientResult.stage, ClientResult.reason, ClientResult.id, rank.label("rank"))
@@ -290,7 +302,7 @@ def _client_recent(runs: list[str] | None, clients: list[str] | None) -> Select:
         inner = inner.where(ClientResult.run_id.in_(runs))
     if clients is not None:  # one page's clients only
         inner = inner.where(ClientResult.client.in_(clients))
-    sub = inner.subquery()
+    sub = _public(inner, public).subquery()
     return select(sub).where(sub.c.rank <= RECENT).order_by(sub.c.client, sub.c.id.desc())
 
 

@@ -85,8 +85,9 @@ class ResampledClients(Sequence[ClientData]):
     Client ``i`` is a recipe, not data: from its own generator (the partition
     seed and ``i``) it draws label proportions ``p ~ Dir(alpha)``, then
     ``samples_per_client`` labels from ``p`` and, for each, an example of that
-    class from the pool, with replacement; then it splits them into train and
-    test by ``client_test_fraction``. The only index kept is each class's
+    class from the pool, with replacement; then it splits its distinct examples
+    into train and test by ``client_test_fraction`` (an example drawn twice
+    stays on one side). The only index kept is each class's
     example positions, computed once, so 10,000 clients cost what 10 do, and a
     client's data is materialised when it is sampled and dropped after.
     """
@@ -115,7 +116,11 @@ class ResampledClients(Sequence[ClientData]):
         proportions = rng.dirichlet(np.full(len(self._classes), self._spec.alpha))
         counts = rng.multinomial(self._spec.samples_per_client, proportions)
         index = np.concatenate([rng.choice(members, size=c) for members, c in zip(self._classes, counts, strict=True)])
-        return split_train_test(self._pool.subset(index), self._spec.client_test_fraction, rng)
+        # split by example, not by draw: an example drawn twice stays on one side, never in both
+        unique = np.unique(index)
+        n_test = min(int(round(self._spec.client_test_fraction * len(unique))), max(len(unique) - 1, 0))
+        held = np.isin(index, unique[rng.permutation(len(unique))[:n_test]])
+        return ClientData(self._pool.subset(index[~held]), self._pool.subset(index[held]))
 
 
 def _load(spec: DataSpec) -> ArrayDataset:

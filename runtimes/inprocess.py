@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
@@ -111,6 +111,7 @@ class InProcessGrid(LocalGrid):
         self._lock = threading.Lock()
         self._pending: dict[str, Future[Message | None]] = {}
         self._seq: dict[str, int] = {}  # push order of pending messages
+        self._node_locks: dict[int, threading.Lock] = {}
         self._pushed = 0
         self._ready_at: dict[str, float] = {}
 
@@ -137,10 +138,12 @@ class InProcessGrid(LocalGrid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         now = time.monotonic()
         out = []
+        asked = list(message_ids)
         with self._lock:
-            running = [self._seq[m] for m, f in self._pending.items() if not f.done()]
-            frontier = min(running, default=self._pushed)  # replies after a running message wait for it
-            for message_id in sorted(message_ids, key=lambda m: self._seq.get(m, -1)):
+            # a reply waits while an earlier message of those asked for still runs (not one abandoned earlier)
+            running = [self._seq[m] for m in asked if m in self._pending and not self._pending[m].done()]
+            frontier = min(running, default=self._pushed)
+            for message_id in sorted(asked, key=lambda m: self._seq.get(m, -1)):
                 future = self._pending.get(message_id)
                 if (future is None or not future.done() or self._seq[message_id] > frontier
                         or self._ready_at.get(message_id, 0) > now):
@@ -190,11 +193,17 @@ class InProcessGrid(LocalGrid):
         self.close()
 
     def _handle(self, message: Message) -> Message | None:
-        context = self._contexts[message.metadata.dst_node_id]
-        if self._pool is not None:
-            reply = self._pool.call(message, context)
-        else:
-            reply = call_app(self._app, message, context)
+        node = message.metadata.dst_node_id
+        with self._lock:
+            node_lock = self._node_locks.setdefault(node, threading.Lock())
+        with node_lock:  # one call per node at a time: a late call and the next one share its state
+            context = self._contexts[node]
+            try:
+                reply = self._pool.call(message, context) if self._pool is not None else call_app(
+                    self._app, message, context)
+            except Exception as exc:  # the pool itself failed (e.g. no memory to fork a replacement)
+                reply = Message(Error(code=1, reason=f"client worker pool: {type(exc).__name__}: {exc}"),
+                                reply_to=message)
         _set_message_id(reply, uuid.uuid4().hex)
         delay = self._faults.delay_for(message)
         if delay:

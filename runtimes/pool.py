@@ -98,11 +98,14 @@ class _Worker:
         self.conn.send_bytes(pickle.dumps(_encode(message, context)))
         return _decode(*pickle.loads(self.conn.recv_bytes()))
 
-    def stop(self) -> None:
+    def ask_to_stop(self) -> None:
         try:
             self.conn.send_bytes(b"")
         except (OSError, ValueError):
             pass
+
+    def stop(self) -> None:
+        self.ask_to_stop()
         self.process.join(_STOP_GRACE_S)
         if self.process.is_alive():
             self.process.terminate()
@@ -169,8 +172,7 @@ class WorkerPool:
         except (EOFError, OSError):
             worker.process.join(_STOP_GRACE_S)
             code = worker.process.exitcode
-            if not self._closed:
-                worker = self._replace(worker)
+            worker = self._replace(worker)
             return Message(Error(code=1, reason=f"client worker process died (exit code {code})"),
                            reply_to=message)
         finally:
@@ -181,15 +183,20 @@ class WorkerPool:
     def _replace(self, dead: _Worker) -> _Worker:
         with self._lock:
             dead.stop()
+            if self._closed or dead not in self._all:  # the pool is closing: no new worker
+                return dead
             others = [w for w in self._all if w is not dead]
             fresh = _Worker(mp.get_context("fork"), self._app, self.threads, others)
             self._all[self._all.index(dead)] = fresh
             return fresh
 
     def close(self) -> None:
+        """Ask every worker to exit, then wait for them against one deadline (a busy one finishes its call)."""
         with self._lock:
             self._closed = True
             workers, self._all = self._all, []
+        for worker in workers:
+            worker.ask_to_stop()
         for worker in workers:
             worker.stop()
 

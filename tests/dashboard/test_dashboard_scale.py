@@ -90,3 +90,23 @@ def test_the_clients_page_shows_one_page_and_costs_what_a_small_store_does(store
     assert beyond.status_code == 200 and "page 100 of 100" in beyond.text
     # a page over 10,000 clients is not a page over 10,000 rows: within a small multiple of the 100-client store
     assert timings[10_000] < 5 * timings[100] + 0.5, timings
+
+
+def test_sql_order_is_the_natural_order(tmp_path: Path) -> None:
+    # Prepare: numbers with and without leading zeros, names, the empty label
+    from dashboard.queries import Reader, natural_key
+
+    url = f"sqlite:///{tmp_path / 'order.db'}"
+    store = RunStore(url)
+    run_id = store.create_run(name="order", scenario={"name": "order"}, seed=0, strategy="fedavg", rounds=1)
+    labels = ["10", "2", "007", "b", "a", "", "1", "zeta", "100"]
+    store.commit_round(run_id, RoundRecord(round=1, started_at=1.0, duration_s=0.1, sampled=len(labels),
+                                           clients=[ClientRecord(client=c, outcome="ok") for c in labels]), state(1))
+
+    # Execute
+    listed = [c.client for c in Reader(url).clients(None, limit=100)]
+    paged = [c.client for o in range(0, len(labels), 4) for c in Reader(url).clients(None, limit=4, offset=o)]
+
+    # Assert: what the Python sort key gives, page by page too
+    assert listed == sorted(labels, key=natural_key) == ["1", "2", "007", "10", "100", "", "a", "b", "zeta"]
+    assert paged == listed

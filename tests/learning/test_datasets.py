@@ -179,7 +179,12 @@ def test_resampled_clients_are_recipes_drawn_from_the_training_pool() -> None:
     assert _peak_bytes(lambda: build_federation(spec, 10_000, seed=0)) < 1.2 * _peak_bytes(
         lambda: build_federation(spec, 10, seed=0))
     client = fed.clients[9_999]
-    assert (len(client.train), len(client.test)) == (30, 10)  # round(0.25 * 40) = 10 held out
+    assert len(client.train) + len(client.test) == 40
+    # a quarter of the distinct examples are held out; one drawn twice is never on both sides
+    train_rows = {row.tobytes() for row in client.train.x.reshape(len(client.train), -1)}
+    test_rows = {row.tobytes() for row in client.test.x.reshape(len(client.test), -1)}
+    assert not train_rows & test_rows
+    assert len(test_rows) == round(0.25 * len(train_rows | test_rows))
     # a client is the same recipe every time it is materialised, and another seed is another client
     assert np.array_equal(client.train.x, again.clients[9_999].train.x)
     assert not np.array_equal(client.train.x, other_seed.clients[9_999].train.x)

@@ -106,6 +106,25 @@ def test_replies_come_out_in_push_order_and_node_state_persists() -> None:
     assert os.getpid() not in {r["pid"] for r in rows}
 
 
+def test_two_calls_to_one_node_run_one_after_the_other() -> None:
+    # Prepare: a call still running when the node is asked again (a late reply, then the next round)
+    app = ClientApp()
+
+    @app.query()
+    def answer(message: Message, context: Context) -> Message:
+        calls = int(context.state["count"]["n"]) + 1 if "count" in context.state else 1
+        time.sleep(0.3)
+        context.state["count"] = ConfigRecord({"n": calls})
+        return Message(RecordDict({"r": ConfigRecord({"calls": calls})}), reply_to=message)
+
+    # Execute: two messages to node 1 at once, with two workers free
+    with _grid(app) as grid:
+        replies = _ask(grid, [1, 1])
+
+    # Assert: the second call saw the first one's state; neither overwrote the other
+    assert sorted(m.content["r"]["calls"] for m in replies) == [1, 2]
+
+
 def test_a_worker_that_dies_costs_one_reply_and_is_replaced() -> None:
     # Prepare: node 2's call kills its worker process outright
     app = ClientApp()
