@@ -17,15 +17,13 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -38,13 +36,13 @@ from aggregator.store import RunStore
 from clients.clientapp import app as client_app
 from core.records import RoundRecord
 from runtimes.faults import FaultPlan
+from runtimes.ray_cluster import MARKER_ENV, Cluster, ray_processes, shutdown_ray
 from runtimes.simulation import secagg_identities
 from scenarios.schema import Scenario
 
 __all__ = ["run_on_ray", "RayOptions", "ScenarioClient", "PartitionGrid", "ray_processes", "NODE_INFO"]
 
 NODE_INFO = "query.quorum_node_info"  # answered by ScenarioClient itself: the node's partition id
-MARKER_ENV = "QUORUM_RAY_CLUSTER"  # names the Ray cluster a process belongs to (see ray_processes)
 
 # Telemetry off, no uv-run runtime env; the last one spares a FutureWarning from ray.init (num_gpus=0).
 _QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "FLWR_TELEMETRY_ENABLED": "0",
@@ -90,7 +88,7 @@ def run_on_ray(scenario: Scenario, db_url: str, resume_id: str | None = None,
 
 
     run = _RayRun(scenario, RunStore(db_url), resume_id, on_start, on_round,  # a bad URL fails here
-                  options.discovery_timeout_s, _Cluster(tempfile.mkdtemp(prefix="quorum-ray-")))
+                  options.discovery_timeout_s, Cluster(tempfile.mkdtemp(prefix="quorum-ray-")))
     client = ScenarioClient(client_app, {"scenario-json": json.dumps(scenario.to_dict())},
                             secagg_identities(scenario))
     try:
@@ -103,7 +101,7 @@ def run_on_ray(scenario: Scenario, db_url: str, resume_id: str | None = None,
         raise
     finally:
         run.stopped = run.stopped or "stopped"  # a ServerApp thread still running must end now
-        _shutdown_ray(run.cluster)
+        shutdown_ray(run.cluster)
     if run.stopped == "interrupted":
         raise KeyboardInterrupt(f"Ray simulation interrupted (run {run.run_id})")
     if run.run_id is None:  # the ServerApp died before opening the run
@@ -121,7 +119,7 @@ class _RayRun:
     on_start: Callable[[str], None] | None
     on_round: Callable[[RoundRecord], None] | None
     discovery_timeout_s: float
-    cluster: _Cluster
+    cluster: Cluster
     run_id: str | None = None
     error: str | None = None
     stopped: str | None = None  # set once Ray is gone: "interrupted" (Ctrl-C) or "stopped"
@@ -356,61 +354,3 @@ def _quiet_run(marker: str, verbose: bool) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def ray_processes(marker: str | Path) -> list[int]:
-    """Live processes of the Ray cluster tagged ``marker`` (all inherit :data:`MARKER_ENV`;
-    workers rename themselves ``ray::ClientAppActor``). Linux only."""
-    needle = f"{MARKER_ENV}={marker}".encode() + b"\0"
-    pids = []
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if needle in (entry / "environ").read_bytes() and _start_time(int(entry.name)):
-                    pids.append(int(entry.name))
-    return pids
-
-
-def _start_time(pid: int) -> str | None:
-    """Start time of a live, non-zombie process (field 22 of ``/proc/<pid>/stat``), else None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] in ("Z", "X") else fields[19]
-
-
-@dataclass
-class _Cluster:
-    """One call's Ray processes: by marker, and by PID (with start time) once seen,
-    since an exiting process has an empty ``/proc/<pid>/environ``."""
-
-    temp_dir: str
-    known: dict[int, str] = field(default_factory=dict)
-
-    def snapshot(self) -> None:
-        for pid in ray_processes(self.temp_dir):
-            self.known[pid] = _start_time(pid) or ""
-
-    def alive(self) -> list[int]:
-        seen = {pid for pid, start in self.known.items() if start and _start_time(pid) == start}
-        return sorted(seen | set(ray_processes(self.temp_dir)))
-
-
-def _shutdown_ray(cluster: _Cluster, grace_s: float = 1.0, term_s: float = 10.0) -> None:
-    """Shut Ray down; actors that outlive it by ``grace_s`` (they notice their raylet is
-    gone seconds later) get SIGTERM, then SIGKILL after ``term_s``; remove its files."""
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, term_s), (None, 5.0)):
-        deadline = time.monotonic() + wait_s
-        while cluster.alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if sig is None:
-            continue
-        for pid in cluster.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-    shutil.rmtree(cluster.temp_dir, ignore_errors=True)
