@@ -64,7 +64,8 @@ def test_weighting_defaults_are_the_safe_ones() -> None:
 # -- property-based -------------------------------------------------------------------------
 _KEYS = {
     "": ["seed", "rounds", "name", "description"],
-    "data": ["dataset", "partition", "alpha", "shards_per_client", "client_test_fraction", "server_test_fraction"],
+    "data": ["dataset", "partition", "alpha", "shards_per_client", "samples_per_client", "client_test_fraction",
+             "server_test_fraction"],
     "federation": ["clients", "fraction", "clients_per_round", "min_clients", "deadline_s", "max_update_mb",
                    "weighting", "median_cap", "max_examples", "max_update_ratio"],
     "training": ["local_epochs", "batch_size", "lr", "momentum"],
@@ -107,6 +108,7 @@ def test_any_mutated_scenario_is_valid_or_a_named_error(raw: dict) -> None:
     assert 0 <= scenario.seed < 2**63 and 1 <= scenario.rounds <= 1_000_000
     assert math.isfinite(scenario.training.lr) and math.isfinite(scenario.federation.deadline_s)
     assert scenario.data.client_test_fraction < 1
+    assert 1 <= scenario.data.samples_per_client <= 1_000_000 and type(scenario.data.samples_per_client) is int
     cx = scenario.compression  # a codec the round can build: an accepted setting never fails mid-run
     assert (1 <= cx.bits <= 16 or cx.bits == 32) and 0 <= cx.topk <= 1 and 0 <= cx.randomk <= 1
     assert not (cx.topk and cx.randomk) and cx.downlink_bits in (8, 16, 32)
