@@ -16,6 +16,7 @@ bit-identical to the one-process run at the same threads per client.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing as mp
 import os
@@ -110,7 +111,8 @@ class _Worker:
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(_STOP_GRACE_S)
-        self.conn.close()
+        with contextlib.suppress(OSError):  # a call thread that saw the worker die may be closing it too
+            self.conn.close()
 
 
 class WorkerPool:
@@ -182,9 +184,9 @@ class WorkerPool:
 
     def _replace(self, dead: _Worker) -> _Worker:
         with self._lock:
-            dead.stop()
-            if self._closed or dead not in self._all:  # the pool is closing: no new worker
+            if self._closed or dead not in self._all:  # the pool is closing: close() stops every worker
                 return dead
+            dead.stop()
             others = [w for w in self._all if w is not dead]
             fresh = _Worker(mp.get_context("fork"), self._app, self.threads, others)
             self._all[self._all.index(dead)] = fresh
