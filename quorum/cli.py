@@ -195,16 +195,22 @@ def export(
     out: Annotated[Path, typer.Option("--out", help="Folder to write model.safetensors and quorum-model.json to.")],
     round_: Annotated[int | None, typer.Option("--round", min=1, help="Export the model after this round "
                                                "(default: the last committed).")] = None,
+    merged: Annotated[bool, typer.Option("--merged", help="Language-model runs: also write the base model with "
+                                         "the LoRA adapters folded in (OUT/merged).")] = False,
     db: DbOption = DEFAULT_DB,
 ) -> None:
-    """Write a run's global model (safetensors + manifest); load it with quorum.load_model(DIR)."""
+    """Write a run's global model (safetensors + manifest); load it with quorum.load_model(DIR).
+
+    A language-model run writes its LoRA adapters in peft's layout (adapter_model.safetensors, adapter_config.json).
+    """
     from quorum.export import export_run
 
     try:
-        path = export_run(RunStore(db), run_id, out, round_)
+        path = export_run(RunStore(db), run_id, out, round_, merged=merged)
     except (QuorumError, OSError) as exc:
         _fail(str(exc))
-    console.print(f"wrote {out / 'model.safetensors'} and {path}")
+    weights = json.loads(path.read_text(encoding="utf-8"))["weights"]
+    console.print(f"wrote {out / weights} and {path}" + (f", and {out / 'merged'}" if merged else ""))
     console.print(f"serve it: quorum serve {out}")
 
 
@@ -220,7 +226,7 @@ def serve(
     allow_remote: Annotated[bool, typer.Option(help="Allow a non-loopback --host (the API has no "
                                                "authentication: put it behind your own front door).")] = False,
 ) -> None:
-    """Answer POST /predict with batched predictions of an exported model."""
+    """Answer POST /predict with batched predictions of an exported model (POST /generate for a language model)."""
     import uvicorn
 
     from quorum.serve import create_app
@@ -232,7 +238,8 @@ def serve(
         api = create_app(model_dir, max_batch=max_batch)
     except QuorumError as exc:
         _fail(str(exc))
-    console.print(f"serving {model_dir} on http://{host}:{port}/predict")
+    route = "generate" if any(getattr(r, "path", "") == "/generate" for r in api.routes) else "predict"
+    console.print(f"serving {model_dir} on http://{host}:{port}/{route}")
     uvicorn.run(api, host=host, port=port, log_level="warning", ws="none")  # no websockets: plain HTTP only
 
 

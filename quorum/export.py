@@ -12,6 +12,13 @@
   classes, seed), the declared input shape, what the outputs are, each
   tensor's shape and the weights' SHA-256.
 
+A language-model run (``learning.tasks.language``) exports its LoRA adapters
+instead, in peft's layout (``adapter_model.safetensors`` and
+``adapter_config.json``: ``peft.PeftModel.from_pretrained(base, DIR)`` reads
+them), and with ``--merged`` the base with the adapters folded in
+(``merged/``, a plain ``transformers`` folder). ``quorum serve`` then answers
+``POST /generate``.
+
 :func:`load_model` (exported as ``quorum.load_model``) rebuilds the module from
 the manifest and loads the weights, strictly; ``quorum serve`` answers
 predictions with it (:mod:`quorum.serve`).
@@ -38,6 +45,7 @@ from learning.federation import cached_federation
 from learning.models import build_model
 from learning.task import BUILTIN_ENTRY, Task, TaskModel, load_task
 from learning.tasks.classification import ClassificationTask
+from learning.tasks.language import LanguageModelTask
 from quorum.errors import ExportError
 from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario, scenario_from_dict
@@ -53,6 +61,7 @@ class ExportedModel:
 
     module: nn.Module
     manifest: dict[str, Any]
+    task: Task | None = None  # the task that rebuilt the module (None for the built-in models)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -65,15 +74,19 @@ class ExportedModel:
         return int(output["classes"]) if output["kind"] == "classes" else None
 
 
-def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None = None) -> Path:
+def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None = None,
+               merged: bool = False) -> Path:
     """Write the global model of ``run_id`` after ``server_round`` (default: the last committed) to ``out``.
 
-    Returns the manifest's path.
+    A language-model run (LoRA) writes its adapters in peft's layout instead
+    of the whole model and, with ``merged``, the base with the adapters
+    folded in under ``out/merged``. Returns the manifest's path.
 
     Raises
     ------
     ExportError
-        No such round, or a checkpoint that does not fit the run's task.
+        No such round, a checkpoint that does not fit the run's task, or
+        ``merged`` for a run without adapters.
     RunNotFound
         No such run.
     """
@@ -84,19 +97,26 @@ def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None
         raise ExportError(f"run {run.id} has no checkpoint of {which} (rounds done: {run.rounds_done})")
     scenario = scenario_from_dict(run.scenario, source=f"run {run.id}")
     task = load_task(scenario)
+    if merged and not isinstance(task, LanguageModelTask):
+        raise ExportError(f"run {run.id}: --merged folds LoRA adapters into their base model; "
+                          f"{type(task).__name__} has none")
     model = TaskModel.build(task, scenario.seed)
     try:
         model.set_flat(state.params)
     except ValueError as exc:
         raise ExportError(f"run {run.id} round {state.round}: the checkpoint does not fit the task's model: "
                           f"{exc}") from None
-    tensors = {k: v.detach().contiguous() for k, v in task.serving_module(model.model).state_dict().items()}
     out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / WEIGHTS), metadata={"format": FORMAT, "run": run.id, "round": str(state.round)})
     rounds = {r.round: r for r in store.rounds(run.id)}
     manifest = _manifest(scenario, task, model.model, run, state.round, rounds.get(state.round))
-    manifest["tensors"] = {k: list(v.shape) for k, v in tensors.items()}
-    manifest["sha256"] = _sha256(out / WEIGHTS)
+    if isinstance(task, LanguageModelTask):
+        manifest.update(task.write_adapters(model.model, out, merged), output={"kind": "text"})
+        manifest.pop("model", None)
+    else:
+        tensors = {k: v.detach().contiguous() for k, v in task.serving_module(model.model).state_dict().items()}
+        save_file(tensors, str(out / WEIGHTS), metadata={"format": FORMAT, "run": run.id, "round": str(state.round)})
+        manifest["tensors"] = {k: list(v.shape) for k, v in tensors.items()}
+    manifest["sha256"] = _sha256(out / manifest["weights"])
     path = out / MANIFEST
     path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return path
@@ -166,17 +186,22 @@ def load_export(directory: str | Path) -> ExportedModel:
     """
     folder = Path(directory)
     manifest = _read_manifest(folder)
-    weights = folder / str(manifest.get("weights", WEIGHTS))
+    name = str(manifest.get("weights", WEIGHTS))
+    if Path(name).name != name:
+        raise ExportError(f"{folder / MANIFEST}: weights = {name!r} is not a file name in the export's folder")
+    weights = folder / name
     if not weights.is_file() or _sha256(weights) != manifest.get("sha256"):
         raise ExportError(f"{weights}: missing, or not the weights the manifest names (SHA-256 differs)")
-    module = _rebuild(manifest)
+    module, task = _rebuild(manifest)
     try:
-        state = load_file(str(weights))
-        module.load_state_dict(state, strict=True)
-    except (SafetensorError, OSError, RuntimeError) as exc:
+        if isinstance(task, LanguageModelTask) and manifest.get("output", {}).get("kind") == "text":
+            task.load_adapters(module, weights)
+        else:
+            module.load_state_dict(load_file(str(weights)), strict=True)
+    except (SafetensorError, OSError, RuntimeError, TaskError) as exc:
         raise ExportError(f"{weights} does not fit the model the manifest describes: {exc}") from None
     module.eval()
-    return ExportedModel(module, manifest)
+    return ExportedModel(module, manifest, task)
 
 
 def load_model(directory: str | Path) -> nn.Module:
@@ -205,19 +230,19 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
-def _rebuild(manifest: dict[str, Any]) -> nn.Module:
-    """The module, freshly built: by the built-in builder (no data set needed) or by the task."""
+def _rebuild(manifest: dict[str, Any]) -> tuple[nn.Module, Task | None]:
+    """The module, freshly built, and its task: by the built-in builder (no data set, no task) or by the task."""
     seed = int(manifest.get("seed", 0))
     spec = manifest.get("model")
     with torch.random.fork_rng(devices=[]):
         if isinstance(spec, dict):
             try:
-                return build_model(str(spec["name"]), spec["input_shape"], int(spec["num_classes"]), seed=seed)
+                return build_model(str(spec["name"]), spec["input_shape"], int(spec["num_classes"]), seed=seed), None
             except (KeyError, TypeError, ValueError) as exc:
                 raise ExportError(f"manifest model {spec!r} cannot be built: {exc}") from None
         try:
             scenario = scenario_from_dict(manifest["scenario"], source="export manifest")
             task = load_task(scenario)
-            return task.serving_module(TaskModel.build(task, seed).model)
+            return task.serving_module(TaskModel.build(task, seed).model), task
         except (KeyError, ScenarioError, TaskError) as exc:
             raise ExportError(f"the export's task {manifest.get('task')!r} cannot be loaded: {exc}") from None

@@ -9,12 +9,20 @@ does not fit (422, naming the expected shape), a batch too large or a body
 too large (413), non-finite values or a body that is not JSON (422).
 ``GET /`` describes the model; ``GET /health`` answers ``ok``. The server
 binds loopback unless told otherwise.
+
+A language-model export (LoRA adapters) answers ``POST /generate`` instead:
+``{"prompt": "...", "max_new_tokens": 32, "temperature": 0.0, "seed": 0}``
+(temperature 0 is greedy; the seed makes sampling repeatable) gives
+``{"text": ..., "tokens": n, "prompt_tokens": m}``. Each key is checked
+(type, range, a prompt of at most 8,000 characters and 2,048 tokens) and
+named in the 422 when it is wrong; one generation runs at a time.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +33,11 @@ from starlette.concurrency import run_in_threadpool
 
 from quorum.export import ExportedModel, load_export
 
-__all__ = ["create_app", "Predictor", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_BODY_BYTES"]
+__all__ = ["create_app", "Predictor", "Generator", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_BODY_BYTES"]
 
 DEFAULT_MAX_BATCH = 256
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+MAX_PROMPT_CHARS, MAX_PROMPT_TOKENS, MAX_NEW_TOKENS = 8000, 2048, 512
 
 
 class Predictor:
@@ -79,6 +88,50 @@ class Predictor:
         return {"predictions": predictions, "outputs": values.tolist()}
 
 
+class Generator:
+    """Validates a generation request and continues its prompt with the exported language model."""
+
+    #: key -> (type, low, high, default)
+    FIELDS: dict[str, tuple[type, float, float, Any]] = {
+        "max_new_tokens": (int, 1, MAX_NEW_TOKENS, 32), "temperature": (float, 0.0, 5.0, 0.0),
+        "seed": (int, 0, 2**63 - 1, 0)}
+
+    def __init__(self, exported: ExportedModel) -> None:
+        if exported.task is None or not hasattr(exported.task, "generate"):
+            raise ValueError("not a language-model export")
+        self.exported = exported
+        self.task: Any = exported.task  # a language-model task: tokenizer and generate
+        self._lock = threading.Lock()
+
+    def request(self, payload: Any) -> tuple[str, dict[str, Any]]:
+        """The prompt and the checked settings; 422 naming the key that is missing, of a wrong type or out of range."""
+        if not isinstance(payload, dict):
+            raise HTTPException(422, 'expected a JSON object {"prompt": "...", "max_new_tokens": 32, ...}')
+        unknown = sorted(set(payload) - {"prompt", *self.FIELDS})
+        if unknown:
+            raise HTTPException(422, f"unknown key {unknown[0]!r}; allowed: prompt, {', '.join(self.FIELDS)}")
+        prompt = payload.get("prompt")
+        if not isinstance(prompt, str) or not prompt or len(prompt) > MAX_PROMPT_CHARS:
+            raise HTTPException(422, f"prompt must be a non-empty string of at most {MAX_PROMPT_CHARS} characters")
+        settings = {}
+        for key, (kind, low, high, default) in self.FIELDS.items():
+            value = payload.get(key, default)
+            ok = not isinstance(value, bool) and isinstance(value, int if kind is int else (int, float))
+            if not ok or not low <= value <= high:
+                raise HTTPException(422, f"{key} = {value!r}: must be {kind.__name__} in [{low}, {high}]")
+            settings[key] = kind(value)
+        return prompt, settings
+
+    def __call__(self, payload: Any) -> dict[str, Any]:
+        prompt, settings = self.request(payload)
+        used = len(self.task.tokenizer.encode(prompt))
+        if used > MAX_PROMPT_TOKENS:
+            raise HTTPException(422, f"prompt is {used} tokens: at most {MAX_PROMPT_TOKENS}")
+        with self._lock:  # one generation at a time: each uses every core
+            text, tokens = self.task.generate(self.exported.module, prompt, **settings)
+        return {"text": text, "tokens": tokens, "prompt_tokens": used}
+
+
 def create_app(directory: str | Path, *, max_batch: int = DEFAULT_MAX_BATCH,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The prediction service of the export in ``directory`` (loaded once, here).
@@ -89,10 +142,10 @@ def create_app(directory: str | Path, *, max_batch: int = DEFAULT_MAX_BATCH,
         The export cannot be loaded (see :func:`quorum.export.load_export`).
     """
     exported = load_export(directory)
-    predictor = Predictor(exported, max_batch)
     app = FastAPI(title="Quorum model server", docs_url=None, redoc_url=None, openapi_url=None)
     manifest = exported.manifest
-    info = {"run": manifest.get("run"), "task": manifest.get("task"), "input_shape": list(predictor.shape),
+    text = manifest.get("output", {}).get("kind") == "text"
+    info = {"run": manifest.get("run"), "task": manifest.get("task"), "input_shape": list(exported.input_shape),
             "output": manifest.get("output"), "max_batch": max_batch}
 
     @app.get("/")
@@ -103,9 +156,18 @@ def create_app(directory: str | Path, *, max_batch: int = DEFAULT_MAX_BATCH,
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/predict")
-    async def predict(request: Request) -> dict[str, Any]:
-        return await run_in_threadpool(predictor, await _payload(request, max_body_bytes))
+    if text:
+        generator = Generator(exported)
+
+        @app.post("/generate")
+        async def generate(request: Request) -> dict[str, Any]:
+            return await run_in_threadpool(generator, await _payload(request, max_body_bytes))
+    else:
+        predictor = Predictor(exported, max_batch)
+
+        @app.post("/predict")
+        async def predict(request: Request) -> dict[str, Any]:
+            return await run_in_threadpool(predictor, await _payload(request, max_body_bytes))
 
     return app
 
