@@ -98,12 +98,19 @@ def run(
     wait: Annotated[bool, typer.Option(help="Wait until the run ends, printing rounds as they commit.")] = False,
     timeout: Annotated[float, typer.Option(help="With --wait: give up after this many seconds.")] = 3600.0,
 ) -> None:
-    """Submit a federated run to the running aggregator (the same round loop as in simulation)."""
-    from deploy.submit import submit
+    """Submit a federated run to the running aggregator (the same round loop as in simulation).
+
+    First it checks that the scenario's federation.min_clients devices are online; if not, it waits with a
+    count up to aggregator.wait_clients_s, then refuses with the numbers. With --wait it exits 0 when the run
+    finishes, 1 with the reason when it fails, degrades or never starts.
+    """
+    from deploy.readiness import await_devices
+    from deploy.submit import submit, submitted_scenario
 
     cfg = _load(config)
     overrides = {k: v for k, v in (("rounds", rounds), ("seed", seed)) if v is not None}
     try:
+        await_devices(cfg, submitted_scenario(cfg, scenario, resume), say=lambda m: console.print(m))
         flower_run = submit(cfg, scenario, resume, overrides)
     except (QuorumError, ScenarioError) as exc:
         _fail(str(exc))
@@ -114,12 +121,18 @@ def run(
 
 def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float) -> None:
     from aggregator.store import RunStore
-    from deploy.status import find_stored_run
+    from deploy.status import ServerAppWatch, find_stored_run
 
     store, deadline, shown = RunStore(cfg.db_url), time.monotonic() + timeout_s, 0
+    watch = ServerAppWatch(cfg, flower_run)
     while time.monotonic() < deadline:
         run = find_stored_run(store, flower_run)
-        if run is not None:
+        if run is None:  # not opened yet: still waiting for devices, or its ServerApp died without a word
+            why = watch.dead()
+            if why is not None:
+                print(f"Flower run {flower_run} failed: {why}", flush=True)
+                raise typer.Exit(1)
+        else:
             for r in store.rounds(run.id)[shown:]:
                 acc = "" if r.server_accuracy is None else f", accuracy {r.server_accuracy:.3f}"
                 print(f"run {run.id} round {r.round}: {r.answered}/{r.sampled} answered, "

@@ -45,7 +45,7 @@ from deploy.errors import DeployError
 from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario
 
-__all__ = ["app", "LeasedRunStore", "LeaseLost", "wait_for_clients"]
+__all__ = ["app", "LeasedRunStore", "LeaseLost", "wait_for_clients", "record_failed_start"]
 
 ENGINE = "deployment"
 
@@ -93,6 +93,17 @@ def wait_for_clients(grid: Grid, want: int, least: int, timeout_s: float, poll_s
             raise DeployError(f"only {count} of the {least} clients the scenario needs connected "
                               f"within {timeout_s + max(timeout_s, 60.0):.0f} s")
         time.sleep(poll_s)
+
+
+def record_failed_start(store: LeasedRunStore, scenario: Scenario, flower_run: int, devices: dict,
+                        why: str) -> str:
+    """Store a run that never started as ``failed``, with the reason, under its Flower run id."""
+    run_id = store.create_run(name=scenario.name, scenario=scenario.to_dict(), seed=scenario.seed,
+                              strategy=scenario.strategy.name, rounds=scenario.rounds, engine=ENGINE,
+                              info={"flower_run_id": flower_run, "devices": devices})
+    store.take(run_id)
+    store.set_status(run_id, "failed", f"never started: {why}")
+    return run_id
 
 
 def _find_run(store: RunStore, flower_run_id: int) -> str | None:
@@ -145,8 +156,13 @@ def main(grid: Grid, context: Context) -> None:
             raise DeployError(f"cannot resume run {resume!r}: not in {store.url}") from None
         store.take(resume)
     fed = scenario.federation
-    wait_for_clients(grid, fed.clients, fed.min_clients, float(config.get("wait-clients-s", 120.0)))
     devices = json.loads(str(config.get("devices") or "{}"))
+    try:
+        wait_for_clients(grid, fed.clients, fed.min_clients, float(config.get("wait-clients-s", 120.0)))
+    except DeployError as exc:
+        if not resume:  # a run that never started is still a stored, visible, failed run
+            record_failed_start(store, scenario, context.run_id, devices, str(exc))
+        raise
 
     def on_start(run_id: str) -> None:
         store.take(run_id)

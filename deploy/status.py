@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -15,7 +17,12 @@ from deploy.enroll import load_registry
 from deploy.errors import DeployError
 from deploy.flower import list_nodes
 
-__all__ = ["collect_status", "render_status", "find_stored_run"]
+__all__ = ["collect_status", "render_status", "find_stored_run", "serverapp_pids", "ServerAppWatch"]
+
+#: How long a run may go without a ServerApp (Flower starts one in about a second) before it is called dead.
+START_GRACE_S = 120.0
+#: How long after its ServerApp exits a run may still appear in the store (its last write).
+EXIT_GRACE_S = 5.0
 
 
 def find_stored_run(store: RunStore, flower_run: int) -> Run | None:
@@ -23,6 +30,55 @@ def find_stored_run(store: RunStore, flower_run: int) -> Run | None:
         if (run.info or {}).get("flower_run_id") == flower_run:
             return run
     return None
+
+
+def serverapp_pids(config: DeployConfig, flower_run: int) -> list[int]:
+    """The live ServerApp processes of ``flower_run`` (each leaves a pid file while it runs)."""
+    pids = []
+    for path in (config.state.root / "serverapps").glob("*.json"):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being written or removed
+        if entry.get("flower_run") == flower_run and _alive(int(entry.get("pid", 0))):
+            pids.append(int(entry["pid"]))
+    return pids
+
+
+class ServerAppWatch:
+    """Tells when a Flower run's ServerApp is gone without having opened a stored run (``--wait``)."""
+
+    def __init__(self, config: DeployConfig, flower_run: int) -> None:
+        self.config, self.flower_run = config, flower_run
+        self.started, self.seen = time.monotonic(), False
+        self.gone_at: float | None = None
+
+    def dead(self) -> str | None:
+        """Why the run will never open (naming its log), or ``None`` while it still may."""
+        now = time.monotonic()
+        log = self.config.state.root / "logs" / f"serverapp-{self.flower_run}.log"
+        if serverapp_pids(self.config, self.flower_run):
+            self.seen, self.gone_at = True, None
+            return None
+        if not self.seen:
+            if now - self.started > START_GRACE_S:
+                return f"no ServerApp started within {START_GRACE_S:g} s (see {log.parent / 'superlink.log'})"
+            return None
+        if self.gone_at is None:
+            self.gone_at = now
+        if now - self.gone_at > EXIT_GRACE_S:
+            return f"its ServerApp exited without opening a run: {_last_error(log)} (log: {log})"
+        return None
+
+
+def _last_error(log: Path) -> str:
+    """The last line of ``log`` that names an error, or a plain hint."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no log"
+    errors = [line.strip() for line in lines if "Error" in line or "error" in line]
+    return errors[-1][:300] if errors else "no error in its log"
 
 
 def _alive(pid: int) -> bool:

@@ -12,9 +12,19 @@ from deploy.config import DeployConfig
 from deploy.enroll import device_names
 from deploy.errors import DeployError
 from deploy.flower import submit_run
-from scenarios.schema import load_scenario
+from scenarios.schema import Scenario, load_scenario, scenario_from_dict
 
-__all__ = ["submit", "run_config"]
+__all__ = ["submit", "run_config", "submitted_scenario"]
+
+
+def submitted_scenario(config: DeployConfig, scenario: Path | None = None, resume: str | None = None) -> Scenario:
+    """The scenario a submission runs: the file's, or the stored run's when resuming."""
+    if resume:
+        stored = RunStore(config.db_url).get_run(resume)
+        return scenario_from_dict(stored.scenario, source=f"run {stored.id}")
+    if scenario is None:
+        raise DeployError("name a scenario file, or --resume RUN_ID")
+    return load_scenario(scenario)
 
 
 def run_config(config: DeployConfig, scenario: Path | None = None, resume: str | None = None,

@@ -1,0 +1,87 @@
+"""Before a deployed run is submitted: are enough devices online for the scenario?
+
+``quorum aggregator run`` asks the SuperLink which devices are online and
+compares them with the scenario's ``[federation] min_clients`` (the least a
+round starts with) and ``clients`` (what the run waits for first). Too few
+online: it says so with a live count and waits up to ``[aggregator]
+wait_clients_s``, then refuses with the numbers and what to do, instead of
+submitting a run that can never start.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from deploy.config import DeployConfig
+from deploy.enroll import device_names
+from deploy.errors import DeployError
+from deploy.flower import list_nodes
+from scenarios.schema import Scenario
+
+__all__ = ["Fleet", "fleet", "shortfall", "await_devices"]
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The devices the aggregator knows: how many are enrolled, and which are online (by name)."""
+
+    enrolled: int
+    online: tuple[str, ...]
+
+
+def fleet(config: DeployConfig) -> Fleet:
+    """The SuperLink's view now (a device enrolled elsewhere shows as its node id)."""
+    names = device_names(config)
+    online = tuple(sorted(names.get(int(n["node-id"]), str(n["node-id"])) for n in list_nodes(config)
+                          if n.get("status") == "online"))
+    return Fleet(len(names), online)
+
+
+def shortfall(scenario: Scenario, devices: Fleet, insecure: bool) -> str | None:
+    """Why ``scenario`` cannot start on ``devices`` now, naming the numbers and the fix; ``None`` if it can."""
+    least, wanted = scenario.federation.min_clients, scenario.federation.clients
+    if not insecure and devices.enrolled < least:
+        return (f"scenario {scenario.name!r} needs at least {least} clients (federation.min_clients) but only "
+                f"{devices.enrolled} devices are enrolled: enroll more (quorum client enroll NAME) or lower "
+                "federation.min_clients")
+    if len(devices.online) < least:
+        names = ", ".join(devices.online) or "none"
+        return (f"{len(devices.online)} of the {least} devices scenario {scenario.name!r} needs are online "
+                f"(federation.min_clients = {least}, federation.clients = {wanted}; online: {names}): start "
+                "more client agents, or lower federation.min_clients")
+    return None
+
+
+def await_devices(config: DeployConfig, scenario: Scenario, say: Callable[[str], None],
+                  poll_s: float = 2.0) -> Fleet:
+    """Wait, with a count, until ``min_clients`` devices are online, up to ``wait_clients_s``.
+
+    Raises
+    ------
+    DeployError
+        Too few devices enrolled (at once), or too few online when the wait ends; the aggregator not reachable.
+    """
+    insecure = config.aggregator.insecure
+    deadline = time.monotonic() + config.aggregator.wait_clients_s
+    devices = fleet(config)
+    why = shortfall(scenario, devices, insecure)
+    if why is not None and not insecure and devices.enrolled < scenario.federation.min_clients:
+        raise DeployError(why)
+    shown = -1
+    while why is not None:
+        if time.monotonic() >= deadline:
+            raise DeployError(f"{why} (waited {config.aggregator.wait_clients_s:g} s, aggregator.wait_clients_s)")
+        if len(devices.online) != shown:
+            shown = len(devices.online)
+            say(f"{shown} of {scenario.federation.min_clients} devices online; waiting up to "
+                f"{max(0.0, deadline - time.monotonic()):.0f} s more")
+        time.sleep(poll_s)
+        devices = fleet(config)
+        why = shortfall(scenario, devices, insecure)
+    if len(devices.online) < scenario.federation.clients:
+        say(f"{len(devices.online)} of the {scenario.federation.clients} clients online "
+            f"({', '.join(devices.online)}): the run waits up to {config.aggregator.wait_clients_s:g} s for the "
+            "rest, then starts with those connected")
+    return devices

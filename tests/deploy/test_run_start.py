@@ -1,0 +1,111 @@
+"""Runs that cannot start say so (issue 17, item 3), without a running federation.
+
+``quorum aggregator run`` checks the online devices against the scenario
+before it submits; a run whose ServerApp gives up waiting is stored as
+``failed`` with the reason; ``--wait`` ends non-zero with that reason, or
+when the run's ServerApp is gone without opening a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+from aggregator.store import RunStore
+from deploy import cli, readiness, status
+from deploy.config import load_config
+from deploy.errors import DeployError
+from deploy.readiness import Fleet, await_devices, shortfall
+from deploy.serverapp import LeasedRunStore, record_failed_start
+from deploy.status import ServerAppWatch, find_stored_run
+from tests.conftest import tiny_scenario
+
+SCENARIO = tiny_scenario(name="five", federation={"clients": 5, "min_clients": 3})
+
+
+def config(tmp_path: Path, wait_s: float = 0.0, insecure: bool = False) -> Any:
+    path = tmp_path / "federation.toml"
+    path.write_text(f"[aggregator]\nwait_clients_s = {wait_s}\ninsecure = {str(insecure).lower()}\n"
+                    'listen = "127.0.0.1"\n')
+    return load_config(path)
+
+
+def test_too_few_online_names_the_numbers_and_the_fix() -> None:
+    why = shortfall(SCENARIO, Fleet(enrolled=5, online=("dev0", "dev1")), insecure=False)
+    assert why is not None
+    assert "2 of the 3 devices" in why and "federation.min_clients = 3" in why and "online: dev0, dev1" in why
+    assert "start more client agents" in why
+
+
+def test_too_few_enrolled_asks_to_enroll() -> None:
+    why = shortfall(SCENARIO, Fleet(enrolled=2, online=("dev0", "dev1")), insecure=False)
+    assert why is not None and "only 2 devices are enrolled" in why and "quorum client enroll" in why
+    # an --insecure trial enrols nobody: only the online count matters
+    assert shortfall(SCENARIO, Fleet(enrolled=0, online=("1", "2", "3")), insecure=True) is None
+
+
+def test_enough_online_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(readiness, "fleet", lambda _c: Fleet(5, ("a", "b", "c")))
+    said: list[str] = []
+    assert await_devices(config(tmp_path), SCENARIO, say=said.append).online == ("a", "b", "c")
+    assert said == ["3 of the 5 clients online (a, b, c): the run waits up to 0 s for the rest, then starts "
+                    "with those connected"]
+
+
+def test_it_waits_with_a_count_then_starts_when_devices_come(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    views = iter([Fleet(5, ("a",)), Fleet(5, ("a", "b")), Fleet(5, ("a", "b", "c", "d", "e"))])
+    monkeypatch.setattr(readiness, "fleet", lambda _c: next(views))
+    said: list[str] = []
+    await_devices(config(tmp_path, wait_s=30), SCENARIO, say=said.append, poll_s=0.0)
+    assert [m.split(";")[0] for m in said] == ["1 of 3 devices online", "2 of 3 devices online"]
+
+
+def test_it_refuses_with_the_numbers_when_the_wait_ends(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(readiness, "fleet", lambda _c: Fleet(5, ("a",)))
+    with pytest.raises(DeployError, match=r"1 of the 3 devices .* \(waited 0.05 s, aggregator.wait_clients_s\)"):
+        await_devices(config(tmp_path, wait_s=0.05), SCENARIO, say=lambda _m: None, poll_s=0.01)
+
+
+def test_a_run_that_never_started_is_stored_failed_and_wait_exits_non_zero(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = config(tmp_path)
+    store = LeasedRunStore(cfg.db_url)
+    run_id = record_failed_start(store, SCENARIO, 77, {"1": "dev0"}, "only 2 of the 3 clients the scenario needs "
+                                 "connected within 120 s")
+
+    run = find_stored_run(RunStore(cfg.db_url), 77)
+    assert run is not None and run.id == run_id and run.status == "failed"
+    assert run.error == "never started: only 2 of the 3 clients the scenario needs connected within 120 s"
+    with pytest.raises(typer.Exit) as done:
+        cli._follow(cfg, 77, timeout_s=10)
+    assert done.value.exit_code == 1
+    assert f"run {run_id} failed: never started: only 2 of the 3" in capsys.readouterr().out
+
+
+def test_wait_notices_a_serverapp_that_died_without_a_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = config(tmp_path)
+    folder = cfg.state.root / "serverapps"
+    folder.mkdir(parents=True)
+    pidfile = folder / f"{os.getpid()}.json"
+    pidfile.write_text(json.dumps({"pid": os.getpid(), "flower_run": 5}))
+    (cfg.state.root / "logs").mkdir()
+    (cfg.state.root / "logs" / "serverapp-5.log").write_text("start\nDeployError: the scenario is bad\n")
+    monkeypatch.setattr(status, "EXIT_GRACE_S", 0.0)
+    watch = ServerAppWatch(cfg, 5)
+    assert watch.dead() is None          # running: it may still open its run
+    pidfile.unlink()
+    watch.dead()                          # gone: noted
+    why = watch.dead()
+    assert why is not None and "DeployError: the scenario is bad" in why and "serverapp-5.log" in why
+
+
+def test_a_run_whose_serverapp_never_starts_is_called_dead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(status, "START_GRACE_S", 0.0)
+    why = ServerAppWatch(config(tmp_path), 6).dead()
+    assert why is not None and "no ServerApp started" in why
