@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,27 +125,43 @@ def choose_roles(roles: tuple[Role, ...], count: int, seed: int) -> tuple[Role, 
 def read_text(path: str | Path) -> str:
     """A user's text: one UTF-8 file, or every ``.txt`` file of a folder (sorted, joined by blank lines).
 
+    Only regular files are read, and at most :data:`MAX_TEXT_BYTES` in all
+    (counted while reading, not trusted from the file system).
+
     Raises
     ------
     DataError
-        Missing, larger than :data:`MAX_TEXT_BYTES`, not UTF-8, or empty; the message names the file.
+        Missing, unreadable, not a regular file, larger than the cap, not UTF-8, or empty; naming the file.
     """
     where = Path(path)
     files = sorted(where.glob("*.txt")) if where.is_dir() else [where]
     if not where.exists() or not files:
         raise DataError(f"{where}: no such text file (or a folder without .txt files)")
-    if sum(f.stat().st_size for f in files) > MAX_TEXT_BYTES:
-        raise DataError(f"{where}: more than {MAX_TEXT_BYTES // 2**20} MB of text")
-    parts = []
+    parts, budget = [], MAX_TEXT_BYTES
     for file in files:
+        raw = _read_capped(file, budget)
+        budget -= len(raw)
         try:
-            parts.append(file.read_text(encoding="utf-8"))
+            parts.append(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise DataError(f"{file}: not UTF-8 text (byte {exc.start})") from None
     text = "\n\n".join(parts)
     if not text.strip():
         raise DataError(f"{where}: the text is empty")
     return text
+
+
+def _read_capped(file: Path, budget: int) -> bytes:
+    try:
+        if not stat.S_ISREG(file.stat().st_mode):
+            raise DataError(f"{file}: not a regular file")
+        with file.open("rb") as handle:
+            raw = handle.read(budget + 1)
+    except OSError as exc:
+        raise DataError(f"{file}: cannot be read ({exc.strerror or exc})") from None
+    if len(raw) > budget:
+        raise DataError(f"{file}: more than {MAX_TEXT_BYTES // 2**20} MB of text in all")
+    return raw
 
 
 def chunk(ids: list[int] | np.ndarray, seq_len: int) -> np.ndarray:

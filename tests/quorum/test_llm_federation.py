@@ -155,6 +155,20 @@ def test_adapters_of_another_shape_are_refused(exported: Path, tmp_path: Path) -
         load_export(copy)
 
 
+def test_adapters_for_another_base_are_refused(exported: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "other-base"
+    copy.mkdir()
+    for path in exported.iterdir():
+        if path.is_file():
+            (copy / path.name).write_bytes(path.read_bytes())
+    manifest = json.loads((copy / MANIFEST).read_text())
+    assert manifest["base"] == {"model": "tiny-llama", "sha256": ""}
+    manifest["base"] = {"model": "HuggingFaceTB/SmolLM2-135M-Instruct", "sha256": "ab" * 32}
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match="trained on base"):
+        load_export(copy)
+
+
 def test_merged_needs_adapters(tmp_path: Path) -> None:
     from tests.conftest import tiny_scenario
     db = f"sqlite:///{tmp_path / 'runs.db'}"
@@ -185,6 +199,7 @@ def test_generate_continues_a_prompt_greedily_and_repeatably(client: TestClient)
     ({"prompt": "x", "max_new_tokens": 0}, "max_new_tokens = 0"),
     ({"prompt": "x", "max_new_tokens": True}, "max_new_tokens = True"),
     ({"prompt": "x", "temperature": 9}, "temperature = 9"),
+    ({"prompt": "x", "temperature": 1e-300}, "0 (greedy) or at least 0.01"),
     ({"prompt": "x", "top_p": 0.5}, "unknown key 'top_p'"),
     (["x"], "expected a JSON object"),
 ])
