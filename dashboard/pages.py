@@ -89,7 +89,7 @@ def run_page(request: Request, run_id: str) -> HTMLResponse:
 @router.get("/runs/{run_id}/rounds/{number}", response_class=HTMLResponse)
 def round_page(request: Request, run_id: str, number: RoundPath) -> HTMLResponse:
     reader = _reader(request)
-    run, display, _ = _run_or_404(reader, run_id)
+    run, display, stored = _run_or_404(reader, run_id)
     row = reader.round(run_id, number)
     if row is None:
         raise HTTPException(status_code=404, detail=f"Run {run_id} has no committed round {number}.")
@@ -106,9 +106,18 @@ def round_page(request: Request, run_id: str, number: RoundPath) -> HTMLResponse
     return _render(request, "round.html", nav="runs", run=run, run_display=display, round=data,
                    display=round_display(data), clients=[(c, client_result_display(c)) for c in clients],
                    outcomes=outcomes, secagg_columns=columns, secagg_rows=secagg_rows, clients_hidden=hidden,
+                   names=device_names(stored),
                    dp_sgd_epsilon=fmt_num(max(sgd_eps), 3) if sgd_eps else None,
                    has_prev=number > 1, has_next=number < run["rounds_done"],
                    has_checkpoint=reader.checkpoint(run_id, number) is not None)
+
+
+def device_names(stored: Any) -> dict[str, str]:
+    """node id -> device name of a deployed run (its enrolment registry, recorded when the run opened)."""
+    devices = (getattr(stored, "info", None) or {}).get("devices")
+    if not isinstance(devices, dict):
+        return {}
+    return {str(k): str(v)[:64] for k, v in devices.items()}
 
 
 #: Clients per page of /clients.

@@ -146,6 +146,22 @@ def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float) -> None:
 
 
 @app.command()
+def stop(
+    config: ConfigOption = None,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for it to exit.")] = 60.0,
+) -> None:
+    """Stop the aggregator started from this federation.toml (a running run resumes at the next start)."""
+    from deploy.status import stop_aggregator
+
+    cfg = _load(config)
+    try:
+        pid = stop_aggregator(cfg, timeout)
+    except QuorumError as exc:
+        _fail(str(exc))
+    console.print(f"aggregator (pid {pid}) stopped")
+
+
+@app.command()
 def status(
     config: ConfigOption = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,

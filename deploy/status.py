@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ from deploy.enroll import load_registry
 from deploy.errors import DeployError
 from deploy.flower import list_nodes
 
-__all__ = ["collect_status", "render_status", "find_stored_run", "serverapp_pids", "ServerAppWatch"]
+__all__ = ["collect_status", "render_status", "find_stored_run", "serverapp_pids", "ServerAppWatch",
+           "stop_aggregator"]
 
 #: How long a run may go without a ServerApp (Flower starts one in about a second) before it is called dead.
 START_GRACE_S = 120.0
@@ -81,7 +83,42 @@ def _last_error(log: Path) -> str:
     return errors[-1][:300] if errors else "no error in its log"
 
 
+def stop_aggregator(config: DeployConfig, timeout_s: float = 60.0, poll_s: float = 0.2) -> int:
+    """SIGTERM the aggregator this config's state folder names, and wait until it is gone; returns its pid.
+
+    It stops its own children (SuperLink, front door, dashboard, ServerApps); a run in progress is
+    resumed by the next ``aggregator start``.
+
+    Raises
+    ------
+    DeployError
+        Nothing running here, a pid file naming another program, or no exit within ``timeout_s``.
+    """
+    path = config.state.pidfile
+    try:
+        pid = int(json.loads(path.read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DeployError(f"no aggregator running here ({path} is missing or unreadable)") from None
+    if not _alive(pid):
+        raise DeployError(f"no aggregator running here (pid {pid} in {path} has exited)")
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        command = b"aggregator"  # no /proc: trust the pid file
+    if b"aggregator" not in command:
+        raise DeployError(f"pid {pid} in {path} is not a Quorum aggregator ({command[:80]!r}); not stopping it")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid):
+        if time.monotonic() >= deadline:
+            raise DeployError(f"aggregator pid {pid} did not stop within {timeout_s:g} s; kill -9 {pid} ends it")
+        time.sleep(poll_s)
+    return pid
+
+
 def _alive(pid: int) -> bool:
+    if pid <= 0:  # 0 and -1 would signal whole process groups
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -39,3 +39,21 @@ def test_round_page_marks_the_updates_krum_rejected(tmp_path: Path) -> None:
     # Assert
     assert page.count('data-field="robust-mark"') == 4
     assert page.count("rejected by the rule</span>") == 4
+
+
+def test_round_page_names_deployed_devices(tmp_path: Path) -> None:
+    # Prepare: a run whose info maps node ids to enrolled names, as a deployed ServerApp records it
+    from aggregator.store import RunStore
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    run_id = simulate(tiny_scenario(rounds=1, federation={"clients": 2, "deadline_s": 300.0}), db_url=url).run_id
+    store = RunStore(url)
+    nodes = sorted({c.client for c in store.client_results(run_id, 1)})
+    store.update_info(run_id, devices={nodes[0]: "ward-7 <b>", "999": "absent"})
+
+    # Execute
+    with TestClient(create_app(url), base_url="http://127.0.0.1") as client:
+        page = client.get(f"/runs/{run_id}/rounds/1").text
+
+    # Assert: the named node shows its name (escaped), with its id on hover; the other keeps its id
+    assert f'title="node {nodes[0]}">ward-7 &lt;b&gt;</a>' in page
+    assert f">{nodes[1]}</a>" in page and "absent" not in page

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +112,44 @@ def test_a_run_whose_serverapp_never_starts_is_called_dead(tmp_path: Path, monke
     monkeypatch.setattr(status, "START_GRACE_S", 0.0)
     why = ServerAppWatch(config(tmp_path), 6).dead()
     assert why is not None and "no ServerApp started" in why
+
+
+def _fake_aggregator(tmp_path: Path, argv_word: str) -> subprocess.Popen:
+    """A process that looks like ``quorum aggregator start`` (or not) and exits on SIGTERM."""
+    script = tmp_path / "fake.py"
+    script.write_text("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+                      "print('up', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(script), argv_word], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    proc.stdout.close()
+    threading.Thread(target=proc.wait, daemon=True).start()  # reap it, so that it does not linger as a zombie
+    return proc
+
+
+def test_stop_ends_the_aggregator_named_by_the_pid_file(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    proc = _fake_aggregator(tmp_path, "aggregator")
+    try:
+        cfg.state.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        cfg.state.pidfile.write_text(json.dumps({"pid": proc.pid}))
+        assert status.stop_aggregator(cfg, timeout_s=20, poll_s=0.05) == proc.pid
+        assert proc.wait(timeout=5) == 0
+        with pytest.raises(DeployError, match="has exited"):
+            status.stop_aggregator(cfg)
+    finally:
+        proc.kill()
+
+
+def test_stop_refuses_a_pid_file_naming_another_program(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    with pytest.raises(DeployError, match="no aggregator running here"):
+        status.stop_aggregator(cfg)
+    proc = _fake_aggregator(tmp_path, "something-else")
+    try:
+        cfg.state.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        cfg.state.pidfile.write_text(json.dumps({"pid": proc.pid}))
+        with pytest.raises(DeployError, match="is not a Quorum aggregator"):
+            status.stop_aggregator(cfg)
+        assert proc.poll() is None  # left alone
+    finally:
+        proc.kill()
