@@ -303,12 +303,24 @@ def child_args(spec: AgentSpec) -> dict[str, list[str]]:
     }
 
 
+def _diagnosis(spec: AgentSpec, log: Path) -> Any:
+    """Reads the SuperNode's log from here on (what earlier agents logged is not this one's problem)."""
+    from deploy.preflight import SupernodeDiagnosis
+
+    return SupernodeDiagnosis(log, spec.name, offset=log.stat().st_size if log.exists() else 0)
+
+
 def run_agent(spec: AgentSpec, say: Any = print) -> int:
-    """Supervise the SuperNode and the worker until SIGTERM/SIGINT; returns an exit code."""
+    """Supervise the SuperNode and the worker until SIGTERM/SIGINT; returns an exit code.
+
+    3: a setup mistake that restarting cannot fix (a busy port, a CA that does not verify, a key the
+    aggregator refuses), said in one line naming the fix.
+    """
     logs = spec.workdir / "logs"
     env = _child_env()
     env["FLWR_HOME"] = str((spec.workdir / "flwr-home").resolve())
     roles = child_args(spec)
+    diagnosis = _diagnosis(spec, logs / "supernode.log")
     procs = {role: _child(role, args, logs / f"{role}.log", env) for role, args in roles.items()}
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -320,6 +332,10 @@ def run_agent(spec: AgentSpec, say: Any = print) -> int:
                 if proc.poll() is None:
                     continue
                 restarts += 1
+                fatal = diagnosis.after_exit() if role == "supernode" else None
+                if fatal is not None:
+                    say(f"error: {fatal}")
+                    return 3
                 if spec.max_restarts is not None and restarts > spec.max_restarts:
                     say(f"{role} exited (rc {proc.returncode}); giving up after {spec.max_restarts} restarts")
                     return 1

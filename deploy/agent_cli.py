@@ -109,13 +109,14 @@ def keygen(
 @app.command()
 def start(
     server: Annotated[str, typer.Option(help="The aggregator's device address, HOST:PORT.")],
-    data: Annotated[Path, typer.Option(help="This device's data file (CSV or NPZ); it never leaves.")],
+    data: Annotated[Path, typer.Option(help="This device's data: a CSV or NPZ file, or text (a file or a folder "
+                                       "of .txt files) for a language-model task; it never leaves.")],
     key: Annotated[Path | None, typer.Option(help="This device's private key.")] = None,
     ca: Annotated[Path | None, typer.Option(help="The federation's CA certificate (ca.pem).")] = None,
     name: Annotated[str, typer.Option(help="The name this device was enrolled under.")] = "",
     insecure: Annotated[bool, typer.Option(help="No TLS (a loopback trial aggregator only).")] = False,
-    runtime_port: Annotated[int, typer.Option(help="Local port between SuperNode and worker (127.0.0.1).")]
-    = 9094,
+    runtime_port: Annotated[int | None, typer.Option(
+        min=1, max=65535, help="Local port between SuperNode and worker (127.0.0.1); default: a free one.")] = None,
     poll: Annotated[float, typer.Option(help="Seconds between polls while idle (Flower's default: 3).")] = 1.0,
     workdir: Annotated[Path, typer.Option(help="Logs and Flower's state.")] = Path(".quorum-agent"),
     task_input_timeout: Annotated[float, typer.Option(
@@ -129,9 +130,10 @@ def start(
 ) -> None:
     """(device) Run the client agent: a SuperNode plus a warm ClientApp worker, restarted if they die."""
     from deploy.agent import AgentSpec, run_agent
+    from deploy.preflight import PreflightError, check_ca, check_port, free_port
 
-    if not data.is_file():
-        _fail(f"--data {data}: no such file")
+    if not data.exists():
+        _fail(f"--data {data}: no such file or folder")
     if insecure:
         console.print("[bold yellow]WARNING:[/] --insecure: no TLS, no authentication; the model and "
                       "updates cross the network in clear. Only for a loopback trial.")
@@ -144,7 +146,16 @@ def start(
         _fail(f"--poll {poll}: between 0.05 and 30 seconds")
     if task_input_timeout <= 0:
         _fail(f"--task-input-timeout {task_input_timeout}: must be a positive number of seconds")
-    spec = AgentSpec(server=server, data=data, key=key, ca=ca, name=name, runtime_port=runtime_port,
+    port = free_port() if runtime_port is None else runtime_port
+    try:
+        if runtime_port is not None:
+            check_port(port)
+        warning = None if insecure or ca is None else check_ca(server, ca)
+    except PreflightError as exc:
+        _fail(str(exc))
+    if warning:
+        console.print(f"[yellow]{warning}[/]")
+    spec = AgentSpec(server=server, data=data, key=key, ca=ca, name=name, runtime_port=port,
                      poll_s=poll, insecure=insecure, workdir=workdir, task_input_s=task_input_timeout,
                      secagg_identity=secagg_identity, secagg_directory=secagg_directory)
     print(f"client agent {name or '(unnamed)'}: connecting to {server} (data {data}, logs {workdir / 'logs'})",

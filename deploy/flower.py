@@ -119,7 +119,12 @@ def register_key(config: DeployConfig, public_key: Path, name: str) -> int:
     out = flwr(config, ["supernode", "register", str(public_key), CONNECTION, "--name", name,
                         "--format", "json"]).json()
     if not out.get("success"):
-        raise DeployError(f"the SuperLink refused the key: {out.get('error-message', out)}")
+        why = str(out.get("error-message", out))
+        if "already in use" in why.lower():  # Flower keeps every key it ever registered, revoked ones too
+            raise DeployError(f"the SuperLink refused the key: {why}. A key that was enrolled before (a revoked "
+                              "device's) cannot be enrolled again: make a new one on the device (quorum client "
+                              f"keygen NEW.key) and enroll {name} with --public-key NEW.key.pub")
+        raise DeployError(f"the SuperLink refused the key: {why}")
     return int(out["node-id"])
 
 

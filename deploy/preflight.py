@@ -1,0 +1,127 @@
+"""What ``quorum client start`` checks before it joins, and how it reads a SuperNode that keeps exiting.
+
+A setup mistake on a device used to look like every other: an endless
+``supernode exited ...; restarting``. Here each one becomes one line naming
+the fix, and the agent exits non-zero instead of looping:
+
+- a busy local port (``--runtime-port``; unset, a free one is picked);
+- a CA file that does not verify the aggregator's certificate (checked with a
+  TLS handshake before the SuperNode starts);
+- a key the aggregator refuses (not enrolled, or revoked): the SuperNode's log
+  says ``Failed to activate SuperNode`` for longer than a restart after a
+  crash can explain.
+
+An aggregator that cannot be reached is not a mistake: the agent says so and
+keeps retrying with its back-off.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deploy.errors import DeployError
+
+__all__ = ["PreflightError", "free_port", "check_port", "check_ca", "SupernodeDiagnosis", "ACTIVATION_GRACE_S"]
+
+#: A device restarted right after a crash is refused until the SuperLink drops its old session
+#: (two missed 30 s heartbeats, docs/deploy.md); refusals for longer mean the key itself is refused.
+ACTIVATION_GRACE_S = 90.0
+
+
+class PreflightError(DeployError):
+    """A setup mistake on the device: one line that names the fix."""
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1, chosen by the kernel."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port(port: int, option: str = "--runtime-port") -> None:
+    """Raise :class:`PreflightError` when ``127.0.0.1:port`` is taken."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise PreflightError(f"{option} {port}: the port is in use on 127.0.0.1 ({exc.strerror}; another "
+                                 f"client agent?): leave {option} unset to pick a free port") from None
+
+
+def _host_port(server: str) -> tuple[str, int]:
+    host, sep, port = server.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PreflightError(f"--server {server!r}: expected HOST:PORT, e.g. fl.example.org:9443")
+    return host.strip("[]"), int(port)
+
+
+def check_ca(server: str, ca: Path, timeout_s: float = 5.0) -> str | None:
+    """A TLS handshake with the aggregator, verified by ``ca``.
+
+    Returns ``None`` when the certificate verifies, or a warning when the
+    aggregator cannot be reached (the agent retries).
+
+    Raises
+    ------
+    PreflightError
+        ``ca`` is no certificate, or does not verify the aggregator's certificate for that host.
+    """
+    host, port = _host_port(server)
+    context = ssl.create_default_context()
+    try:
+        context.load_verify_locations(cafile=str(ca))
+    except (ssl.SSLError, OSError) as exc:
+        raise PreflightError(f"--ca {ca}: not a PEM certificate ({exc}); copy ca.pem from the aggregator") from None
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as raw, \
+                context.wrap_socket(raw, server_hostname=host):
+            return None
+    except ssl.SSLCertVerificationError as exc:
+        raise PreflightError(
+            f"--ca {ca} does not verify the aggregator's certificate at {server} ({exc.verify_message}): copy "
+            "ca.pem from the aggregator and check its fingerprint against the one `quorum aggregator start` "
+            "printed") from None
+    except (OSError, ssl.SSLError) as exc:
+        return f"cannot reach the aggregator at {server} yet ({exc}); the agent keeps trying"
+
+
+@dataclass
+class SupernodeDiagnosis:
+    """Reads the SuperNode's log each time it exits; says when to stop restarting and why."""
+
+    log: Path
+    name: str = ""
+    grace_s: float = ACTIVATION_GRACE_S
+    offset: int = 0
+    refused_since: float | None = field(default=None)
+
+    def after_exit(self, now: float | None = None) -> str | None:
+        """The fatal reason in what the SuperNode logged since its last exit, or ``None`` to restart it."""
+        now = time.monotonic() if now is None else now
+        try:
+            with self.log.open("rb") as handle:
+                handle.seek(self.offset)
+                text = handle.read().decode("utf-8", errors="replace")
+                self.offset = handle.tell()
+        except OSError:
+            return None
+        if "address already in use" in text.lower():
+            return ("a local port of the SuperNode is in use (another client agent on this machine?): "
+                    "leave --runtime-port unset to pick a free one")
+        if "CERTIFICATE_VERIFY_FAILED" in text:
+            return "the aggregator's certificate does not verify against --ca: copy ca.pem from the aggregator"
+        if "Failed to activate SuperNode" not in text:
+            self.refused_since = None
+            return None
+        self.refused_since = self.refused_since if self.refused_since is not None else now
+        if now - self.refused_since < self.grace_s:
+            return None
+        who = self.name or "NAME"
+        return (f"the aggregator refuses this device's key (for {now - self.refused_since:.0f} s): it is not "
+                f"enrolled, or it was revoked. On the aggregator: quorum client enroll {who} --public-key "
+                "<this key's .pub>; a revoked device needs a new key first (quorum client keygen NEW.key)")

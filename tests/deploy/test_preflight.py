@@ -1,0 +1,122 @@
+"""A device's setup mistakes give one line naming the fix, and no restart loop (issue 17, item 1)."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy.pki import ensure_tls
+from deploy.preflight import PreflightError, SupernodeDiagnosis, check_ca, check_port, free_port
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A TLS listener on 127.0.0.1 with a certificate from a CA made here: (HOST:PORT, that CA's file)."""
+    files = ensure_tls(tmp_path / "tls", ["127.0.0.1", "localhost"])
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(files.server_cert), str(files.server_key))
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            try:
+                with context.wrap_socket(conn, server_side=True):
+                    pass
+            except (OSError, ssl.SSLError):
+                pass  # the client refused our certificate: that is the test
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{listener.getsockname()[1]}", files.ca_cert
+    stop.set()
+    thread.join(5)
+    listener.close()
+
+
+def test_the_right_ca_passes_and_a_wrong_one_names_the_fix(tls_server: tuple[str, Path], tmp_path: Path) -> None:
+    server, ca = tls_server
+    assert check_ca(server, ca) is None
+    other = ensure_tls(tmp_path / "other", ["127.0.0.1"]).ca_cert
+    with pytest.raises(PreflightError, match=r"does not verify the aggregator's certificate .* copy ca.pem"):
+        check_ca(server, other)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate")
+    with pytest.raises(PreflightError, match="not a PEM certificate"):
+        check_ca(server, junk)
+
+
+def test_an_unreachable_aggregator_is_a_warning_not_a_mistake(tls_server: tuple[str, Path]) -> None:
+    _, ca = tls_server
+    warning = check_ca(f"127.0.0.1:{free_port()}", ca, timeout_s=2)
+    assert warning is not None and "keeps trying" in warning
+    with pytest.raises(PreflightError, match="expected HOST:PORT"):
+        check_ca("no-port-here", ca)
+
+
+def test_a_busy_port_is_named_with_the_fix() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(PreflightError, match=f"--runtime-port {port}: the port is in use .* leave --runtime-port "
+                                                 "unset"):
+            check_port(port)
+    check_port(port)  # free again
+
+
+def test_a_refused_key_is_fatal_only_after_a_crash_restart_could_explain_it(tmp_path: Path) -> None:
+    log = tmp_path / "supernode.log"
+    log.write_text("old run: Failed to activate SuperNode.\n")
+    diag = SupernodeDiagnosis(log, "ward-7", grace_s=90, offset=log.stat().st_size)
+    assert diag.after_exit(now=0) is None                    # nothing new logged
+    with log.open("a") as out:
+        out.write("ERROR: Failed to activate SuperNode.\n")
+    assert diag.after_exit(now=10) is None                   # first refusal: a restart after a crash
+    with log.open("a") as out:
+        out.write("ERROR: Failed to activate SuperNode.\n")
+    why = diag.after_exit(now=120)
+    assert why is not None and "quorum client enroll ward-7" in why and "revoked" in why
+
+
+def test_other_fatal_log_lines_and_a_recovery(tmp_path: Path) -> None:
+    log = tmp_path / "supernode.log"
+    log.write_text("")
+    diag = SupernodeDiagnosis(log)
+    with log.open("a") as out:
+        out.write("ERROR: Failed to activate SuperNode.\n")
+    assert diag.after_exit(now=0) is None
+    with log.open("a") as out:
+        out.write("connection reset, retrying\n")            # a different exit: the refusal clock restarts
+    assert diag.after_exit(now=200) is None and diag.refused_since is None
+    with log.open("a") as out:
+        out.write("OSError: [Errno 98] Address already in use\n")
+    assert "leave --runtime-port unset" in (diag.after_exit(now=201) or "")
+    with log.open("a") as out:
+        out.write("ssl: CERTIFICATE_VERIFY_FAILED\n")
+    assert "copy ca.pem" in (diag.after_exit(now=202) or "")
+
+
+def test_client_start_refuses_a_wrong_ca_in_one_line(tls_server: tuple[str, Path], tmp_path: Path) -> None:
+    server, _ = tls_server
+    other = ensure_tls(tmp_path / "other", ["127.0.0.1"])
+    key = tmp_path / "dev.key"
+    key.write_text("unused: the check fails before the key is read")
+    data = tmp_path / "data.csv"
+    data.write_text("label,x\n0,1\n")
+    done = subprocess.run([sys.executable, "-m", "quorum", "client", "start", "--server", server, "--data", str(data),
+                           "--key", str(key), "--ca", str(other.ca_cert), "--workdir", str(tmp_path / "agent")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    message = " ".join((done.stdout + done.stderr).split())
+    assert "does not verify the aggregator's certificate" in message and "restarting" not in message
