@@ -90,7 +90,7 @@ def central(sc: Scenario, total_steps: int) -> dict[str, float]:
     model = TaskModel.build(task, sc.seed)
     started = time.perf_counter()
     config = TrainConfig(round=1, epochs=1, batch_size=sc.training.batch_size, lr=sc.training.lr, seed=sc.seed)
-    steps = model.train(pooled, config, seed=sc.seed)["steps"]
+    steps = int(model.train(pooled, config, seed=sc.seed)["steps"])
     if steps != total_steps:
         raise SystemExit(f"the central run took {steps} steps, not {total_steps}")
     held_out = task.server_data()

