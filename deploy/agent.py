@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deploy.agent_console import AgentConsole, reply_summary
+
 __all__ = ["AgentSpec", "supernode_argv", "child_args", "run_agent", "serve_tasks", "run_supernode", "main"]
 
 IDLE_SLEEP_S = 3.0       # Flower 1.42's SuperNode: sleep after a pull that found nothing
@@ -230,21 +232,7 @@ def run_task(address: str, token: str, client_app: Any, task_input_s: float = TA
             beats.stop()
             push_task_output(client=client, context=context, sub_status=status, details=details)
             client.close()
-    return f"{status}: {details}" if details else f"{status}{_reply_summary(reply)}"
-
-
-def _reply_summary(reply: Any) -> str:
-    """`` (train, loss 0.412, num-examples 40)``: the kind of message and the numbers it carries back."""
-    if reply is None:
-        return ""
-    kind = str(getattr(getattr(reply, "metadata", None), "message_type", "") or "")
-    numbers = []
-    with contextlib.suppress(Exception):  # a reply is the ClientApp's: show what can be shown
-        for record in reply.content.metric_records.values():
-            numbers += [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in list(record.items())[:4]
-                        if isinstance(v, (int, float))]
-    parts = [p for p in (kind, *numbers[:4]) if p]
-    return f" ({', '.join(parts)})" if parts else ""
+    return f"{status}: {details}" if details else f"{status}{reply_summary(reply)}"
 
 
 def serve_tasks(address: str, poll_s: float, stop: threading.Event | None = None,
@@ -319,35 +307,6 @@ def child_args(spec: AgentSpec) -> dict[str, list[str]]:
     }
 
 
-class _Relay:
-    """Shows the device's owner what its children log that matters: each task's outcome, the connection."""
-
-    def __init__(self, marks: dict[Path, tuple[str, str]], say: Any) -> None:
-        self.marks, self.say = marks, say
-        self.offsets = {path: path.stat().st_size if path.exists() else 0 for path in marks}
-
-    def poll(self) -> None:
-        for path, (mark, template) in self.marks.items():
-            try:
-                with path.open("rb") as handle:
-                    handle.seek(self.offsets[path])
-                    chunk = handle.read(1 << 20)
-            except OSError:
-                continue
-            complete = chunk[: chunk.rfind(b"\n") + 1]  # whole lines only; the rest is read next time
-            self.offsets[path] += len(complete)
-            for line in complete.decode("utf-8", errors="replace").splitlines():
-                if mark in line:
-                    self.say(template.format(line.split(mark, 1)[1].strip()))
-
-
-def _diagnosis(spec: AgentSpec, log: Path) -> Any:
-    """Reads the SuperNode's log from here on (what earlier agents logged is not this one's problem)."""
-    from deploy.preflight import SupernodeDiagnosis
-
-    return SupernodeDiagnosis(log, spec.name, offset=log.stat().st_size if log.exists() else 0)
-
-
 def run_agent(spec: AgentSpec, say: Any = print) -> int:
     """Supervise the SuperNode and the worker until SIGTERM/SIGINT; returns an exit code.
 
@@ -358,9 +317,7 @@ def run_agent(spec: AgentSpec, say: Any = print) -> int:
     env = _child_env()
     env["FLWR_HOME"] = str((spec.workdir / "flwr-home").resolve())
     roles = child_args(spec)
-    diagnosis = _diagnosis(spec, logs / "supernode.log")
-    relay = _Relay({logs / "worker.log": ("quorum-worker: ", "{}"),
-                    logs / "supernode.log": ("SuperNode ID: ", "connected to the aggregator as node {}")}, say)
+    console = AgentConsole(logs, spec.name, say)
     procs = {role: _child(role, args, logs / f"{role}.log", env) for role, args in roles.items()}
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -368,20 +325,14 @@ def run_agent(spec: AgentSpec, say: Any = print) -> int:
     restarts, backoff = 0, 1.0
     try:
         while not stopping.wait(0.5):
-            relay.poll()
+            console.poll()
             for role, proc in procs.items():
                 if proc.poll() is None:
                     continue
                 restarts += 1
-                fatal = diagnosis.after_exit() if role == "supernode" else None
-                if fatal is not None:
-                    say(f"error: {fatal}")
-                    return 3
-                if spec.max_restarts is not None and restarts > spec.max_restarts:
-                    say(f"{role} exited (rc {proc.returncode}); giving up after {spec.max_restarts} restarts")
-                    return 1
-                say(f"{role} exited (rc {proc.returncode}); restarting in {backoff:.0f} s "
-                    f"(see {logs / (role + '.log')})")
+                verdict = console.after_exit(role, proc.returncode, restarts, spec.max_restarts, backoff)
+                if verdict is not None:
+                    return verdict
                 if stopping.wait(backoff):
                     break
                 backoff = min(MAX_BACKOFF_S, backoff * 2)

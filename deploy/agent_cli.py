@@ -106,11 +106,26 @@ def keygen(
           f"({public_key_fingerprint(key.public_openssh)})", flush=True)
 
 
+def _preflight(server: str, ca: Path | None, runtime_port: int | None) -> int:
+    """The checks before joining (docs/deploy.md, section 4); returns the runtime port to use."""
+    from deploy.preflight import PreflightError, check_ca, check_port, free_port
+
+    port = free_port() if runtime_port is None else runtime_port
+    try:
+        if runtime_port is not None:
+            check_port(port)
+        warning = None if ca is None else check_ca(server, ca)
+    except PreflightError as exc:
+        _fail(str(exc))
+    if warning:
+        console.print(f"[yellow]{warning}[/]")
+    return port
+
+
 @app.command()
 def start(
     server: Annotated[str, typer.Option(help="The aggregator's device address, HOST:PORT.")],
-    data: Annotated[Path, typer.Option(help="This device's data: a CSV or NPZ file, or text (a file or a folder "
-                                       "of .txt files) for a language-model task; it never leaves.")],
+    data: Annotated[Path, typer.Option(help="This device's data (CSV, NPZ, or text: a file or a folder); it stays.")],
     key: Annotated[Path | None, typer.Option(help="This device's private key.")] = None,
     ca: Annotated[Path | None, typer.Option(help="The federation's CA certificate (ca.pem).")] = None,
     name: Annotated[str, typer.Option(help="The name this device was enrolled under.")] = "",
@@ -130,7 +145,6 @@ def start(
 ) -> None:
     """(device) Run the client agent: a SuperNode plus a warm ClientApp worker, restarted if they die."""
     from deploy.agent import AgentSpec, run_agent
-    from deploy.preflight import PreflightError, check_ca, check_port, free_port
 
     if not data.exists():
         _fail(f"--data {data}: no such file or folder")
@@ -146,15 +160,7 @@ def start(
         _fail(f"--poll {poll}: between 0.05 and 30 seconds")
     if task_input_timeout <= 0:
         _fail(f"--task-input-timeout {task_input_timeout}: must be a positive number of seconds")
-    port = free_port() if runtime_port is None else runtime_port
-    try:
-        if runtime_port is not None:
-            check_port(port)
-        warning = None if insecure or ca is None else check_ca(server, ca)
-    except PreflightError as exc:
-        _fail(str(exc))
-    if warning:
-        console.print(f"[yellow]{warning}[/]")
+    port = _preflight(server, None if insecure else ca, runtime_port)
     spec = AgentSpec(server=server, data=data, key=key, ca=ca, name=name, runtime_port=port,
                      poll_s=poll, insecure=insecure, workdir=workdir, task_input_s=task_input_timeout,
                      secagg_identity=secagg_identity, secagg_directory=secagg_directory)

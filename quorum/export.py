@@ -78,15 +78,13 @@ def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None
                merged: bool = False) -> Path:
     """Write the global model of ``run_id`` after ``server_round`` (default: the last committed) to ``out``.
 
-    A language-model run (LoRA) writes its adapters in peft's layout instead
-    of the whole model and, with ``merged``, the base with the adapters
-    folded in under ``out/merged``. Returns the manifest's path.
+    A language-model run writes its LoRA adapters (peft's layout; with ``merged``, also ``out/merged``).
+    Returns the manifest's path.
 
     Raises
     ------
     ExportError
-        No such round, a checkpoint that does not fit the run's task, or
-        ``merged`` for a run without adapters.
+        No such round, a checkpoint that does not fit the run's task, or ``merged`` without adapters.
     RunNotFound
         No such run.
     """
@@ -109,17 +107,23 @@ def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None
     out.mkdir(parents=True, exist_ok=True)
     rounds = {r.round: r for r in store.rounds(run.id)}
     manifest = _manifest(scenario, task, model.model, run, state.round, rounds.get(state.round))
+    manifest.update(_write_weights(task, model.model, out, {"format": FORMAT, "run": run.id,
+                                                            "round": str(state.round)}, merged))
     if isinstance(task, LanguageModelTask):
-        manifest.update(task.write_adapters(model.model, out, merged), output={"kind": "text"})
         manifest.pop("model", None)
-    else:
-        tensors = {k: v.detach().contiguous() for k, v in task.serving_module(model.model).state_dict().items()}
-        save_file(tensors, str(out / WEIGHTS), metadata={"format": FORMAT, "run": run.id, "round": str(state.round)})
-        manifest["tensors"] = {k: list(v.shape) for k, v in tensors.items()}
     manifest["sha256"] = _sha256(out / manifest["weights"])
     path = out / MANIFEST
     path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def _write_weights(task: Task, model: nn.Module, out: Path, metadata: dict[str, str], merged: bool) -> dict[str, Any]:
+    """Write the weights (a language model's adapters, else the serving module's state); the manifest's fields."""
+    if isinstance(task, LanguageModelTask):
+        return {**task.write_adapters(model, out, merged), "output": {"kind": "text"}}
+    tensors = {k: v.detach().contiguous() for k, v in task.serving_module(model).state_dict().items()}
+    save_file(tensors, str(out / WEIGHTS), metadata=metadata)
+    return {"tensors": {k: list(v.shape) for k, v in tensors.items()}}
 
 
 def _manifest(scenario: Scenario, task: Task, module: nn.Module, run: Any, server_round: int,

@@ -123,11 +123,11 @@ def test_client_start_refuses_a_wrong_ca_in_one_line(tls_server: tuple[str, Path
 
 
 def test_the_agent_relays_task_outcomes_and_the_connection(tmp_path: Path) -> None:
-    from deploy.agent import _Relay
+    from deploy.agent_console import Relay
     worker, node = tmp_path / "worker.log", tmp_path / "supernode.log"
     worker.write_text("12:00:00 quorum-worker: task 1 completed (before this agent)\n")
     said: list[str] = []
-    relay = _Relay({worker: ("quorum-worker: ", "{}"),
+    relay = Relay({worker: ("quorum-worker: ", "{}"),
                     node: ("SuperNode ID: ", "connected to the aggregator as node {}")}, said.append)
     with worker.open("a") as out:
         out.write("noise\n12:00:01 quorum-worker: task 2 failed: DataError: no column 'label' in 3.1")
@@ -143,9 +143,9 @@ def test_the_agent_relays_task_outcomes_and_the_connection(tmp_path: Path) -> No
 def test_a_reply_is_summarised_by_its_kind_and_numbers() -> None:
     from types import SimpleNamespace
 
-    from deploy.agent import _reply_summary
+    from deploy.agent_console import reply_summary
     metrics = {"train-loss": 0.41234, "num-examples": 40, "note": "x"}
     reply = SimpleNamespace(metadata=SimpleNamespace(message_type="train"),
                             content=SimpleNamespace(metric_records={"metrics": metrics}))
-    assert _reply_summary(reply) == " (train, train-loss 0.4123, num-examples 40)"
-    assert _reply_summary(None) == ""
+    assert reply_summary(reply) == " (train, train-loss 0.4123, num-examples 40)"
+    assert reply_summary(None) == ""

@@ -1,0 +1,84 @@
+"""What a device's owner sees of the agent: each task's outcome, the connection, and setup mistakes.
+
+The agent's children write to their logs (``.quorum-agent/logs/``); the
+console relays the lines that matter (a task's outcome with its reason or
+metrics, the SuperNode's node id once connected), and reads the SuperNode's
+log when it exits to tell a setup mistake (a busy port, a CA that does not
+verify, a refused key) from a transient failure (:mod:`deploy.preflight`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from deploy.preflight import SupernodeDiagnosis
+
+__all__ = ["AgentConsole", "Relay", "reply_summary"]
+
+
+def reply_summary(reply: Any) -> str:
+    """`` (train, loss 0.412, num-examples 40)``: the kind of message and the numbers it carries back."""
+    if reply is None:
+        return ""
+    kind = str(getattr(getattr(reply, "metadata", None), "message_type", "") or "")
+    numbers = []
+    with contextlib.suppress(Exception):  # a reply is the ClientApp's: show what can be shown
+        for record in reply.content.metric_records.values():
+            numbers += [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in list(record.items())[:4]
+                        if isinstance(v, (int, float))]
+    parts = [p for p in (kind, *numbers[:4]) if p]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+
+class Relay:
+    """Shows the device's owner what its children log that matters: each task's outcome, the connection."""
+
+    def __init__(self, marks: dict[Path, tuple[str, str]], say: Any) -> None:
+        self.marks, self.say = marks, say
+        self.offsets = {path: path.stat().st_size if path.exists() else 0 for path in marks}
+
+    def poll(self) -> None:
+        for path, (mark, template) in self.marks.items():
+            try:
+                with path.open("rb") as handle:
+                    handle.seek(self.offsets[path])
+                    chunk = handle.read(1 << 20)
+            except OSError:
+                continue
+            complete = chunk[: chunk.rfind(b"\n") + 1]  # whole lines only; the rest is read next time
+            self.offsets[path] += len(complete)
+            for line in complete.decode("utf-8", errors="replace").splitlines():
+                if mark in line:
+                    self.say(template.format(line.split(mark, 1)[1].strip()))
+
+
+class AgentConsole:
+    """The agent's voice: relayed log lines, and the verdict on each child's exit."""
+
+    def __init__(self, logs: Path, name: str, say: Any) -> None:
+        self.say = say
+        self.relay = Relay({logs / "worker.log": ("quorum-worker: ", "{}"),
+                            logs / "supernode.log": ("SuperNode ID: ", "connected to the aggregator as node {}")},
+                           say)
+        log = logs / "supernode.log"  # read from here on: what earlier agents logged is not this one's problem
+        self.diagnosis = SupernodeDiagnosis(log, name, offset=log.stat().st_size if log.exists() else 0)
+        self.logs = logs
+
+    def poll(self) -> None:
+        self.relay.poll()
+
+    def after_exit(self, role: str, code: int | None, restarts: int, max_restarts: int | None,
+                   backoff: float) -> int | None:
+        """The agent's exit code when ``role``'s exit ends it (said in one line), else ``None`` (restart it)."""
+        fatal = self.diagnosis.after_exit() if role == "supernode" else None
+        if fatal is not None:
+            self.say(f"error: {fatal}")
+            return 3
+        if max_restarts is not None and restarts > max_restarts:
+            self.say(f"{role} exited (rc {code}); giving up after {max_restarts} restarts")
+            return 1
+        self.say(f"{role} exited (rc {code}); restarting in {backoff:.0f} s (see {self.logs / (role + '.log')})")
+        return None
