@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -106,20 +106,21 @@ def keygen(
           f"({public_key_fingerprint(key.public_openssh)})", flush=True)
 
 
-def _preflight(server: str, ca: Path | None, runtime_port: int | None) -> int:
-    """The checks before joining (docs/deploy.md, section 4); returns the runtime port to use."""
-    from deploy.preflight import PreflightError, check_ca, check_port, free_port
+def _preflight(server: str, ca: Path | None, runtime_port: int | None, workdir: Path) -> tuple[int, Any]:
+    """The checks before joining (docs/deploy.md, section 4); the runtime port, and the held workdir lock."""
+    from deploy.preflight import PreflightError, check_ca, check_port, free_port, lock_workdir
 
     port = free_port() if runtime_port is None else runtime_port
     try:
+        lock = lock_workdir(workdir)
         if runtime_port is not None:
             check_port(port)
         warning = None if ca is None else check_ca(server, ca)
     except PreflightError as exc:
         _fail(str(exc))
     if warning:
-        console.print(f"[yellow]{warning}[/]")
-    return port
+        console.print(warning, markup=False, style="yellow")
+    return port, lock
 
 
 @app.command()
@@ -160,10 +161,10 @@ def start(
         _fail(f"--poll {poll}: between 0.05 and 30 seconds")
     if task_input_timeout <= 0:
         _fail(f"--task-input-timeout {task_input_timeout}: must be a positive number of seconds")
-    port = _preflight(server, None if insecure else ca, runtime_port)
+    port, _lock = _preflight(server, None if insecure else ca, runtime_port, workdir)
     spec = AgentSpec(server=server, data=data, key=key, ca=ca, name=name, runtime_port=port,
                      poll_s=poll, insecure=insecure, workdir=workdir, task_input_s=task_input_timeout,
                      secagg_identity=secagg_identity, secagg_directory=secagg_directory)
     print(f"client agent {name or '(unnamed)'}: connecting to {server} (data {data}, logs {workdir / 'logs'})",
           flush=True)
-    raise typer.Exit(run_agent(spec, say=lambda m: console.print(m)))
+    raise typer.Exit(run_agent(spec, say=lambda m: console.print(m, markup=False, highlight=False)))

@@ -22,6 +22,9 @@ def reply_summary(reply: Any) -> str:
     """`` (train, loss 0.412, num-examples 40)``: the kind of message and the numbers it carries back."""
     if reply is None:
         return ""
+    with contextlib.suppress(Exception):
+        if reply.has_error():  # an error reply (e.g. from a mod) is not a completed task
+            return f" (answered with an error: {reply.error.reason})"
     kind = str(getattr(getattr(reply, "metadata", None), "message_type", "") or "")
     numbers = []
     with contextlib.suppress(Exception):  # a reply is the ClientApp's: show what can be shown
@@ -49,6 +52,8 @@ class Relay:
             except OSError:
                 continue
             complete = chunk[: chunk.rfind(b"\n") + 1]  # whole lines only; the rest is read next time
+            if not complete and len(chunk) == 1 << 20:
+                complete = chunk  # a megabyte without a newline (a progress bar): skip it, do not stall
             self.offsets[path] += len(complete)
             for line in complete.decode("utf-8", errors="replace").splitlines():
                 if mark in line:

@@ -121,9 +121,10 @@ def register_key(config: DeployConfig, public_key: Path, name: str) -> int:
     if not out.get("success"):
         why = str(out.get("error-message", out))
         if "already in use" in why.lower():  # Flower keeps every key it ever registered, revoked ones too
-            raise DeployError(f"the SuperLink refused the key: {why}. A key that was enrolled before (a revoked "
-                              "device's) cannot be enrolled again: make a new one on the device (quorum client "
-                              f"keygen NEW.key) and enroll {name} with --public-key NEW.key.pub")
+            raise DeployError(f"the SuperLink refused the key: {why}. This key was enrolled before (now, under "
+                              "another name, or a revoked device's) and cannot be enrolled again: make a new one on "
+                              f"the device (quorum client keygen NEW.key) and enroll {name} with --public-key "
+                              "NEW.key.pub")
         raise DeployError(f"the SuperLink refused the key: {why}")
     return int(out["node-id"])
 

@@ -17,23 +17,49 @@ keeps retrying with its back-off.
 
 from __future__ import annotations
 
+import fcntl
 import socket
 import ssl
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from deploy.errors import DeployError
 
-__all__ = ["PreflightError", "free_port", "check_port", "check_ca", "SupernodeDiagnosis", "ACTIVATION_GRACE_S"]
+__all__ = ["PreflightError", "lock_workdir", "free_port", "check_port", "check_ca", "SupernodeDiagnosis",
+           "ACTIVATION_GRACE_S"]
 
 #: A device restarted right after a crash is refused until the SuperLink drops its old session
 #: (two missed 30 s heartbeats, docs/deploy.md); refusals for longer mean the key itself is refused.
 ACTIVATION_GRACE_S = 90.0
 
 
+#: OpenSSL's X509_V_ERR_CERT_NOT_YET_VALID and X509_V_ERR_CERT_HAS_EXPIRED: time, not the wrong CA.
+_CLOCK_ERRORS = (9, 10)
+
+
 class PreflightError(DeployError):
     """A setup mistake on the device: one line that names the fix."""
+
+
+def lock_workdir(workdir: Path) -> IO[str]:
+    """Hold ``workdir/agent.lock`` for this agent's life: two agents never share logs and Flower state.
+
+    Raises
+    ------
+    PreflightError
+        Another agent holds it.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    handle = (workdir / "agent.lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise PreflightError(f"--workdir {workdir}: another client agent runs there; give this one its own "
+                             "--workdir") from None
+    return handle
 
 
 def free_port() -> int:
@@ -46,11 +72,12 @@ def free_port() -> int:
 def check_port(port: int, option: str = "--runtime-port") -> None:
     """Raise :class:`PreflightError` when ``127.0.0.1:port`` is taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the SuperNode binds: TIME_WAIT is free
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as exc:
             raise PreflightError(f"{option} {port}: the port is in use on 127.0.0.1 ({exc.strerror}; another "
-                                 f"client agent?): leave {option} unset to pick a free port") from None
+                                 f"client agent?): pick another, or leave {option} unset for a free one") from None
 
 
 def _host_port(server: str) -> tuple[str, int]:
@@ -72,9 +99,8 @@ def check_ca(server: str, ca: Path, timeout_s: float = 5.0) -> str | None:
         ``ca`` is no certificate, or does not verify the aggregator's certificate for that host.
     """
     host, port = _host_port(server)
-    context = ssl.create_default_context()
     try:
-        context.load_verify_locations(cafile=str(ca))
+        context = ssl.create_default_context(cafile=str(ca))  # only ca.pem, as the SuperNode trusts only it
     except (ssl.SSLError, OSError) as exc:
         raise PreflightError(f"--ca {ca}: not a PEM certificate ({exc}); copy ca.pem from the aggregator") from None
     try:
@@ -82,6 +108,9 @@ def check_ca(server: str, ca: Path, timeout_s: float = 5.0) -> str | None:
                 context.wrap_socket(raw, server_hostname=host):
             return None
     except ssl.SSLCertVerificationError as exc:
+        if exc.verify_code in _CLOCK_ERRORS:  # a device clock not yet synced, or a certificate to renew
+            return (f"the aggregator's certificate at {server} is {exc.verify_message}: check this device's "
+                    "clock (NTP), or renew the aggregator's certificate; the agent keeps trying")
         raise PreflightError(
             f"--ca {ca} does not verify the aggregator's certificate at {server} ({exc.verify_message}): copy "
             "ca.pem from the aggregator and check its fingerprint against the one `quorum aggregator start` "
@@ -112,8 +141,8 @@ class SupernodeDiagnosis:
             return None
         if "address already in use" in text.lower():
             return ("a local port of the SuperNode is in use (another client agent on this machine?): "
-                    "leave --runtime-port unset to pick a free one")
-        if "CERTIFICATE_VERIFY_FAILED" in text:
+                    "pick another --runtime-port, or leave it unset for a free one")
+        if "CERTIFICATE_VERIFY_FAILED" in text and "expired" not in text and "not yet valid" not in text:
             return "the aggregator's certificate does not verify against --ca: copy ca.pem from the aggregator"
         if "Failed to activate SuperNode" not in text:
             self.refused_since = None
@@ -123,5 +152,6 @@ class SupernodeDiagnosis:
             return None
         who = self.name or "NAME"
         return (f"the aggregator refuses this device's key (for {now - self.refused_since:.0f} s): it is not "
-                f"enrolled, or it was revoked. On the aggregator: quorum client enroll {who} --public-key "
+                "enrolled, it was revoked, or another SuperNode with this key is still connected (an old agent, "
+                f"a cloned device). To enroll it, on the aggregator: quorum client enroll {who} --public-key "
                 "<this key's .pub>; a revoked device needs a new key first (quorum client keygen NEW.key)")

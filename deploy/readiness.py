@@ -27,16 +27,16 @@ __all__ = ["Fleet", "fleet", "shortfall", "await_devices"]
 class Fleet:
     """The devices the aggregator knows: how many are enrolled, and which are online (by name)."""
 
-    enrolled: int
+    enrolled: int               # registered with the SuperLink (or in this host's registry, whichever is more)
     online: tuple[str, ...]
 
 
 def fleet(config: DeployConfig) -> Fleet:
     """The SuperLink's view now (a device enrolled elsewhere shows as its node id)."""
-    names = device_names(config)
-    online = tuple(sorted(names.get(int(n["node-id"]), str(n["node-id"])) for n in list_nodes(config)
+    names, nodes = device_names(config), list_nodes(config)
+    online = tuple(sorted(names.get(int(n["node-id"]), str(n["node-id"])) for n in nodes
                           if n.get("status") == "online"))
-    return Fleet(len(names), online)
+    return Fleet(max(len(names), len(nodes)), online)
 
 
 def shortfall(scenario: Scenario, devices: Fleet, insecure: bool) -> str | None:
@@ -78,7 +78,11 @@ def await_devices(config: DeployConfig, scenario: Scenario, say: Callable[[str],
             say(f"{shown} of {scenario.federation.min_clients} devices online; waiting up to "
                 f"{max(0.0, deadline - time.monotonic()):.0f} s more")
         time.sleep(poll_s)
-        devices = fleet(config)
+        try:
+            devices = fleet(config)
+        except DeployError as exc:  # the SuperLink restarting: keep the last view and ask again
+            say(f"cannot list devices right now ({exc}); asking again")
+            continue
         why = shortfall(scenario, devices, insecure)
     if len(devices.online) < scenario.federation.clients:
         say(f"{len(devices.online)} of the {scenario.federation.clients} clients online "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,9 @@ def serverapp_pids(config: DeployConfig, flower_run: int) -> list[int]:
             entry = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # being written or removed
-        if entry.get("flower_run") == flower_run and _alive(int(entry.get("pid", 0))):
-            pids.append(int(entry["pid"]))
+        pid = int(entry.get("pid", 0)) if isinstance(entry.get("pid"), int) else 0
+        if entry.get("flower_run") == flower_run and _alive(pid) and "serverapp" in " ".join(_command(pid)):
+            pids.append(pid)  # not a zombie (no arguments) or a reused pid (another program)
     return pids
 
 
@@ -62,6 +64,7 @@ class ServerAppWatch:
         if serverapp_pids(self.config, self.flower_run):
             self.seen, self.gone_at = True, None
             return None
+        self.seen = self.seen or log.exists()  # it started (and left its log) between two looks
         if not self.seen:
             if now - self.started > START_GRACE_S:
                 return f"no ServerApp started within {START_GRACE_S:g} s (see {log.parent / 'superlink.log'})"
@@ -86,8 +89,8 @@ def _last_error(log: Path) -> str:
 def stop_aggregator(config: DeployConfig, timeout_s: float = 60.0, poll_s: float = 0.2) -> int:
     """SIGTERM the aggregator this config's state folder names, and wait until it is gone; returns its pid.
 
-    It stops its own children (SuperLink, front door, dashboard, ServerApps); a run in progress is
-    resumed by the next ``aggregator start``.
+    It stops its own children (SuperLink, front door, dashboard); a ServerApp that Flower started ends on
+    its own soon after, and a run in progress is resumed by the next ``aggregator start``.
 
     Raises
     ------
@@ -101,19 +104,34 @@ def stop_aggregator(config: DeployConfig, timeout_s: float = 60.0, poll_s: float
         raise DeployError(f"no aggregator running here ({path} is missing or unreadable)") from None
     if not _alive(pid):
         raise DeployError(f"no aggregator running here (pid {pid} in {path} has exited)")
+    words = _command(pid)
+    if not any(a == "aggregator" and b == "start" for a, b in zip(words, words[1:], strict=False)):
+        raise DeployError(f"pid {pid} in {path} is not `quorum aggregator start` ({' '.join(words)[:80]!r}); "
+                          "not stopping it")
     try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-    except OSError:
-        command = b"aggregator"  # no /proc: trust the pid file
-    if b"aggregator" not in command:
-        raise DeployError(f"pid {pid} in {path} is not a Quorum aggregator ({command[:80]!r}); not stopping it")
-    os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
+    except PermissionError:
+        raise DeployError(f"aggregator pid {pid} belongs to another user; stop it as that user") from None
     deadline = time.monotonic() + timeout_s
     while _alive(pid):
         if time.monotonic() >= deadline:
             raise DeployError(f"aggregator pid {pid} did not stop within {timeout_s:g} s; kill -9 {pid} ends it")
         time.sleep(poll_s)
     return pid
+
+
+def _command(pid: int) -> list[str]:
+    """A process's arguments (``/proc``, else ``ps``); empty for a zombie or a process that is gone."""
+    try:
+        return [w.decode(errors="replace") for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
+    except OSError:
+        pass
+    try:
+        done = subprocess.run(["ps", "-p", str(pid), "-o", "command="], capture_output=True, text=True, timeout=10,
+                              check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return done.stdout.split()
 
 
 def _alive(pid: int) -> bool:

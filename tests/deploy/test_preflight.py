@@ -101,7 +101,7 @@ def test_other_fatal_log_lines_and_a_recovery(tmp_path: Path) -> None:
     assert diag.after_exit(now=200) is None and diag.refused_since is None
     with log.open("a") as out:
         out.write("OSError: [Errno 98] Address already in use\n")
-    assert "leave --runtime-port unset" in (diag.after_exit(now=201) or "")
+    assert "pick another --runtime-port" in (diag.after_exit(now=201) or "")
     with log.open("a") as out:
         out.write("ssl: CERTIFICATE_VERIFY_FAILED\n")
     assert "copy ca.pem" in (diag.after_exit(now=202) or "")
@@ -149,3 +149,23 @@ def test_a_reply_is_summarised_by_its_kind_and_numbers() -> None:
                             content=SimpleNamespace(metric_records={"metrics": metrics}))
     assert reply_summary(reply) == " (train, train-loss 0.4123, num-examples 40)"
     assert reply_summary(None) == ""
+
+
+def test_one_workdir_one_agent(tmp_path: Path) -> None:
+    from deploy.preflight import lock_workdir
+    held = lock_workdir(tmp_path / "agent")
+    try:
+        with pytest.raises(PreflightError, match="another client agent runs there"):
+            lock_workdir(tmp_path / "agent")
+        lock_workdir(tmp_path / "other").close()
+    finally:
+        held.close()
+    lock_workdir(tmp_path / "agent").close()  # free again once the first agent is gone
+
+
+def test_an_error_reply_is_not_shown_as_a_completed_task() -> None:
+    from types import SimpleNamespace
+
+    from deploy.agent_console import reply_summary
+    reply = SimpleNamespace(has_error=lambda: True, error=SimpleNamespace(reason="secagg: stage timed out"))
+    assert reply_summary(reply) == " (answered with an error: secagg: stage timed out)"

@@ -95,13 +95,18 @@ def test_wait_notices_a_serverapp_that_died_without_a_run(tmp_path: Path, monkey
     cfg = config(tmp_path)
     folder = cfg.state.root / "serverapps"
     folder.mkdir(parents=True)
-    pidfile = folder / f"{os.getpid()}.json"
-    pidfile.write_text(json.dumps({"pid": os.getpid(), "flower_run": 5}))
+    app = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "flwr-serverapp"])
+    threading.Thread(target=app.wait, daemon=True).start()
+    pidfile = folder / f"{app.pid}.json"
+    pidfile.write_text(json.dumps({"pid": app.pid, "flower_run": 5}))
+    (folder / f"{os.getpid()}.json").write_text(json.dumps({"pid": os.getpid(), "flower_run": 5}))  # not one
     (cfg.state.root / "logs").mkdir()
     (cfg.state.root / "logs" / "serverapp-5.log").write_text("start\nDeployError: the scenario is bad\n")
     monkeypatch.setattr(status, "EXIT_GRACE_S", 0.0)
     watch = ServerAppWatch(cfg, 5)
     assert watch.dead() is None          # running: it may still open its run
+    assert status.serverapp_pids(cfg, 5) == [app.pid]  # this test's own process is no ServerApp
+    app.kill()
     pidfile.unlink()
     watch.dead()                          # gone: noted
     why = watch.dead()
@@ -114,12 +119,12 @@ def test_a_run_whose_serverapp_never_starts_is_called_dead(tmp_path: Path, monke
     assert why is not None and "no ServerApp started" in why
 
 
-def _fake_aggregator(tmp_path: Path, argv_word: str) -> subprocess.Popen:
+def _fake_aggregator(tmp_path: Path, *argv_words: str) -> subprocess.Popen:
     """A process that looks like ``quorum aggregator start`` (or not) and exits on SIGTERM."""
     script = tmp_path / "fake.py"
     script.write_text("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
                       "print('up', flush=True)\ntime.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, str(script), argv_word], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script), *argv_words], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
     proc.stdout.close()
     threading.Thread(target=proc.wait, daemon=True).start()  # reap it, so that it does not linger as a zombie
@@ -128,7 +133,7 @@ def _fake_aggregator(tmp_path: Path, argv_word: str) -> subprocess.Popen:
 
 def test_stop_ends_the_aggregator_named_by_the_pid_file(tmp_path: Path) -> None:
     cfg = config(tmp_path)
-    proc = _fake_aggregator(tmp_path, "aggregator")
+    proc = _fake_aggregator(tmp_path, "aggregator", "start")
     try:
         cfg.state.pidfile.parent.mkdir(parents=True, exist_ok=True)
         cfg.state.pidfile.write_text(json.dumps({"pid": proc.pid}))
@@ -144,12 +149,29 @@ def test_stop_refuses_a_pid_file_naming_another_program(tmp_path: Path) -> None:
     cfg = config(tmp_path)
     with pytest.raises(DeployError, match="no aggregator running here"):
         status.stop_aggregator(cfg)
-    proc = _fake_aggregator(tmp_path, "something-else")
+    proc = _fake_aggregator(tmp_path, "aggregator", "run", "--wait")  # a pid reused by another command
     try:
         cfg.state.pidfile.parent.mkdir(parents=True, exist_ok=True)
         cfg.state.pidfile.write_text(json.dumps({"pid": proc.pid}))
-        with pytest.raises(DeployError, match="is not a Quorum aggregator"):
+        with pytest.raises(DeployError, match="is not `quorum aggregator start`"):
             status.stop_aggregator(cfg)
         assert proc.poll() is None  # left alone
     finally:
         proc.kill()
+
+
+def test_the_wait_survives_a_superlink_that_cannot_list_devices_for_a_moment(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Path) -> None:
+    answers: list[object] = [Fleet(5, ("a",)), DeployError("cannot list nodes: connection refused"),
+                             Fleet(5, ("a", "b", "c"))]
+
+    def fleet(_config: object) -> Fleet:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(readiness, "fleet", fleet)
+    said: list[str] = []
+    assert await_devices(config(tmp_path, wait_s=30), SCENARIO, say=said.append, poll_s=0.0).online == ("a", "b", "c")
+    assert any("asking again" in m for m in said)
