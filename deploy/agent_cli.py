@@ -106,9 +106,10 @@ def keygen(
           f"({public_key_fingerprint(key.public_openssh)})", flush=True)
 
 
-def _preflight(server: str, ca: Path | None, runtime_port: int | None, workdir: Path) -> tuple[int, Any]:
+def _preflight(server: str, ca: Path | None, runtime_port: int | None, workdir: Path,
+               data: Path) -> tuple[int, Any]:
     """The checks before joining (docs/deploy.md, section 4); the runtime port, and the held workdir lock."""
-    from deploy.preflight import PreflightError, check_ca, check_port, free_port, lock_workdir
+    from deploy.preflight import PreflightError, check_ca, check_data, check_port, free_port, lock_workdir
 
     port = free_port() if runtime_port is None else runtime_port
     try:
@@ -118,8 +119,8 @@ def _preflight(server: str, ca: Path | None, runtime_port: int | None, workdir: 
         warning = None if ca is None else check_ca(server, ca)
     except PreflightError as exc:
         _fail(str(exc))
-    if warning:
-        console.print(warning, markup=False, style="yellow")
+    for line in ([warning] if warning else []) + check_data(data):
+        console.print(f"warning: {line}", markup=False, style="yellow")
     return port, lock
 
 
@@ -161,7 +162,7 @@ def start(
         _fail(f"--poll {poll}: between 0.05 and 30 seconds")
     if task_input_timeout <= 0:
         _fail(f"--task-input-timeout {task_input_timeout}: must be a positive number of seconds")
-    port, _lock = _preflight(server, None if insecure else ca, runtime_port, workdir)
+    port, _lock = _preflight(server, None if insecure else ca, runtime_port, workdir, data)
     spec = AgentSpec(server=server, data=data, key=key, ca=ca, name=name, runtime_port=port,
                      poll_s=poll, insecure=insecure, workdir=workdir, task_input_s=task_input_timeout,
                      secagg_identity=secagg_identity, secagg_directory=secagg_directory)

@@ -12,11 +12,14 @@ the fix, and the agent exits non-zero instead of looping:
   crash can explain.
 
 An aggregator that cannot be reached is not a mistake: the agent says so and
-keeps retrying with its back-off.
+keeps retrying with its back-off. A data file the built-in tasks would trip
+on (no ``label`` column, unscaled features) is a warning at start, not a
+refusal: a task of the user's own may read it differently.
 """
 
 from __future__ import annotations
 
+import csv
 import fcntl
 import socket
 import ssl
@@ -25,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import numpy as np
+
 from deploy.errors import DeployError
 
-__all__ = ["PreflightError", "lock_workdir", "free_port", "check_port", "check_ca", "SupernodeDiagnosis",
+__all__ = ["PreflightError", "check_data", "lock_workdir", "free_port", "check_port", "check_ca", "SupernodeDiagnosis",
            "ACTIVATION_GRACE_S"]
 
 #: A device restarted right after a crash is refused until the SuperLink drops its old session
@@ -155,3 +160,46 @@ class SupernodeDiagnosis:
                 "enrolled, it was revoked, or another SuperNode with this key is still connected (an old agent, "
                 f"a cloned device). To enroll it, on the aggregator: quorum client enroll {who} --public-key "
                 "<this key's .pub>; a revoked device needs a new key first (quorum client keygen NEW.key)")
+
+
+#: A feature beyond this magnitude is almost certainly unscaled (raw 0-255 pixels, raw incomes, ...).
+UNSCALED_ABOVE = 50.0
+
+
+def check_data(path: Path, label_column: str = "label", sample_rows: int = 2000) -> list[str]:
+    """Warnings about a device's data file that the built-in tasks would trip on, each naming the fix.
+
+    Looks at a CSV's header and first ``sample_rows`` rows, or an NPZ's arrays;
+    text (a ``.txt`` file or a folder) is left to its task. Never fatal: a task
+    of the user's own may read other columns.
+    """
+    suffix = path.suffix.lower()
+    if path.is_dir() or suffix not in (".csv", ".npz"):
+        return []
+    try:
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as arrays:
+                if "x" not in arrays or "y" not in arrays:
+                    return [f"--data {path}: an NPZ needs arrays 'x' and 'y' (has: {', '.join(arrays.files)[:80]})"]
+                features = np.asarray(arrays["x"][:sample_rows], dtype=np.float64).reshape(-1)
+            return _scale_warning(path, features, "x")
+        with path.open(encoding="utf-8") as handle:
+            header = next(csv.reader([handle.readline()]), [])
+            rows = np.loadtxt(handle, delimiter=",", max_rows=sample_rows, ndmin=2)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        return [f"--data {path}: cannot be read as {suffix[1:].upper()} ({str(exc)[:120]})"]
+    names = [h.strip() for h in header]
+    if label_column not in names:
+        shown = ", ".join(names[:5]) + (f", ... ({len(names)} columns)" if len(names) > 5 else "")
+        return [f"--data {path}: no '{label_column}' column (it has {shown}): name the label column "
+                f"'{label_column}', or set [data] label_column in the scenario"]
+    keep = [i for i, n in enumerate(names) if n != label_column and i < rows.shape[1]]
+    return _scale_warning(path, rows[:, keep].reshape(-1), "features")
+
+
+def _scale_warning(path: Path, values: np.ndarray, what: str) -> list[str]:
+    finite = values[np.isfinite(values)]
+    if finite.size and float(np.abs(finite).max()) > UNSCALED_ABOVE:
+        return [f"--data {path}: {what} reach {float(np.abs(finite).max()):g}: scale them to about unit size "
+                "(divide pixels by 255, standardise other columns), or training diverges"]
+    return []

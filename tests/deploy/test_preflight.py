@@ -169,3 +169,26 @@ def test_an_error_reply_is_not_shown_as_a_completed_task() -> None:
     from deploy.agent_console import reply_summary
     reply = SimpleNamespace(has_error=lambda: True, error=SimpleNamespace(reason="secagg: stage timed out"))
     assert reply_summary(reply) == " (answered with an error: secagg: stage timed out)"
+
+
+def test_a_data_file_the_builtin_tasks_would_trip_on_is_named(tmp_path: Path) -> None:
+    import numpy as np
+
+    from deploy.preflight import check_data
+    header = ",".join(["target"] + [f"pixel{i}" for i in range(784)])
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text(header + "\n" + ",".join(["3"] + ["0"] * 784) + "\n")
+    [message] = check_data(wrong)
+    assert "no 'label' column (it has target, pixel0, pixel1, pixel2, pixel3, ... (785 columns))" in message
+    assert "pixel700" not in message                          # never the whole column list
+    raw = tmp_path / "raw.csv"
+    raw.write_text("label,a,b\n1,0,255\n0,12,3\n")
+    [message] = check_data(raw)
+    assert "features reach 255: scale them" in message
+    scaled = tmp_path / "scaled.csv"
+    scaled.write_text("label,a,b\n1,0.1,-1.5\n0,2,3\n")
+    assert check_data(scaled) == [] and check_data(tmp_path) == []  # a folder (text) is its task's business
+    np.savez(tmp_path / "bad.npz", features=np.zeros((2, 2)))
+    assert "needs arrays 'x' and 'y'" in check_data(tmp_path / "bad.npz")[0]
+    (tmp_path / "bin.csv").write_bytes(b"label,a\n\xff\xfe,1\n")
+    assert "cannot be read as CSV" in check_data(tmp_path / "bin.csv")[0]
