@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deploy.agent_console import AgentConsole, reply_summary
+from deploy.agent_console import AgentConsole, public_reason, reply_summary
 
 __all__ = ["AgentSpec", "supernode_argv", "child_args", "run_agent", "serve_tasks", "run_supernode", "main"]
 
@@ -215,13 +215,13 @@ def run_task(address: str, token: str, client_app: Any, task_input_s: float = TA
     beats = _heartbeat(client)
     beats.start()
     message = context = reply = None
-    status, details = SubStatus.FAILED, "ClientApp task failed"
+    status, details, local = SubStatus.FAILED, "ClientApp task failed", ""
     try:
         message, context = _pull_task_input(client, task_input_s)
         reply = client_app(message=message, context=context)
         status, details = SubStatus.COMPLETED, ""
     except Exception as exc:
-        details = f"{type(exc).__name__}: {exc}"
+        details, local = public_reason(exc), f"{type(exc).__name__}: {exc}"  # the aggregator gets no paths
         if message is not None:
             reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=details), reply_to=message)
     finally:
@@ -232,7 +232,7 @@ def run_task(address: str, token: str, client_app: Any, task_input_s: float = TA
             beats.stop()
             push_task_output(client=client, context=context, sub_status=status, details=details)
             client.close()
-    return f"{status}: {details}" if details else f"{status}{reply_summary(reply)}"
+    return f"{status}: {local or details}" if details else f"{status}{reply_summary(reply)}"
 
 
 def serve_tasks(address: str, poll_s: float, stop: threading.Event | None = None,

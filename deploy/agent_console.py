@@ -10,12 +10,25 @@ verify, a refused key) from a transient failure (:mod:`deploy.preflight`).
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 from typing import Any
 
 from deploy.preflight import SupernodeDiagnosis
 
-__all__ = ["AgentConsole", "Relay", "reply_summary"]
+__all__ = ["AgentConsole", "Relay", "reply_summary", "public_reason"]
+
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.~-]*[/\\])+[\w.-]*")
+
+
+def public_reason(exc: BaseException, limit: int = 200) -> str:
+    """What a failed task tells the aggregator: the error's type and a short message, never the device's
+    file paths or its data's column lists (the device's own console and log keep the whole message)."""
+    text = _PATH.sub("<path>", str(exc))
+    parts = text.split(",")
+    if len(parts) > 6:
+        text = ",".join(parts[:4]) + ", ..."
+    return f"{type(exc).__name__}: {text}"[:limit]
 
 
 def reply_summary(reply: Any) -> str:

@@ -192,3 +192,15 @@ def test_a_data_file_the_builtin_tasks_would_trip_on_is_named(tmp_path: Path) ->
     assert "needs arrays 'x' and 'y'" in check_data(tmp_path / "bad.npz")[0]
     (tmp_path / "bin.csv").write_bytes(b"label,a\n\xff\xfe,1\n")
     assert "cannot be read as CSV" in check_data(tmp_path / "bin.csv")[0]
+
+
+@pytest.mark.parametrize(("error", "public"), [
+    (ValueError("/home/ana/ward7/local.csv: no column 'label' (columns: target, p0, p1, p2, p3, p4, p5, p6)"),
+     "ValueError: <path>: no column 'label' (columns: target, p0, p1, p2, ..."),
+    (OSError("C:\\\\Users\\\\ana\\\\data.csv not found"), "OSError: <path> not found"),
+    (KeyError("x"), "KeyError: 'x'"),
+])
+def test_a_failed_task_tells_the_aggregator_no_paths_or_column_lists(error: Exception, public: str) -> None:
+    from deploy.agent_console import public_reason
+    assert public_reason(error) == public
+    assert len(public_reason(ValueError("x" * 1000))) == 200
