@@ -169,3 +169,26 @@ def start(
     print(f"client agent {name or '(unnamed)'}: connecting to {server} (data {data}, logs {workdir / 'logs'})",
           flush=True)
     raise typer.Exit(run_agent(spec, say=lambda m: console.print(m, markup=False, highlight=False)))
+
+
+@app.command(name="status")
+def agent_status(
+    workdir: Annotated[Path, typer.Option(help="The agent's folder (as given to `client start`).")]
+    = Path(".quorum-agent"),
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """(device) Is this device's agent running, which node is it, and how did its last tasks end."""
+    import json
+
+    from deploy.agent_console import agent_report
+
+    report = agent_report(workdir)
+    if json_out:
+        print(json.dumps(report), flush=True)
+        return
+    running = report["running"]
+    console.print(f"agent {'running (pid ' + str(running) + ')' if running else 'not running'} in {workdir}",
+                  markup=False)
+    console.print(f"node id: {report['node_id'] or 'not connected yet'}", markup=False)
+    for line in report["tasks"] or ["no task yet"]:
+        console.print(f"  {line}", markup=False)

@@ -16,7 +16,7 @@ from typing import Any
 
 from deploy.preflight import SupernodeDiagnosis
 
-__all__ = ["AgentConsole", "Relay", "reply_summary", "public_reason"]
+__all__ = ["AgentConsole", "Relay", "reply_summary", "public_reason", "agent_report"]
 
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.~-]*[/\\])+[\w.-]*")
 
@@ -100,3 +100,26 @@ class AgentConsole:
             return 1
         self.say(f"{role} exited (rc {code}); restarting in {backoff:.0f} s (see {self.logs / (role + '.log')})")
         return None
+
+
+def agent_report(workdir: Path, tasks: int = 10) -> dict[str, Any]:
+    """What ``quorum client status`` shows: is the agent running, its node id, its last tasks' outcomes."""
+    from deploy.preflight import agent_running
+
+    logs = workdir / "logs"
+    node = _last_after(logs / "supernode.log", "SuperNode ID: ", 1)
+    return {"workdir": str(workdir), "running": agent_running(workdir),
+            "node_id": node[0] if node else None,
+            "tasks": _last_after(logs / "worker.log", "quorum-worker: ", tasks)}
+
+
+def _last_after(path: Path, mark: str, count: int) -> list[str]:
+    """The text after ``mark`` on the last ``count`` lines of ``path`` that hold it (the last MB read)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - (1 << 20)))
+            lines = handle.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    found = [line.split(mark, 1)[1].strip() for line in lines if mark in line]
+    return found[-count:]

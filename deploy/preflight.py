@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import os
 import socket
 import ssl
 import time
@@ -32,8 +33,8 @@ import numpy as np
 
 from deploy.errors import DeployError
 
-__all__ = ["PreflightError", "check_data", "lock_workdir", "free_port", "check_port", "check_ca", "SupernodeDiagnosis",
-           "ACTIVATION_GRACE_S"]
+__all__ = ["PreflightError", "check_data", "lock_workdir", "agent_running", "free_port", "check_port", "check_ca",
+           "SupernodeDiagnosis", "ACTIVATION_GRACE_S"]
 
 #: A device restarted right after a crash is refused until the SuperLink drops its old session
 #: (two missed 30 s heartbeats, docs/deploy.md); refusals for longer mean the key itself is refused.
@@ -64,7 +65,27 @@ def lock_workdir(workdir: Path) -> IO[str]:
         handle.close()
         raise PreflightError(f"--workdir {workdir}: another client agent runs there; give this one its own "
                              "--workdir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")  # for `quorum client status`
+    handle.flush()
     return handle
+
+
+def agent_running(workdir: Path) -> int | None:
+    """The pid of the agent that holds ``workdir``'s lock, or ``None`` when none does."""
+    path = workdir / "agent.lock"
+    if not path.exists():
+        return None
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            text = handle.read().strip()
+            return int(text) if text.isdigit() else 0
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
 
 
 def free_port() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import subprocess
@@ -204,3 +205,22 @@ def test_a_failed_task_tells_the_aggregator_no_paths_or_column_lists(error: Exce
     from deploy.agent_console import public_reason
     assert public_reason(error) == public
     assert len(public_reason(ValueError("x" * 1000))) == 200
+
+
+def test_client_status_reports_the_agent_its_node_and_its_last_tasks(tmp_path: Path) -> None:
+    from deploy.agent_console import agent_report
+    from deploy.preflight import lock_workdir
+    workdir = tmp_path / "agent"
+    assert agent_report(workdir) == {"workdir": str(workdir), "running": None, "node_id": None, "tasks": []}
+    (workdir / "logs").mkdir(parents=True)
+    (workdir / "logs" / "supernode.log").write_text("INFO : SuperNode ID: 11\nINFO : SuperNode ID: 12\n")
+    (workdir / "logs" / "worker.log").write_text(
+        "".join(f"12:00:0{i} quorum-worker: task {i} completed (train)\n" for i in range(3)))
+    held = lock_workdir(workdir)
+    try:
+        report = agent_report(workdir, tasks=2)
+    finally:
+        held.close()
+    assert report["running"] == os.getpid() and report["node_id"] == "12"
+    assert report["tasks"] == ["task 1 completed (train)", "task 2 completed (train)"]
+    assert agent_report(workdir)["running"] is None
