@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,7 @@ class _Shared:
 
 
 _SHARED: dict[int, _Shared] = {}  # by id(scenario): scenario_from_run_config keeps the object alive
-_DEVICE_DATA: dict[tuple[int, str], LocalData] = {}  # a device's own file, read once per scenario and process
+_DEVICE_DATA: dict[tuple[int, str, tuple[int, int]], LocalData] = {}  # a device's own file, read again if it changes
 
 #: Where a node keeps its copies of the model's buffers (``context.state``): running statistics
 #: and the like are the node's own, as they were when every node had a model of its own.
@@ -91,11 +92,27 @@ def _runtime(context: Context) -> _Runtime:
 def _node_data(task: Task, scenario: Scenario, node: dict[str, Any]) -> LocalData:
     """The task's data for this node: a device's own file, or a simulated partition."""
     if "data-path" in node:
-        key = (id(scenario), str(node["data-path"]))
+        path = str(node["data-path"])
+        key = (id(scenario), path, _version(path))
         if key not in _DEVICE_DATA:
-            _DEVICE_DATA[key] = task.device_data(key[1])
+            for old in [k for k in _DEVICE_DATA if k[:2] == key[:2]]:
+                del _DEVICE_DATA[old]  # the file changed: its old contents go
+            _DEVICE_DATA[key] = task.device_data(path)
         return _DEVICE_DATA[key]
     return task.partition(int(node["partition-id"]))
+
+
+def _version(path: str) -> tuple[int, int]:
+    """When and how big the device's data last was: an edited file is read again at the next task.
+
+    A folder (a language-model device's text) counts its newest file.
+    """
+    try:
+        where = Path(path)
+        stats = [where.stat()] + ([f.stat() for f in where.iterdir()] if where.is_dir() else [])
+    except OSError:
+        return (0, 0)  # gone: the task's own read reports it
+    return (max(s.st_mtime_ns for s in stats), sum(s.st_size for s in stats))
 
 
 def _own_buffers(model: TaskModel) -> dict[str, np.ndarray]:
