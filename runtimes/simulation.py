@@ -56,6 +56,10 @@ def simulate(scenario: Scenario, *, db_url: str, engine: str = "inprocess",
     ``ray_address`` (Ray engine): a running Ray cluster to join instead of starting one.
     """
     started = time.monotonic()
+    if scenario.data.dataset == "file" and not scenario.data.path and not scenario.task.entry:
+        raise ScenarioError(f"{scenario.name}: data.dataset = \"file\" without data.path: the data live on the "
+                            "devices alone, so this scenario is deployed (quorum aggregator run), not simulated; "
+                            "set data.path to a file to simulate it")
     if scenario.asynchronous.enabled and scenario.asynchronous.clock == "virtual" and engine != "inprocess":
         raise ScenarioError(f"{scenario.name}: async.clock = \"virtual\" simulates device speeds on the in-process "
                             f"engine only, not engine {engine!r}; set async.clock = \"wall\" to run in real time")

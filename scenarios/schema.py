@@ -52,6 +52,10 @@ class DataSpec:
     synthetic_beta: float = 1.0
     path: str = ""
     label_column: str = "label"
+    # dataset = "file" without path: no data on the aggregator; every device's file has `features` columns
+    # besides the label and labels 0 .. classes - 1 (the model is built from these)
+    features: int = 0
+    classes: int = 0
 
     def _check(self) -> None:
         positive("alpha", self.alpha)
@@ -67,8 +71,13 @@ class DataSpec:
         fraction("client_test_fraction", self.client_test_fraction, allow_zero=True, allow_one=False)
         non_negative("synthetic_alpha", self.synthetic_alpha)
         non_negative("synthetic_beta", self.synthetic_beta)
-        if self.dataset == "file" and not self.path:
-            raise Bad("path", self.path, "is required when dataset = 'file'")
+        non_negative("features", self.features)
+        at_most("features", self.features, 10_000_000)
+        non_negative("classes", self.classes)
+        at_most("classes", self.classes, 100_000)
+        if self.dataset == "file" and not self.path and not (self.features and self.classes > 1):
+            raise Bad("path", self.path, "is required when dataset = 'file', unless data.features and data.classes "
+                      "(at least 2) describe the devices' own files: then the aggregator needs no data")
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
 from torch import nn
 
 from core.messages import TrainConfig
 from learning.datasets import ArrayDataset, ClientData, Federation, load_client_data
+from learning.errors import DataError
 from learning.federation import cached_federation
 from learning.models import build_model
 from learning.task import Metrics, NoOptions, Task
@@ -37,8 +39,24 @@ class ClassificationTask(Task):
     def _federation(self) -> Federation:
         return cached_federation(self.scenario)
 
+    @property
+    def devices_only(self) -> bool:
+        """``dataset = "file"`` without a ``path``: the data live on the devices alone."""
+        return self.scenario.data.dataset == "file" and not self.scenario.data.path
+
+    @property
+    def input_shape(self) -> tuple[int, ...] | None:
+        return (self.scenario.data.features,) if self.devices_only else None
+
+    @property
+    def num_classes(self) -> int | None:
+        return self.scenario.data.classes if self.devices_only else None
+
     def build_model(self, seed: int) -> nn.Module:
-        if self._device_shape is not None:
+        shape: tuple[int, ...]
+        if self.devices_only:
+            shape, classes = (self.scenario.data.features,), self.scenario.data.classes
+        elif self._device_shape is not None:
             shape, classes = self._device_shape
         else:
             fed = self._federation()
@@ -46,6 +64,9 @@ class ClassificationTask(Task):
         return build_model(self.scenario.model.name, shape, classes, seed=seed)
 
     def partition(self, partition_id: int) -> ClientData:
+        if self.devices_only:
+            raise DataError("dataset = 'file' without data.path has no simulated clients: each deployed device "
+                            "trains on its own file (quorum client start --data FILE)")
         fed = self._federation()
         return fed.clients[partition_id % len(fed.clients)]
 
@@ -59,12 +80,14 @@ class ClassificationTask(Task):
         spec = self.scenario.data
         data = load_client_data(path, label_column=spec.label_column, test_fraction=spec.client_test_fraction,
                                 seed=self.scenario.seed)
-        if spec.dataset == "file":
+        if self.devices_only:
+            _check_device_file(path, data, spec.features, spec.classes)
+        elif spec.dataset == "file":
             self._device_shape = (tuple(data.train.x.shape[1:]), int(data.train.y.max()) + 1)
         return data
 
     def server_data(self) -> ArrayDataset | None:
-        return self._federation().test
+        return None if self.devices_only else self._federation().test
 
     def train(self, model: nn.Module, data: ArrayDataset, config: TrainConfig, seed: int) -> Metrics:
         result = train(model, data, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
@@ -75,3 +98,15 @@ class ClassificationTask(Task):
         result = evaluate(model, data)
         return {"loss": float(result.loss), "accuracy": float(result.accuracy),
                 "num_examples": float(result.num_examples)}
+
+
+def _check_device_file(path: str, data: ClientData, features: int, classes: int) -> None:
+    """A device's file against the scenario's ``data.features`` and ``data.classes``, naming the mismatch."""
+    found = int(np.prod(data.train.x.shape[1:]))
+    if found != features:
+        raise DataError(f"{path}: {found} feature columns besides the label; the scenario expects "
+                        f"data.features = {features}")
+    labels = np.concatenate([data.train.y, data.test.y])
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise DataError(f"{path}: labels run from {labels.min()} to {labels.max()}; the scenario expects "
+                        f"0 .. {classes - 1} (data.classes = {classes})")
