@@ -135,6 +135,7 @@ def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float) -> None:
         else:
             for r in store.rounds(run.id)[shown:]:
                 acc = "" if r.server_accuracy is None else f", accuracy {r.server_accuracy:.3f}"
+                acc = acc or ("" if r.fed_accuracy is None else f", accuracy {r.fed_accuracy:.3f} (on the devices)")
                 print(f"run {run.id} round {r.round}: {r.answered}/{r.sampled} answered, "
                       f"{r.dropped} dropped, {r.duration_s:.1f} s{acc}", flush=True)
                 shown = r.round

@@ -135,6 +135,7 @@ def _command(pid: int) -> list[str]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie (exited, not yet reaped by its parent) does not."""
     if pid <= 0:  # 0 and -1 would signal whole process groups
         return False
     try:
@@ -143,7 +144,10 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc: the signal check is all there is
 
 
 def _current_run(config: DeployConfig) -> dict[str, Any] | None:

@@ -127,8 +127,7 @@ def _fake_aggregator(tmp_path: Path, *argv_words: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, str(script), *argv_words], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
     proc.stdout.close()
-    threading.Thread(target=proc.wait, daemon=True).start()  # reap it, so that it does not linger as a zombie
-    return proc
+    return proc  # not reaped by anyone while a test stops it: a zombie must count as stopped
 
 
 def test_stop_ends_the_aggregator_named_by_the_pid_file(tmp_path: Path) -> None:
@@ -143,6 +142,7 @@ def test_stop_ends_the_aggregator_named_by_the_pid_file(tmp_path: Path) -> None:
             status.stop_aggregator(cfg)
     finally:
         proc.kill()
+        proc.wait()
 
 
 def test_stop_refuses_a_pid_file_naming_another_program(tmp_path: Path) -> None:
@@ -158,6 +158,7 @@ def test_stop_refuses_a_pid_file_naming_another_program(tmp_path: Path) -> None:
         assert proc.poll() is None  # left alone
     finally:
         proc.kill()
+        proc.wait()
 
 
 def test_the_wait_survives_a_superlink_that_cannot_list_devices_for_a_moment(monkeypatch: pytest.MonkeyPatch,
