@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from deploy.preflight import SupernodeDiagnosis
+from deploy.preflight import SupernodeDiagnosis, agent_running
 
 __all__ = ["AgentConsole", "Relay", "reply_summary", "public_reason", "agent_report"]
 
@@ -104,8 +104,6 @@ class AgentConsole:
 
 def agent_report(workdir: Path, tasks: int = 10) -> dict[str, Any]:
     """What ``quorum client status`` shows: is the agent running, its node id, its last tasks' outcomes."""
-    from deploy.preflight import agent_running
-
     logs = workdir / "logs"
     node = _last_after(logs / "supernode.log", "SuperNode ID: ", 1)
     return {"workdir": str(workdir), "running": agent_running(workdir),
