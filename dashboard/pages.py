@@ -120,6 +120,17 @@ def device_names(stored: Any) -> dict[str, str]:
     return {str(k): str(v)[:64] for k, v in devices.items()}
 
 
+def all_device_names(stored: Any) -> dict[str, str]:
+    """node id -> device name over every deployed run (newest last, so a renamed device shows its new name).
+
+    Node ids are the SuperLink's, one per enrolled key, stable across runs.
+    """
+    names: dict[str, str] = {}
+    for run in sorted(stored, key=lambda r: getattr(r, "started_at", 0) or 0):
+        names.update(device_names(run))
+    return names
+
+
 #: Clients per page of /clients.
 CLIENTS_PER_PAGE = 100
 
@@ -135,11 +146,12 @@ def clients_page(request: Request, run: Annotated[str | None, Query()] = None,
     offset = (page - 1) * CLIENTS_PER_PAGE
     summaries = [] if hidden or not total else reader.clients(run or None, CLIENTS_PER_PAGE, offset, public=not run)
     clients = [client_summary_data(c) for c in summaries]
-    runs = [(r.id, r.name) for r, _ in reader.runs()]
+    stored = [r for r, _ in reader.runs()]
+    runs = [(r.id, r.name) for r in stored]
     pager = {"page": page, "pages": pages, "matching": total, "first": offset + 1 if clients else 0,
              "last": offset + len(clients)}
     return _render(request, "clients.html", nav="clients", clients=clients, runs=runs, run=run or "",
-                   fmt_time=fmt_time, pager=pager)
+                   fmt_time=fmt_time, pager=pager, devices=all_device_names(stored))
 
 
 @router.get("/clients/{client}", response_class=HTMLResponse)
@@ -150,7 +162,8 @@ def client_page(request: Request, client: str, run: Annotated[str | None, Query(
         raise HTTPException(status_code=404, detail=f"Client {client!r} has not taken part in any round.")
     names = reader.run_names([r["run_id"] for r in rows])
     ok = sum(1 for r in rows if r["outcome"] == "ok")
-    return _render(request, "client.html", nav="clients", client=client, names=names, run=run or "",
+    device = all_device_names(r for r, _ in reader.runs()).get(client)
+    return _render(request, "client.html", nav="clients", client=client, names=names, run=run or "", device=device,
                    rows=[(r, client_result_display(r)) for r in rows], ok=ok,
                    last_seen=fmt_time(max(r["finished_at"] for r in rows)))
 

@@ -41,7 +41,7 @@ def test_round_page_marks_the_updates_krum_rejected(tmp_path: Path) -> None:
     assert page.count("rejected by the rule</span>") == 4
 
 
-def test_round_page_names_deployed_devices(tmp_path: Path) -> None:
+def test_dashboard_pages_name_deployed_devices(tmp_path: Path) -> None:
     # Prepare: a run whose info maps node ids to enrolled names, as a deployed ServerApp records it
     from aggregator.store import RunStore
     url = f"sqlite:///{tmp_path / 'runs.db'}"
@@ -53,7 +53,11 @@ def test_round_page_names_deployed_devices(tmp_path: Path) -> None:
     # Execute
     with TestClient(create_app(url), base_url="http://127.0.0.1") as client:
         page = client.get(f"/runs/{run_id}/rounds/1").text
+        clients = client.get("/clients").text
+        one = client.get(f"/clients/{nodes[0]}").text
 
     # Assert: the named node shows its name (escaped), with its id on hover; the other keeps its id
     assert f'title="node {nodes[0]}">ward-7 &lt;b&gt;</a>' in page
     assert f">{nodes[1]}</a>" in page and "absent" not in page
+    assert f'title="node {nodes[0]}">ward-7 &lt;b&gt;</a>' in clients and f">{nodes[1]}</a>" in clients
+    assert 'id="client-name">ward-7 &lt;b&gt;</span>' in one and f"node {nodes[0]}" in one
