@@ -263,3 +263,32 @@ def test_any_task_value_is_accepted_or_refused_by_name(key: str, value: object) 
         assert f"task.{key}" in str(exc) or "task.text_path" in str(exc)
     else:
         assert getattr(task.options, key) == value
+
+
+@pytest.mark.parametrize(("key", "value", "size"), [
+    ("lora_r", 4, 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4)),              # half the rank: half the values
+    ("target_modules", "q_proj", 2 * (8 * 64 + 64 * 8)),                 # q only
+    ("target_modules", "q_proj,v_proj,o_proj", 2 * (8 * 64 + 64 * 8 + 8 * 64 + 32 * 8 + 8 * 64 + 64 * 8)),
+    ("tiny_layers", 3, 3 * (8 * 64 + 64 * 8 + 8 * 64 + 32 * 8)),
+])
+def test_adapter_keys_change_what_travels(key: str, value: object, size: int) -> None:
+    assert TaskModel.build(load_task(lm_scenario(**{key: value})), seed=5).get_flat().size == size
+
+
+def test_data_keys_change_the_rows() -> None:
+    base, halves = load_task(lm_scenario()), load_task(lm_scenario(seq_len=16, test_fraction=0.5, eval_rows=3))
+    rows, half_rows = base.partition(0), halves.partition(0)
+    assert half_rows.train.tokens.shape[1] == 16
+    assert len(half_rows.test) == pytest.approx(len(half_rows.train), abs=1)
+    assert len(rows.test) < len(rows.train) / 5                          # the default tenth
+    assert halves.server_data() is not None and len(halves.server_data()) == 3
+
+
+def test_lora_dropout_changes_training() -> None:
+    results = []
+    for dropout in (0.0, 0.3):
+        task = load_task(lm_scenario(lora_dropout=dropout))
+        model = TaskModel.build(task, seed=5)
+        model.train(task.partition(0).train, TrainConfig(round=1, epochs=1, batch_size=4, lr=0.01, seed=5), seed=9)
+        results.append(model.get_flat())
+    assert not np.array_equal(results[0], results[1])
