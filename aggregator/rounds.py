@@ -26,6 +26,7 @@ from core.layouts import ParamLayout
 from core.messages import TrainConfig
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState, Strategy
+from learning.standardize import Standardization
 from scenarios.schema import Scenario
 
 __all__ = ["RoundLoop", "LoopResult"]
@@ -51,6 +52,7 @@ class RoundLoop:
     on_round: Callable[[RoundRecord], None] | None = None
     eval_deadline_s: float = 30.0
     layout: ParamLayout | None = None  # the model's tensors, as they travel (see FitRequest.layout)
+    standardization: Standardization | None = None  # [data] standardize = "federated": sent with every instruction
 
     def run(self, grid: Grid, state: ServerState) -> LoopResult:
         last = None
@@ -84,7 +86,10 @@ class RoundLoop:
         return state, record
 
     def _train_config(self, strategy: Strategy | None, server_round: int) -> TrainConfig:
-        return train_config(self.scenario, strategy, server_round)
+        config = train_config(self.scenario, strategy, server_round)
+        if self.standardization is None:
+            return config
+        return replace(config, extra={**config.extra, **self.standardization.to_extra()})
 
     def _apply(self, strategy: Strategy, state: ServerState, outcome: FitOutcome,
                server_round: int) -> tuple[ServerState, str]:

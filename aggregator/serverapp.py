@@ -23,6 +23,7 @@ from aggregator.evaluation import ServerEvaluator
 from aggregator.fedbuff import BufferedLoop
 from aggregator.fit import PlainFit
 from aggregator.rounds import LoopResult, RoundLoop
+from aggregator.standardize import standardize_run
 from aggregator.store import RunStore, default_db_url
 from aggregator.strategies import (
     CenteredClipping,
@@ -141,6 +142,7 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     try:
         if on_start is not None:
             on_start(run_id)
+        standardization, test = standardize_run(grid, scenario, store, run_id, test)
         evaluator = ServerEvaluator(factory, test) if test is not None and scenario.evaluation.server else None
         model = factory()  # its tensor names and shapes: the global model travels as its state dict
         layout = layout_of(model.model, model.names)
@@ -154,7 +156,7 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
             result = LoopResult(state, loop_status, last)
         else:
             loop = RoundLoop(scenario=scenario, strategy=strategy, fit=fit, store=store, run_id=run_id,
-                             server_eval=evaluator, on_round=on_round, layout=layout)
+                             server_eval=evaluator, on_round=on_round, layout=layout, standardization=standardization)
             result = loop.run(grid, state)
     except BaseException as exc:
         store.set_status(run_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",

@@ -55,6 +55,7 @@ import numpy as np
 from flwr.app import Context, Message
 
 from core.messages import train_reply
+from learning.standardize import asks_for_statistics
 from scenarios.schema import ATTACKS, ByzantineSpec, Scenario
 
 __all__ = ["AttackPlan", "alie", "alie_z", "ipm", "signflip", "scaling", "flip_labels", "AttackMod",
@@ -174,7 +175,8 @@ class AttackMod:
         if message.metadata.message_type.split(".")[0] != "train" or not isinstance(partition, int):
             return call_next(message, context)
         plan = self.plan_of(context)
-        if int(partition) not in plan.attackers() or "secagg" in message.content.config_records:
+        if int(partition) not in plan.attackers() or "secagg" in message.content.config_records \
+                or asks_for_statistics(message.content):  # the pass is answered honestly
             return call_next(message, context)
         delta, num_examples, metrics = self.forge(plan, int(partition), message, context)
         return Message(train_reply(delta, num_examples, metrics), reply_to=message)

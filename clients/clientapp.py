@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.attacks import AttackMod, AttackPlan, flip_labels
@@ -35,6 +35,14 @@ from core.messages import (
 )
 from learning.federation import cached_federation
 from learning.models import layout_of
+from learning.standardize import (
+    LIMIT_KEY,
+    PASS_KEY,
+    Standardization,
+    asks_for_statistics,
+    moments_vector,
+    standardized,
+)
 from learning.task import LocalData, Metrics, Task, TaskModel, load_task
 from privacy.dp import ClientDPConfig, client_payload, secure_rng, train_client
 from privacy.secagg.flower_mod import secagg_mod
@@ -171,7 +179,7 @@ def _honest_update(partition: int, flip: bool, message: Message,
         if _HONEST and next(iter(_HONEST))[:2] != key[:2]:
             _HONEST.clear()  # a new round: the old copies are stale
         model = _runtime(context).model
-        data = model.task.partition(partition).train
+        data = standardized(model.task.partition(partition).train, Standardization.from_extra(config.extra))
         if flip:  # label flipping: a classification attack, on the federation's classes
             data = replace(data, y=flip_labels(data.y, cached_federation(scenario).num_classes))
         model.set_flat(params)
@@ -189,8 +197,11 @@ app = ClientApp(mods=client_mods())
 def train_handler(message: Message, context: Context) -> Message:
     """Train the global model on local data; reply with the update (a delta)."""
     runtime = _runtime(context)
+    if asks_for_statistics(message.content):  # [data] standardize: the features' moments, not training
+        return Message(_statistics(runtime, message), reply_to=message)
     instruction = _read(message, runtime)
     params, config = instruction.params, instruction.config
+    runtime = _standardized(runtime, config)
     started = time.monotonic()
     runtime.model.set_flat(params)
     result, sgd_metrics = _train(runtime, config, client_seed(config.seed, config.round, context.node_id))
@@ -205,6 +216,30 @@ def train_handler(message: Message, context: Context) -> Message:
     delta, compressed = _compress(delta, config, context, secure=RECORD in message.content)
     return Message(train_reply(delta, int(result["num_examples"]), {**metrics, **extra}, answer_to=instruction,
                                compressed=compressed), reply_to=message)
+
+
+def _statistics(runtime: _Runtime, message: Message) -> RecordDict:
+    """This node's weighted moments at the pass's scale (:func:`learning.standardize.moments_vector`)."""
+    settings = message.content.config_records["config"]
+    scale, limit = _positive(settings, PASS_KEY, None), _positive(settings, LIMIT_KEY, 1.0)
+    train = runtime.data.train
+    if not hasattr(train, "x"):
+        raise UpdateRejected("data.standardize = \"federated\" needs feature arrays; this task's data have none")
+    vector = moments_vector(train.x, scale, limit)
+    return train_reply(vector, int(train.x.shape[0]), {})
+
+
+def _positive(settings: Any, key: str, default: float | None) -> float:
+    value = settings.get(f"x.{key}", default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e30:
+        raise UpdateRejected(f"statistics pass: {key} = {value!r} is not a positive number")
+    return float(value)
+
+
+def _standardized(runtime: _Runtime, config: TrainConfig) -> _Runtime:
+    """The node's data standardised as the instruction says (``[data] standardize``), else as it is."""
+    found = Standardization.from_extra(config.extra)
+    return runtime if found is None else replace(runtime, data=standardized(runtime.data, found))
 
 
 #: Where a node keeps its error-feedback residual between rounds (``context.state``).
@@ -288,6 +323,7 @@ def evaluate_handler(message: Message, context: Context) -> Message:
     """Score the global model on the node's local test split."""
     runtime = _runtime(context)
     instruction = _read(message, runtime)
+    runtime = _standardized(runtime, instruction.config)
     runtime.model.set_flat(instruction.params)
     result = runtime.model.evaluate(runtime.data.test)
     on_train = runtime.model.evaluate(runtime.data.train)

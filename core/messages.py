@@ -65,7 +65,7 @@ class TrainConfig:
     seed: int
     momentum: float = 0.0
     proximal_mu: float = 0.0
-    extra: dict[str, float | int | bool | str] = field(default_factory=dict)
+    extra: dict[str, float | int | bool | str | list[float]] = field(default_factory=dict)
 
     def to_record(self) -> ConfigRecord:
         data: dict[str, Any] = {k: v for k, v in asdict(self).items() if k != "extra"}

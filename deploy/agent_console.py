@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from pathlib import Path
 from typing import Any
 
-from deploy.preflight import SupernodeDiagnosis, agent_running
+from deploy.preflight import ACTIVATION_GRACE_S, SupernodeDiagnosis, agent_running
 
 __all__ = ["AgentConsole", "Relay", "reply_summary", "public_reason", "agent_report"]
+
+#: What the SuperNode logs once the SuperLink accepted it.
+CONNECTED = "SuperNode ID: "
+#: How often a connected agent marks its session as alive (``WORKDIR/session``'s mtime).
+SESSION_TOUCH_S = 10.0
 
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.~-]*[/\\])+[\w.-]*")
 
@@ -56,7 +62,9 @@ class Relay:
         self.marks, self.say = marks, say
         self.offsets = {path: path.stat().st_size if path.exists() else 0 for path in marks}
 
-    def poll(self) -> None:
+    def poll(self) -> set[str]:
+        """Relay what the logs said since the last call; returns the marks seen."""
+        seen: set[str] = set()
         for path, (mark, template) in self.marks.items():
             try:
                 with path.open("rb") as handle:
@@ -70,7 +78,9 @@ class Relay:
             self.offsets[path] += len(complete)
             for line in complete.decode("utf-8", errors="replace").splitlines():
                 if mark in line:
+                    seen.add(mark)
                     self.say(template.format(line.split(mark, 1)[1].strip()))
+        return seen
 
 
 class AgentConsole:
@@ -79,19 +89,42 @@ class AgentConsole:
     def __init__(self, logs: Path, name: str, say: Any) -> None:
         self.say = say
         self.relay = Relay({logs / "worker.log": ("quorum-worker: ", "{}"),
-                            logs / "supernode.log": ("SuperNode ID: ", "connected to the aggregator as node {}")},
+                            logs / "supernode.log": (CONNECTED, "connected to the aggregator as node {}")},
                            say)
         log = logs / "supernode.log"  # read from here on: what earlier agents logged is not this one's problem
         self.diagnosis = SupernodeDiagnosis(log, name, offset=log.stat().st_size if log.exists() else 0)
         self.logs = logs
+        # touched while the SuperNode is connected: a key refused with no recent session is refused for good
+        self.session = logs.parent / "session"
+        self.connected, self.touched = False, 0.0
 
     def poll(self) -> None:
-        self.relay.poll()
+        if CONNECTED in self.relay.poll():
+            self.connected = True
+        if self.connected and time.monotonic() - self.touched > SESSION_TOUCH_S:
+            self._touch()
+
+    def _touch(self) -> None:
+        with contextlib.suppress(OSError):
+            self.session.touch()
+        self.touched = time.monotonic()
+
+    def recent_session(self) -> bool:
+        """Whether this device was connected within the SuperLink's grace for an old session."""
+        try:
+            return time.time() - self.session.stat().st_mtime < ACTIVATION_GRACE_S
+        except OSError:
+            return False
 
     def after_exit(self, role: str, code: int | None, restarts: int, max_restarts: int | None,
                    backoff: float) -> int | None:
         """The agent's exit code when ``role``'s exit ends it (said in one line), else ``None`` (restart it)."""
-        fatal = self.diagnosis.after_exit() if role == "supernode" else None
+        fatal = None
+        if role == "supernode":
+            if self.connected:
+                self._touch()  # the session ended now; the SuperLink drops it within ACTIVATION_GRACE_S
+                self.connected = False
+            fatal = self.diagnosis.after_exit(recent_session=self.recent_session())
         if fatal is not None:
             self.say(f"error: {fatal}")
             return 3

@@ -49,12 +49,18 @@ def start(
         "--insecure", help="No TLS, no device authentication. Loopback only, for a first try.")] = None,
     port: Annotated[int | None, typer.Option(help="Device-facing port (overrides the file).")] = None,
     resume: Annotated[bool, typer.Option(help="Resume runs a crash interrupted.")] = True,
+    detach: Annotated[bool, typer.Option(
+        "--detach", help="Run in the background: return once ready (output in STATE_DIR/logs/aggregator.log); "
+                         "stop it with `quorum aggregator stop`.")] = False,
 ) -> None:
     """Start the SuperLink, its TLS front door and the dashboard; print what devices need."""
     from deploy.supervisor import Supervisor
 
     # --insecure also pulls the listener onto loopback; an address beyond it is refused by the config check
     cfg = _load(config, insecure=insecure, port=port, listen="127.0.0.1" if insecure else None)
+    if detach:
+        _detach(cfg.state.logs / "aggregator.log")
+        return
     sup = Supervisor(cfg, say=lambda m: console.print(m), resume=resume)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sup.stopping.set())
@@ -72,6 +78,40 @@ def start(
     console.print("aggregator stopped")
 
 
+#: The last line :func:`_announce` prints: a detached start is ready once its log holds it.
+READY_LAST_LINE = "enroll a device:"
+
+
+def _detach(log: Path, ready_s: float = 180.0) -> None:
+    """Start this same command without ``--detach`` in its own session; return once it is ready.
+
+    Its output goes to ``log``; what it printed on the way up is shown here.
+    An aggregator that exits first (or is not ready in ``ready_s``) is an
+    error quoting the log's end.
+    """
+    import subprocess
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "quorum", *[a for a in sys.argv[1:] if a != "--detach"]]
+    with log.open("ab") as out:
+        offset = out.tell()
+        child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+    deadline = time.monotonic() + ready_s
+    while True:
+        text = log.read_bytes()[offset:].decode("utf-8", errors="replace")
+        if READY_LAST_LINE in text:
+            print(text.rstrip(), flush=True)
+            print(f"running in the background (pid {child.pid}); log: {log}; stop: quorum aggregator stop",
+                  flush=True)
+            return
+        if child.poll() is not None or time.monotonic() > deadline:
+            if child.poll() is None:
+                child.terminate()
+            _fail(f"the aggregator did not start (see {log}):\n{text.strip()[-1500:]}")
+        time.sleep(0.3)
+
+
 def _announce(sup) -> None:
     from deploy.pki import fingerprint
 
@@ -85,7 +125,8 @@ def _announce(sup) -> None:
     if cfg.dashboard.enabled:
         print(f"dashboard:        http://{cfg.dashboard.host}:{cfg.dashboard.port}/", flush=True)
     print(f"run store:        {cfg.db_url}", flush=True)
-    print("enroll a device:  quorum client enroll NAME; submit a run: quorum aggregator run SCENARIO", flush=True)
+    print(f"{READY_LAST_LINE}  quorum client enroll NAME; submit a run: quorum aggregator run SCENARIO",
+          flush=True)
 
 
 @app.command()

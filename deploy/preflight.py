@@ -8,8 +8,9 @@ the fix, and the agent exits non-zero instead of looping:
 - a CA file that does not verify the aggregator's certificate (checked with a
   TLS handshake before the SuperNode starts);
 - a key the aggregator refuses (not enrolled, or revoked): the SuperNode's log
-  says ``Failed to activate SuperNode`` for longer than a restart after a
-  crash can explain.
+  says ``Failed to activate SuperNode``, and this device was not connected in
+  the last :data:`ACTIVATION_GRACE_S` (or the refusals last longer than a
+  restart after a crash can explain).
 
 An aggregator that cannot be reached is not a mistake: the agent says so and
 keeps retrying with its back-off. A data file the built-in tasks would trip
@@ -155,8 +156,13 @@ class SupernodeDiagnosis:
     offset: int = 0
     refused_since: float | None = field(default=None)
 
-    def after_exit(self, now: float | None = None) -> str | None:
-        """The fatal reason in what the SuperNode logged since its last exit, or ``None`` to restart it."""
+    def after_exit(self, now: float | None = None, recent_session: bool = True) -> str | None:
+        """The fatal reason in what the SuperNode logged since its last exit, or ``None`` to restart it.
+
+        ``recent_session``: this device's key may still hold a session at the
+        SuperLink (it was connected within :data:`ACTIVATION_GRACE_S`), so a
+        refusal may be the old session's; without one, the first refusal is the key's.
+        """
         now = time.monotonic() if now is None else now
         try:
             with self.log.open("rb") as handle:
@@ -174,10 +180,11 @@ class SupernodeDiagnosis:
             self.refused_since = None
             return None
         self.refused_since = self.refused_since if self.refused_since is not None else now
-        if now - self.refused_since < self.grace_s:
+        if recent_session and now - self.refused_since < self.grace_s:
             return None
         who = self.name or "NAME"
-        return (f"the aggregator refuses this device's key (for {now - self.refused_since:.0f} s): it is not "
+        waited = f" (for {now - self.refused_since:.0f} s)" if recent_session else ""
+        return (f"the aggregator refuses this device's key{waited}: it is not "
                 "enrolled, it was revoked, or another SuperNode with this key is still connected (an old agent, "
                 f"a cloned device). To enroll it, on the aggregator: quorum client enroll {who} --public-key "
                 "<this key's .pub>; a revoked device needs a new key first (quorum client keygen NEW.key)")
@@ -221,6 +228,7 @@ def check_data(path: Path, label_column: str = "label", sample_rows: int = 2000)
 def _scale_warning(path: Path, values: np.ndarray, what: str) -> list[str]:
     finite = values[np.isfinite(values)]
     if finite.size and float(np.abs(finite).max()) > UNSCALED_ABOVE:
-        return [f"--data {path}: {what} reach {float(np.abs(finite).max()):g}: scale them to about unit size "
-                "(divide pixels by 255, standardise other columns), or training diverges"]
+        return [f"--data {path}: {what} reach {float(np.abs(finite).max()):g}: the scenario must standardise them "
+                "([data] standardize = \"federated\", as scenarios/devices.toml does), or scale them to about unit "
+                "size (divide pixels by 255), or training diverges"]
     return []

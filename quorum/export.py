@@ -10,7 +10,10 @@
   reference (``entry``, ``path``, options) and the scenario, how to rebuild
   the module (the built-in models need no data set: name, input shape,
   classes, seed), the declared input shape, what the outputs are, each
-  tensor's shape and the weights' SHA-256.
+  tensor's shape and the weights' SHA-256. A run with ``[data] standardize =
+  "federated"`` exports the model behind its standardisation (``standardize``:
+  the feature count; the mean and std are buffers in the weights), so the
+  export takes raw features, as the devices hold them.
 
 A language-model run (``learning.tasks.language``) exports its LoRA adapters
 instead, in peft's layout (``adapter_model.safetensors`` and
@@ -43,6 +46,7 @@ from aggregator.store import RunStore
 from learning.errors import TaskError
 from learning.federation import cached_federation
 from learning.models import build_model
+from learning.standardize import INFO_KEY, Standardization, StandardizeInputs
 from learning.task import BUILTIN_ENTRY, Task, TaskModel, load_task
 from learning.tasks.classification import ClassificationTask
 from learning.tasks.language import LanguageModelTask
@@ -107,8 +111,11 @@ def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None
     out.mkdir(parents=True, exist_ok=True)
     rounds = {r.round: r for r in store.rounds(run.id)}
     manifest = _manifest(scenario, task, model.model, run, state.round, rounds.get(state.round))
+    standardization = Standardization.from_info((run.info or {}).get(INFO_KEY))
+    if standardization is not None:  # [data] standardize = "federated": the export takes raw features
+        manifest["standardize"] = int(standardization.mean.size)
     manifest.update(_write_weights(task, model.model, out, {"format": FORMAT, "run": run.id,
-                                                            "round": str(state.round)}, merged))
+                                                            "round": str(state.round)}, merged, standardization))
     if isinstance(task, LanguageModelTask):
         manifest.pop("model", None)
     manifest["sha256"] = _sha256(out / manifest["weights"])
@@ -117,11 +124,16 @@ def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None
     return path
 
 
-def _write_weights(task: Task, model: nn.Module, out: Path, metadata: dict[str, str], merged: bool) -> dict[str, Any]:
-    """Write the weights (a language model's adapters, else the serving module's state); the manifest's fields."""
+def _write_weights(task: Task, model: nn.Module, out: Path, metadata: dict[str, str], merged: bool,
+                   standardization: Standardization | None = None) -> dict[str, Any]:
+    """Write the weights (a language model's adapters, else the serving module's state, behind the run's
+    standardisation when it had one); the manifest's fields."""
     if isinstance(task, LanguageModelTask):
         return {**task.write_adapters(model, out, merged), "output": {"kind": "text"}}
-    tensors = {k: v.detach().contiguous() for k, v in task.serving_module(model).state_dict().items()}
+    serving = task.serving_module(model)
+    if standardization is not None:
+        serving = nn.Sequential(StandardizeInputs(int(standardization.mean.size), standardization), serving)
+    tensors = {k: v.detach().contiguous() for k, v in serving.state_dict().items()}
     save_file(tensors, str(out / WEIGHTS), metadata=metadata)
     return {"tensors": {k: list(v.shape) for k, v in tensors.items()}}
 
@@ -247,6 +259,16 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
 
 def _rebuild(manifest: dict[str, Any]) -> tuple[nn.Module, Task | None]:
     """The module, freshly built, and its task: by the built-in builder (no data set, no task) or by the task."""
+    module, task = _rebuild_model(manifest)
+    features = manifest.get("standardize")
+    if features is None:
+        return module, task
+    if isinstance(features, bool) or not isinstance(features, int) or not 0 < features <= 2**31:
+        raise ExportError(f"manifest standardize = {features!r} is not a feature count")
+    return nn.Sequential(StandardizeInputs(features), module), task
+
+
+def _rebuild_model(manifest: dict[str, Any]) -> tuple[nn.Module, Task | None]:
     seed = int(manifest.get("seed", 0))
     spec = manifest.get("model")
     with torch.random.fork_rng(devices=[]):

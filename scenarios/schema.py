@@ -56,6 +56,9 @@ class DataSpec:
     # besides the label and labels 0 .. classes - 1 (the model is built from these)
     features: int = 0
     classes: int = 0
+    # "federated": features scaled to zero mean, unit variance from a statistics pass before round 1
+    # (learning.standardize; under [secagg] the server learns only the sums)
+    standardize: Literal["none", "federated"] = "none"
 
     def _check(self) -> None:
         positive("alpha", self.alpha)
@@ -451,6 +454,8 @@ class Scenario:
         if self.asynchronous.enabled:
             _check_async(self)
         check_compression(self)
+        if self.data.standardize == "federated":
+            _check_standardize(self)
         attack = self.faults.byzantine_spec
         if attack.fraction > 0 and attack.attack in ATTACKS and self.secagg.enabled:
             raise Bad("faults.byzantine.attack", attack.attack, "the attack harness forges plain train replies, "
@@ -533,6 +538,20 @@ def _check_discrete(scenario: Scenario) -> None:
                    f"dp.mechanism = \"discrete_gaussian\" with noise_multiplier {z:g} and clip_norm "
                    f"{dp.clip_norm:g} needs clip_range >= {need:g}: a finer grid makes the noise more than 2^46 "
                    "steps, which the sampler cannot draw exactly")
+
+
+def _check_standardize(scenario: Scenario) -> None:
+    """What the federated statistics pass does not combine with, naming both keys."""
+    if scenario.dp.enabled:
+        raise Bad("data.standardize", "federated", "[dp] enabled = true: the statistics pass releases the "
+                   "features' sums without DP noise, outside the privacy budget; standardise the files on the "
+                   "devices, or turn one off")
+    if scenario.asynchronous.enabled:
+        raise Bad("data.standardize", "federated", "[async] enabled = true: the statistics pass is a "
+                   "synchronous round; standardise the data beforehand, or turn one off")
+    if scenario.task.entry and not scenario.task.entry.startswith("learning.tasks."):
+        raise Bad("data.standardize", "federated", f"task.entry = {scenario.task.entry!r}: the pass standardises "
+                   "the built-in tasks' feature arrays; a task of your own scales its own data")
 
 
 def _check_robust(scenario: Scenario) -> None:

@@ -8,13 +8,22 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from deploy.agent_console import AgentConsole
 from deploy.pki import ensure_tls
-from deploy.preflight import PreflightError, SupernodeDiagnosis, check_ca, check_port, free_port
+from deploy.preflight import (
+    ACTIVATION_GRACE_S,
+    PreflightError,
+    SupernodeDiagnosis,
+    check_ca,
+    check_port,
+    free_port,
+)
 from tests.conftest import REPO
 
 
@@ -224,3 +233,36 @@ def test_client_status_reports_the_agent_its_node_and_its_last_tasks(tmp_path: P
     assert report["running"] == os.getpid() and report["node_id"] == "12"
     assert report["tasks"] == ["task 1 completed (train)", "task 2 completed (train)"]
     assert agent_report(workdir)["running"] is None
+
+
+def test_without_a_recent_session_the_first_refusal_names_the_fix(tmp_path: Path) -> None:
+    log = tmp_path / "supernode.log"
+    log.write_text("")
+    diag = SupernodeDiagnosis(log, "ward-7", grace_s=90)
+    with log.open("a") as out:
+        out.write("ERROR: Failed to activate SuperNode.\n")
+    why = diag.after_exit(now=0, recent_session=False)
+    assert why is not None and why.startswith("the aggregator refuses this device's key: it is not enrolled")
+
+
+def test_the_console_marks_a_session_and_a_refusal_within_its_grace_waits(tmp_path: Path) -> None:
+    logs = tmp_path / "agent" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "supernode.log").write_text("")
+    said: list[str] = []
+    console = AgentConsole(logs, "ward-7", said.append)
+    assert not console.recent_session()                      # a fresh workdir: never connected
+    with (logs / "supernode.log").open("a") as out:
+        out.write("INFO : SuperNode ID: 42\n")
+    console.poll()
+    assert said == ["connected to the aggregator as node 42"] and console.recent_session()
+    with (logs / "supernode.log").open("a") as out:
+        out.write("ERROR: Failed to activate SuperNode.\n")  # a crash, then the old session still holds the key
+    assert console.after_exit("supernode", 1, 1, None, 1.0) is None
+    assert said[-1].startswith("supernode exited (rc 1); restarting")
+    old = time.time() - ACTIVATION_GRACE_S - 5                # the session ended long ago
+    os.utime(tmp_path / "agent" / "session", (old, old))
+    with (logs / "supernode.log").open("a") as out:
+        out.write("ERROR: Failed to activate SuperNode.\n")
+    assert console.after_exit("supernode", 1, 2, None, 1.0) == 3
+    assert "quorum client enroll ward-7" in said[-1]
