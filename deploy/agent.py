@@ -317,7 +317,7 @@ def run_agent(spec: AgentSpec, say: Any = print) -> int:
     env = _child_env()
     env["FLWR_HOME"] = str((spec.workdir / "flwr-home").resolve())
     roles = child_args(spec)
-    console = AgentConsole(logs, spec.name, say)
+    console = AgentConsole(logs, spec.name, say, server=spec.server)
     procs = {role: _child(role, args, logs / f"{role}.log", env) for role, args in roles.items()}
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

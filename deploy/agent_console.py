@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from deploy.preflight import ACTIVATION_GRACE_S, SupernodeDiagnosis, agent_running
 
-__all__ = ["AgentConsole", "Relay", "reply_summary", "public_reason", "agent_report"]
+__all__ = ["AgentConsole", "Relay", "reply_summary", "public_reason", "agent_report", "unreachable"]
 
 #: What the SuperNode logs once the SuperLink accepted it.
 CONNECTED = "SuperNode ID: "
+#: What Flower's SuperNode logs before it retries a lost connection (then its wait in seconds).
+RETRYING = "Connection attempt failed, retrying in "
 #: How often a connected agent marks its session as alive (``WORKDIR/session``'s mtime).
 SESSION_TOUCH_S = 10.0
 
@@ -56,16 +59,21 @@ def reply_summary(reply: Any) -> str:
 
 
 class Relay:
-    """Shows the device's owner what its children log that matters: each task's outcome, the connection."""
+    """Shows the device's owner what its children log that matters: each task's outcome, the connection.
 
-    def __init__(self, marks: dict[Path, tuple[str, str]], say: Any) -> None:
+    ``marks`` maps a log to its ``(mark, template)`` pairs: a line holding a
+    mark is said as the template filled with what follows the mark (or by the
+    template itself, when it is a function of that text).
+    """
+
+    def __init__(self, marks: dict[Path, list[tuple[str, Any]]], say: Any) -> None:
         self.marks, self.say = marks, say
         self.offsets = {path: path.stat().st_size if path.exists() else 0 for path in marks}
 
     def poll(self) -> set[str]:
         """Relay what the logs said since the last call; returns the marks seen."""
         seen: set[str] = set()
-        for path, (mark, template) in self.marks.items():
+        for path, pairs in self.marks.items():
             try:
                 with path.open("rb") as handle:
                     handle.seek(self.offsets[path])
@@ -77,19 +85,22 @@ class Relay:
                 complete = chunk  # a megabyte without a newline (a progress bar): skip it, do not stall
             self.offsets[path] += len(complete)
             for line in complete.decode("utf-8", errors="replace").splitlines():
-                if mark in line:
-                    seen.add(mark)
-                    self.say(template.format(line.split(mark, 1)[1].strip()))
+                for mark, template in pairs:
+                    if mark in line:
+                        seen.add(mark)
+                        rest = line.split(mark, 1)[1].strip()
+                        self.say(template(rest) if callable(template) else template.format(rest))
         return seen
 
 
 class AgentConsole:
     """The agent's voice: relayed log lines, and the verdict on each child's exit."""
 
-    def __init__(self, logs: Path, name: str, say: Any) -> None:
-        self.say = say
-        self.relay = Relay({logs / "worker.log": ("quorum-worker: ", "{}"),
-                            logs / "supernode.log": (CONNECTED, "connected to the aggregator as node {}")},
+    def __init__(self, logs: Path, name: str, say: Any, server: str = "") -> None:
+        self.say, self.server = say, server
+        self.relay = Relay({logs / "worker.log": [("quorum-worker: ", "{}")],
+                            logs / "supernode.log": [(CONNECTED, "connected to the aggregator as node {}"),
+                                                     (RETRYING, self._retrying)]},
                            say)
         log = logs / "supernode.log"  # read from here on: what earlier agents logged is not this one's problem
         self.diagnosis = SupernodeDiagnosis(log, name, offset=log.stat().st_size if log.exists() else 0)
@@ -103,6 +114,14 @@ class AgentConsole:
             self.connected = True
         if self.connected and time.monotonic() - self.touched > SESSION_TOUCH_S:
             self._touch()
+
+    def _retrying(self, rest: str) -> str:
+        """The SuperNode lost the aggregator: the cause (a connection attempt of our own) and the countdown."""
+        seconds = rest.split()[0] if rest else ""
+        where = f"the aggregator at {self.server}" if self.server else "the aggregator"
+        cause = f" ({unreachable(self.server)})" if self.server else ""
+        wait = f"retrying in {float(seconds):.0f} s" if _is_number(seconds) else "retrying"
+        return f"{where} is unreachable{cause}; {wait}"
 
     def _touch(self) -> None:
         with contextlib.suppress(OSError):
@@ -133,6 +152,24 @@ class AgentConsole:
             return 1
         self.say(f"{role} exited (rc {code}); restarting in {backoff:.0f} s (see {self.logs / (role + '.log')})")
         return None
+
+
+def unreachable(server: str, timeout_s: float = 2.0) -> str:
+    """Why a TCP connection to ``server`` (HOST:PORT) fails right now, or that it does not."""
+    host, _, port = server.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return "the port answers: the aggregator's front door is up, the SuperLink behind it may not be"
+    except (OSError, ValueError) as exc:
+        return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def agent_report(workdir: Path, tasks: int = 10) -> dict[str, Any]:

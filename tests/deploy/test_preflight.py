@@ -137,8 +137,8 @@ def test_the_agent_relays_task_outcomes_and_the_connection(tmp_path: Path) -> No
     worker, node = tmp_path / "worker.log", tmp_path / "supernode.log"
     worker.write_text("12:00:00 quorum-worker: task 1 completed (before this agent)\n")
     said: list[str] = []
-    relay = Relay({worker: ("quorum-worker: ", "{}"),
-                    node: ("SuperNode ID: ", "connected to the aggregator as node {}")}, said.append)
+    relay = Relay({worker: [("quorum-worker: ", "{}")],
+                    node: [("SuperNode ID: ", "connected to the aggregator as node {}")]}, said.append)
     with worker.open("a") as out:
         out.write("noise\n12:00:01 quorum-worker: task 2 failed: DataError: no column 'label' in 3.1")
     node.write_text("INFO :      SuperNode ID: 4242\n")
@@ -148,6 +148,20 @@ def test_the_agent_relays_task_outcomes_and_the_connection(tmp_path: Path) -> No
         out.write("2 s\n")
     relay.poll()
     assert said[-1] == "task 2 failed: DataError: no column 'label' in 3.12 s"
+
+
+def test_a_lost_aggregator_is_said_with_its_cause_and_the_countdown(tmp_path: Path) -> None:
+    logs = tmp_path / "agent" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "supernode.log").write_text("")
+    with socket.create_server(("127.0.0.1", 0)) as gone:
+        port = gone.getsockname()[1]  # closed when the block ends: nothing listens there afterwards
+    said: list[str] = []
+    console = AgentConsole(logs, "ward-7", said.append, server=f"127.0.0.1:{port}")
+    with (logs / "supernode.log").open("a") as out:
+        out.write("WARNING :   Connection attempt failed, retrying in 4.37 seconds\n")
+    console.poll()
+    assert said == [f"the aggregator at 127.0.0.1:{port} is unreachable (Connection refused); retrying in 4 s"]
 
 
 def test_a_reply_is_summarised_by_its_kind_and_numbers() -> None:
@@ -194,7 +208,7 @@ def test_a_data_file_the_builtin_tasks_would_trip_on_is_named(tmp_path: Path) ->
     raw = tmp_path / "raw.csv"
     raw.write_text("label,a,b\n1,0,255\n0,12,3\n")
     [message] = check_data(raw)
-    assert "features reach 255: scale them" in message
+    assert "features reach 255: the scenario must standardise them" in message and "divide pixels by 255" in message
     scaled = tmp_path / "scaled.csv"
     scaled.write_text("label,a,b\n1,0.1,-1.5\n0,2,3\n")
     assert check_data(scaled) == [] and check_data(tmp_path) == []  # a folder (text) is its task's business

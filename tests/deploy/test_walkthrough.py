@@ -38,7 +38,7 @@ MARK = "<!-- walkthrough"
 #: The page's ports, replaced by free ones (each must still be on the page).
 PAGE_PORTS = ("9443", "9440", "8000")
 #: The least federated accuracy the walkthrough's run must end with (the page's run: see docs/deploy.md).
-ACCURACY_FLOOR = 0.8
+ACCURACY_FLOOR = 0.7
 
 
 def page_script() -> str:
@@ -141,6 +141,7 @@ def test_the_walkthrough_trains_three_devices_and_each_setup_mistake_names_its_f
     agents = "\n".join((folder / f"agent-{i}.log").read_text() for i in (1, 2, 3))
     assert done.returncode == 0, f"{done.stdout[-4000:]}\n--- agents ---\n{agents[-3000:]}"
     print(f"walkthrough: {wall_s:.0f} s from aggregator start to the stopped federation")
+    print("\n".join(line for line in done.stdout.splitlines() if line.startswith(("submitted", "run "))))
 
     # the run trained: the last round's accuracy on the devices' held-out rows
     accuracies = [float(a) for a in re.findall(r"accuracy ([0-9.]+) \(on the devices\)", done.stdout)]
@@ -177,9 +178,18 @@ def _the_three_mistakes(script: str, folder: Path) -> None:
         # a fresh workdir: agent-3's own session ended under a minute ago, which the agent would wait out
         "revoked": start_line(script, 3).replace("agent-3", "agent-revoked"),
     }
-    for mistake, command in mistakes.items():
-        ended = run_bash(command, folder, timeout_s=90)
+    # the three agents start at once (each stops by itself): a third of the wall time of one after another
+    running = {mistake: subprocess.Popen(["bash", "-c", command], cwd=folder, env=env(), text=True,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+               for mistake, command in mistakes.items()}
+    for mistake, proc in running.items():
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            pytest.fail(f"{mistake}: the agent did not stop by itself in 120 s:\n{out[-3000:]}")
         row = "a key never enrolled, or revoked" if mistake == "revoked" else mistake
-        assert ended.returncode in (2, 3), f"{mistake}: rc {ended.returncode}\n{ended.stdout[-3000:]}"
-        assert says(page_table(row), ended.stdout), f"{mistake}:\n{ended.stdout[-3000:]}"
-        assert "restarting in" not in ended.stdout, f"{mistake}: the agent looped\n{ended.stdout[-3000:]}"
+        assert proc.returncode in (2, 3), f"{mistake}: rc {proc.returncode}\n{out[-3000:]}"
+        assert says(page_table(row), out), f"{mistake}:\n{out[-3000:]}"
+        assert "restarting in" not in out, f"{mistake}: the agent looped\n{out[-3000:]}"
