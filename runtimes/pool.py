@@ -27,9 +27,17 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from flwr.app import Context, Error, Message
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.app.message import make_message
 from flwr.clientapp import ClientApp
-from flwr.common.serde import context_from_proto, context_to_proto, message_from_proto, message_to_proto
+from flwr.common.serde import (
+    context_from_proto,
+    context_to_proto,
+    message_from_proto,
+    message_to_proto,
+    metadata_from_proto,
+    metadata_to_proto,
+)
 from flwr.proto.message_pb2 import Context as ContextProto
 from flwr.proto.message_pb2 import Message as MessageProto
 
@@ -71,6 +79,7 @@ def _serve(app: ClientApp, conn: Connection, threads: int, inherited: list[Conne
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     parent = os.getppid()
+    held: RecordDict | None = None  # the last instruction's content, as decoded
     while True:
         try:
             while not conn.poll(_PARENT_CHECK_S):
@@ -81,7 +90,13 @@ def _serve(app: ClientApp, conn: Connection, threads: int, inherited: list[Conne
             return
         if not job:
             return
-        message, context = _decode(*pickle.loads(job))
+        meta, reuse, state = pickle.loads(job)
+        if reuse and held is not None:  # the round's instruction, decoded here before: only its metadata came
+            message, context = _decode_reusing(meta, state, held)
+        else:
+            message, context = _decode(meta, state)
+            # a copy taken before the app runs: what the app does to its own records stays there
+            held = _fresh(message.content) if message.has_content() else None
         reply = call_app(app, message, context)
         conn.send_bytes(pickle.dumps(_encode(reply, context)))
 
@@ -94,9 +109,17 @@ class _Worker:
                                    name="quorum-client-worker")
         self.process.start()
         child.close()
+        self.held: Any = None  # the content the worker holds decoded
 
     def call(self, message: Message, context: Context) -> tuple[Message, Context]:
-        self.conn.send_bytes(pickle.dumps(_encode(message, context)))
+        """One call; a round's instruction (one content object pushed to every node) crosses the pipe
+        once per worker, later calls send only their metadata (the worker reuses what it decoded)."""
+        content = message.content if message.has_content() and not message.has_error() else None
+        reuse = content is not None and content is self.held
+        meta, state = _encode(message, context, with_content=not reuse)
+        self.conn.send_bytes(pickle.dumps((meta, reuse, state)))
+        if content is not None:
+            self.held = content  # kept alive, so its id is never another object's
         return _decode(*pickle.loads(self.conn.recv_bytes()))
 
     def ask_to_stop(self) -> None:
@@ -203,9 +226,32 @@ class WorkerPool:
             worker.stop()
 
 
-def _encode(message: Message, context: Context) -> tuple[bytes, bytes]:
-    """Flower's own wire form of a message and a node's context (arrays as bytes, exactly)."""
-    return message_to_proto(message).SerializeToString(), context_to_proto(context).SerializeToString()
+def _encode(message: Message, context: Context, with_content: bool = True) -> tuple[bytes, bytes]:
+    """Flower's own wire form of a message and a node's context (arrays as bytes, exactly);
+    ``with_content=False``: the message's metadata only."""
+    proto = message_to_proto(message) if with_content else MessageProto(metadata=metadata_to_proto(message.metadata))
+    return proto.SerializeToString(), context_to_proto(context).SerializeToString()
+
+
+def _decode_reusing(meta: bytes, context: bytes, content: RecordDict) -> tuple[Message, Context]:
+    """A message whose metadata came over the pipe and whose content is a copy of ``content``."""
+    m, c = MessageProto(), ContextProto()
+    m.ParseFromString(meta)
+    c.ParseFromString(context)
+    return make_message(metadata=metadata_from_proto(m.metadata), content=_fresh(content)), context_from_proto(c)
+
+
+def _fresh(content: RecordDict) -> RecordDict:
+    """A copy of ``content`` whose records are new objects holding the same (immutable) values;
+    a record under two names (the legacy aliases) stays one record."""
+    copies: dict[int, Any] = {}
+    out = RecordDict()
+    record: Any
+    for key, record in content.items():
+        if id(record) not in copies:
+            copies[id(record)] = type(record)(dict(record.items()))
+        out[key] = copies[id(record)]
+    return out
 
 
 def _decode(message: bytes, context: bytes) -> tuple[Message, Context]:
