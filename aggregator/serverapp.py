@@ -38,6 +38,7 @@ from aggregator.strategies import (
     Strategy,
 )
 from core.fit import FitWorkflow
+from core.layouts import ParamLayout
 from core.records import RoundRecord
 from core.weighting import WeightPolicy
 from learning.models import layout_of
@@ -144,8 +145,7 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
             on_start(run_id)
         standardization, test = standardize_run(grid, scenario, store, run_id, test)
         evaluator = ServerEvaluator(factory, test) if test is not None and scenario.evaluation.server else None
-        model = factory()  # its tensor names and shapes: the global model travels as its state dict
-        layout = layout_of(model.model, model.names)
+        layout = _layout(factory())  # its tensor names and shapes: the global model travels as its state dict
         if scenario.asynchronous.enabled:
             fed = scenario.federation
             buffered = BufferedLoop(scenario=scenario, strategy=strategy, store=store, run_id=run_id,
@@ -167,6 +167,10 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
         error = buffered.failure
     store.set_status(run_id, status, error=error)
     return run_id, replace(result, status=status)
+
+
+def _layout(model: TaskModel) -> ParamLayout:
+    return layout_of(model.model, model.names)
 
 
 #: Round statuses in which no client update reached the model.

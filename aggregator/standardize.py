@@ -1,12 +1,13 @@
-"""The statistics pass of ``[data] standardize = "federated"``, on the server (:mod:`learning.standardize`).
+"""The statistics passes of ``[data] standardize = "federated"``, on the server (:mod:`learning.standardize`).
 
-Before round 1 the sampled clients send their features' count-weighted
-moments through the run's own fit workflow (plain, or secure aggregation,
-where the server sees only the sum), as if they were a round's updates of a
-``2 d + 1`` model. The pass repeats at a larger public scale while some
-client reports values beyond the clip range. The result travels in every
-later instruction. A resumed run takes the pass again (the devices' data may
-have changed since); the pass and its outcome are in the run's log.
+Before round 1 the sampled clients answer three passes (flags, means,
+spread) through the run's own fit workflow (plain, or secure aggregation,
+where the server sees only each pass's sum), as if they were a round's
+updates of a small model. Each pass weighs a client by its row count (capped
+at ``federation.max_examples``, the same on both workflows). The result
+travels in every later instruction. A resumed run takes the passes again (the
+devices' data may have changed since); they and their outcome are in the
+run's log.
 """
 
 from __future__ import annotations
@@ -23,68 +24,91 @@ from aggregator.step import train_config
 from aggregator.store import RunStore
 from aggregator.strategies import FedAvg
 from core.fit import FitOutcome, FitRequest, FitWorkflow
+from core.messages import TrainConfig
 from core.strategy import ServerState
 from core.weighting import WeightPolicy
-from learning.standardize import INFO_KEY, LIMIT_KEY, PASS_KEY, SCALES, Standardization, standardized
+from learning.standardize import (
+    INFO_KEY,
+    LIMIT_KEY,
+    MEAN_KEY,
+    PASS_KEY,
+    SCALES,
+    SCALES_KEY,
+    Standardization,
+    choose_scales,
+    standardized,
+)
 from learning.task import load_task
 from privacy.secagg.fit import SecAggFit
 from scenarios.schema import Scenario
 
 __all__ = ["StatisticsPassFailed", "federated_standardization", "statistics_fit", "standardize_run"]
 
+#: The largest value a statistic takes (the pass's clip range, also under secure aggregation).
+LIMIT = 1.0
+
 
 class StatisticsPassFailed(RuntimeError):
-    """No client answered the statistics pass: the run cannot standardise its features."""
+    """A statistics pass failed (no client answered, or a feature too large): the run cannot standardise."""
 
 
-def statistics_fit(scenario: Scenario, features: int) -> tuple[FitWorkflow, float]:
-    """The pass's fit workflow and the largest value a statistic may take.
+def statistics_fit(scenario: Scenario, size: int) -> FitWorkflow:
+    """A pass's fit workflow for vectors of ``size`` values, each within :data:`LIMIT`.
 
-    Secure aggregation when the run has it (its clip range bounds the values, on a 64-bit ring);
-    otherwise the plain fit, whose norm bound admits exactly the honest
-    vectors (every value within 1).
+    Secure aggregation when the run has it, on a 64-bit ring (the vectors are
+    small, and each value is weighted by count / max_weight, which a 32-bit
+    ring's steps would round visibly) with the clip range at the limit, so a
+    lying client moves a sum by no more than an honest one could. Otherwise
+    the plain fit, whose norm bound admits exactly the vectors within the limit.
+    Both weigh a client by its row count, capped at ``federation.max_examples``.
     """
+    cap = scenario.federation.max_examples
     if scenario.secagg.enabled:
-        # a 64-bit ring: the vector is small, and each value is weighted by count / max_weight (often
-        # 1e-2 or less), which a 32-bit ring's steps would round visibly in E[x^2] - E[x]^2
-        return SecAggFit(replace(scenario.secagg, bits=64)), min(1.0, scenario.secagg.clip_range)
-    fed = scenario.federation
-    policy = WeightPolicy(fed.weighting, median_cap=fed.median_cap, max_examples=fed.max_examples)
-    return PlainFit(policy, max_update_ratio=math.sqrt(2 * features + 1) * 1.001), 1.0  # float32 rounding
+        return SecAggFit(replace(scenario.secagg, bits=64, clip_range=LIMIT, max_weight=float(cap)))
+    return PlainFit(WeightPolicy("capped", max_examples=cap),
+                    max_update_ratio=LIMIT * math.sqrt(size) * 1.001)  # 1.001: float32 rounding
 
 
 def federated_standardization(grid: Grid, scenario: Scenario, store: RunStore, run_id: str,
                               features: int) -> Standardization:
-    """Run the pass over this round's sample of clients; log it; return the features' mean and std.
+    """Run the three passes over the run's first sample of clients; log them; return the mean and std.
 
     Raises
     ------
     StatisticsPassFailed
-        No client answered (the reasons of the first few are in the message).
+        A pass no client answered (the reasons of the first few are in the message), or a
+        feature beyond the largest scale.
     """
-    fit, limit = statistics_fit(scenario, features)
-    fed = scenario.federation
-    nodes = FedAvg().sample(list(grid.get_node_ids()), fed.per_round, scenario.seed, 0)
+    nodes = FedAvg().sample(list(grid.get_node_ids()), scenario.federation.per_round, scenario.seed, 0)
     base = train_config(scenario, None, 0)
-    params = np.zeros(2 * features + 1, dtype=np.float32)
-    for attempt, scale in enumerate(SCALES, start=1):
-        config = replace(base, extra={**base.extra, PASS_KEY: scale, LIMIT_KEY: limit})
-        request = FitRequest(server_round=0, nodes=nodes, state=ServerState(params=params), config=config,
-                             deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20))
-        outcome = fit(grid, request, FedAvg())
-        mean = _weighted_mean(outcome)
-        over = mean[-1] > 1e-6 and scale != SCALES[-1]  # an honest 0 rounds to exactly 0 under secagg
-        if not over:
-            result = Standardization.from_vector(mean, features, scale)
-            store.update_info(run_id, **{INFO_KEY: result.to_info()})
-            answered = sum(c.outcome == "ok" for c in outcome.clients)
-            store.log(run_id, f"federated standardisation: {features} features from {answered} "
-                      f"of {len(nodes)} clients at scale {scale:g} ({attempt} pass(es)); mean "
-                      f"{_span(result.mean)}, std {_span(result.std)}")
-            return result
-        store.log(run_id, f"statistics pass at scale {scale:g}: some client's features exceed it; asking again "
-                  f"at {scale * 256:g}")
-    raise AssertionError("unreachable: the last scale always returns")
+    flags, answered = _pass(grid, scenario, nodes, replace(base, extra={**base.extra, PASS_KEY: "flags"}),
+                            features * len(SCALES))
+    try:
+        scales = choose_scales(flags, features)
+    except ValueError as exc:
+        raise StatisticsPassFailed(f"data.standardize = \"federated\": {exc}") from None
+    given = {**base.extra, SCALES_KEY: [float(s) for s in scales]}
+    means, _ = _pass(grid, scenario, nodes, replace(base, extra={**given, PASS_KEY: "means"}), features)
+    centre = means.astype(np.float64) * scales
+    spread, _ = _pass(grid, scenario, nodes, replace(
+        base, extra={**given, PASS_KEY: "spread", MEAN_KEY: [float(m) for m in centre]}), features)
+    result = Standardization.from_passes(means, spread, scales)
+    store.update_info(run_id, **{INFO_KEY: result.to_info()})
+    store.log(run_id, f"federated standardisation: {features} features from {answered} of {len(nodes)} clients "
+              f"(scales {_span(scales)}); mean {_span(result.mean)}, std {_span(result.std)}; "
+              f"{int((result.std == 1.0).sum())} constant")
+    return result
+
+
+def _pass(grid: Grid, scenario: Scenario, nodes: list[int], config: TrainConfig,
+          size: int) -> tuple[np.ndarray, int]:
+    """One pass: the clients' weighted mean vector, and how many clients it holds."""
+    fed = scenario.federation
+    request = FitRequest(server_round=0, nodes=nodes, state=ServerState(params=np.zeros(size, np.float32)),
+                         config=replace(config, extra={**config.extra, LIMIT_KEY: LIMIT}),
+                         deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20))
+    outcome = statistics_fit(scenario, size)(grid, request, FedAvg())
+    return _weighted_mean(outcome, str(config.extra[PASS_KEY])), sum(c.outcome == "ok" for c in outcome.clients)
 
 
 def standardize_run(grid: Grid, scenario: Scenario, store: RunStore, run_id: str,
@@ -101,11 +125,11 @@ def standardize_run(grid: Grid, scenario: Scenario, store: RunStore, run_id: str
     return result, standardized(test, result) if test is not None else None
 
 
-def _weighted_mean(outcome: FitOutcome) -> np.ndarray:
+def _weighted_mean(outcome: FitOutcome, kind: str) -> np.ndarray:
     if outcome.aggregate is None or outcome.aggregate.count == 0:
         reasons = sorted({f"{c.outcome}: {c.reason}" for c in outcome.clients if c.reason})[:3]
-        raise StatisticsPassFailed("data.standardize = \"federated\": no client answered the statistics pass"
-                                   + (f" ({'; '.join(reasons)})" if reasons else ""))
+        raise StatisticsPassFailed(f"data.standardize = \"federated\": no client answered the {kind} statistics "
+                                   "pass" + (f" ({'; '.join(reasons)})" if reasons else ""))
     return FedAvg().finalize(outcome.aggregate, np.random.default_rng(0))
 
 

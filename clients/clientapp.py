@@ -37,11 +37,13 @@ from learning.federation import cached_federation
 from learning.models import layout_of
 from learning.standardize import (
     LIMIT_KEY,
+    MEAN_KEY,
     PASS_KEY,
+    SCALES_KEY,
     Standardization,
     asks_for_statistics,
-    moments_vector,
     standardized,
+    statistics_vector,
 )
 from learning.task import LocalData, Metrics, Task, TaskModel, load_task
 from privacy.dp import ClientDPConfig, client_payload, secure_rng, train_client
@@ -219,13 +221,17 @@ def train_handler(message: Message, context: Context) -> Message:
 
 
 def _statistics(runtime: _Runtime, message: Message) -> RecordDict:
-    """This node's weighted moments at the pass's scale (:func:`learning.standardize.moments_vector`)."""
+    """This node's answer to one statistics pass (:func:`learning.standardize.statistics_vector`),
+    weighted by its row count."""
     settings = message.content.config_records["config"]
-    scale, limit = _positive(settings, PASS_KEY, None), _positive(settings, LIMIT_KEY, 1.0)
     train = runtime.data.train
     if not hasattr(train, "x"):
         raise UpdateRejected("data.standardize = \"federated\" needs feature arrays; this task's data have none")
-    vector = moments_vector(train.x, scale, limit)
+    try:
+        vector = statistics_vector(train.x, str(settings.get(f"x.{PASS_KEY}")), _positive(settings, LIMIT_KEY, 1.0),
+                                   settings.get(f"x.{SCALES_KEY}"), settings.get(f"x.{MEAN_KEY}"))
+    except ValueError as exc:
+        raise UpdateRejected(f"statistics pass: {exc}") from None
     return train_reply(vector, int(train.x.shape[0]), {})
 
 

@@ -24,6 +24,8 @@ __all__ = ["AgentConsole", "Relay", "reply_summary", "public_reason", "agent_rep
 CONNECTED = "SuperNode ID: "
 #: What Flower's SuperNode logs before it retries a lost connection (then its wait in seconds).
 RETRYING = "Connection attempt failed, retrying in "
+#: How often a lost connection's cause is probed again (each probe may take a second).
+PROBE_EVERY_S = 10.0
 #: How often a connected agent marks its session as alive (``WORKDIR/session``'s mtime).
 SESSION_TOUCH_S = 10.0
 
@@ -108,10 +110,14 @@ class AgentConsole:
         # touched while the SuperNode is connected: a key refused with no recent session is refused for good
         self.session = logs.parent / "session"
         self.connected, self.touched = False, 0.0
+        self.cause, self.probed_at = "", -PROBE_EVERY_S  # why the aggregator was last unreachable, and when
 
     def poll(self) -> None:
-        if CONNECTED in self.relay.poll():
+        seen = self.relay.poll()
+        if CONNECTED in seen:
             self.connected = True
+        if RETRYING in seen:
+            self.connected = False  # the session ends as the connection does
         if self.connected and time.monotonic() - self.touched > SESSION_TOUCH_S:
             self._touch()
 
@@ -119,7 +125,9 @@ class AgentConsole:
         """The SuperNode lost the aggregator: the cause (a connection attempt of our own) and the countdown."""
         seconds = rest.split()[0] if rest else ""
         where = f"the aggregator at {self.server}" if self.server else "the aggregator"
-        cause = f" ({unreachable(self.server)})" if self.server else ""
+        if self.server and time.monotonic() - self.probed_at > PROBE_EVERY_S:  # a retry storm probes once
+            self.cause, self.probed_at = unreachable(self.server), time.monotonic()
+        cause = f" ({self.cause})" if self.cause else ""
         wait = f"retrying in {float(seconds):.0f} s" if _is_number(seconds) else "retrying"
         return f"{where} is unreachable{cause}; {wait}"
 
@@ -154,7 +162,7 @@ class AgentConsole:
         return None
 
 
-def unreachable(server: str, timeout_s: float = 2.0) -> str:
+def unreachable(server: str, timeout_s: float = 1.0) -> str:
     """Why a TCP connection to ``server`` (HOST:PORT) fails right now, or that it does not."""
     host, _, port = server.rpartition(":")
     try:

@@ -92,7 +92,8 @@ def _detach(log: Path, ready_s: float = 180.0) -> None:
     import subprocess
 
     log.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "quorum", *[a for a in sys.argv[1:] if a != "--detach"]]
+    # the command as this interpreter was started with it (``quorum ...`` or ``python -m deploy ...``)
+    argv = [sys.executable, *[a for a in sys.orig_argv[1:] if a != "--detach"]]
     with log.open("ab") as out:
         offset = out.tell()
         child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

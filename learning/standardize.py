@@ -1,19 +1,26 @@
 """Federated feature standardisation: every feature scaled to zero mean and unit variance, from sums alone.
 
-``[data] standardize = "federated"`` runs a statistics pass before round 1.
-Each client answers a train instruction marked :data:`PASS_KEY` not with a
-model update but with the vector ``[mean / S, mean_of_squares / S^2, over]``
-of its training rows, weighted by its row count. The round's fit workflow
-folds these like updates, so under ``[secagg]`` the server learns only the
-weighted sum (no device reveals its own statistics), and without it the
-same checks as for an update apply. ``S`` is a public scale: a client whose
-values do not fit the protocol's clip range (``limit``) sets ``over``, the
-server sees only that some client did, and asks again with ``S`` 256 times
-larger (:data:`SCALES`). From the global mean and mean of squares,
-``std = sqrt(E[x^2] - E[x]^2)``, floored at :data:`STD_FLOOR` x ``S`` so that
-a constant column (a border pixel) is not blown up by rounding noise.
+``[data] standardize = "federated"`` runs three statistics passes before
+round 1. In each, a client answers a train instruction marked
+:data:`PASS_KEY` not with a model update but with a vector about its
+training rows, weighted by its row count; the round's fit workflow folds
+these like updates, so under ``[secagg]`` the server learns only their
+weighted sum, and without it the same checks as for an update apply:
 
-Every later train and evaluate instruction carries the mean and std
+1. ``flags``: for each feature and each candidate scale ``S`` of
+   :data:`SCALES`, whether the client's mean or root mean square exceeds
+   ``limit x S`` (1 or 0). The sum tells the server, per feature, the
+   weighted share of clients over each scale, and it picks each feature's
+   smallest scale ``S_j`` that no client exceeds. No client's values are
+   ever clipped, so no later difference of sums isolates one client.
+2. ``means``: ``mean_j / S_j``; the server gets each feature's mean.
+3. ``spread``: ``E[(x_j - mean_j)^2] / (2 S_j)^2`` around the global mean
+   (at most ``limit``): the variance without the cancellation of
+   ``E[x^2] - E[x]^2``.
+
+``std_j`` at or below :data:`STD_FLOOR` x ``S_j`` (a feature constant on
+every device) is taken as 1: the feature is centred, not rescaled. Every
+later train and evaluate instruction carries the mean and std
 (:meth:`Standardization.to_extra`); clients standardise their rows with them
 before the task sees the data, and the aggregator its own held-out set.
 """
@@ -28,26 +35,29 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["PASS_KEY", "LIMIT_KEY", "MEAN_KEY", "STD_KEY", "SCALES", "STD_FLOOR", "moments_vector",
-           "Standardization", "standardized", "feature_rows", "asks_for_statistics", "StandardizeInputs", "INFO_KEY"]
+__all__ = ["PASS_KEY", "LIMIT_KEY", "SCALES_KEY", "MEAN_KEY", "STD_KEY", "SCALES", "STD_FLOOR", "PASSES",
+           "INFO_KEY", "asks_for_statistics", "feature_rows", "statistics_vector", "choose_scales",
+           "Standardization", "standardized", "StandardizeInputs"]
 
+#: ``TrainConfig.extra``: this instruction asks for one statistics pass (``flags``, ``means``, ``spread``).
+PASS_KEY = "std-pass"
+PASSES = ("flags", "means", "spread")
+#: ``TrainConfig.extra``: the largest value a statistic may take (the pass's clip range).
+LIMIT_KEY = "std-limit"
+#: ``TrainConfig.extra``: each feature's scale (``means`` and ``spread``).
+SCALES_KEY = "std-scales"
+#: ``TrainConfig.extra``: the features' mean (``spread``) and, with ``STD_KEY``, what every later instruction carries.
+MEAN_KEY, STD_KEY = "std-mean", "std-std"
+#: The scales a feature may take: values up to about 1, 256, 65,536, 1.7e7, 4.3e9 and 1.1e12.
+SCALES = tuple(2.0**k for k in (0, 8, 16, 24, 32, 40))
+#: A feature whose std is at most this x its scale counts as constant: it is centred but not rescaled.
+STD_FLOOR = 1e-6
 #: The run's ``info`` key holding its standardisation (``quorum export`` puts it in front of the model).
 INFO_KEY = "standardization"
 
-#: ``TrainConfig.extra``: this instruction asks for statistics at this scale, not for training.
-PASS_KEY = "std-pass"
-#: ``TrainConfig.extra``: the largest value a statistic may take (the secure-aggregation clip range).
-LIMIT_KEY = "std-limit"
-#: ``TrainConfig.extra``: the features' mean and std every later instruction carries.
-MEAN_KEY, STD_KEY = "std-mean", "std-std"
-#: The scales the server tries in turn: features up to about 1, 256, 65,536 and 1.7e7.
-SCALES = (1.0, 2.0**8, 2.0**16, 2.0**24)
-#: A feature whose std is below this x the scale counts as constant: it is centred but not rescaled.
-STD_FLOOR = 1e-3
-
 
 def asks_for_statistics(content: Any) -> bool:
-    """Whether a train instruction's records (a Flower ``RecordDict``) ask for the pass, not training."""
+    """Whether a train instruction's records (a Flower ``RecordDict``) ask for a pass, not training."""
     settings = content.config_records.get("config")
     return settings is not None and f"x.{PASS_KEY}" in settings
 
@@ -57,21 +67,63 @@ def feature_rows(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float64).reshape(x.shape[0], -1)
 
 
-def moments_vector(x: np.ndarray, scale: float, limit: float) -> np.ndarray:
-    """``[mean / S, mean of squares / S^2, over]`` of one client's rows: what it sends in the pass.
+def statistics_vector(x: np.ndarray, kind: str, limit: float, scales: Any = None, mean: Any = None) -> np.ndarray:
+    """What one client sends in pass ``kind`` about its rows ``x`` (module docstring); float32.
 
-    ``over`` is 1 when a value exceeds ``limit`` (the server then asks at a
-    larger scale); the values are clipped to ``[-limit, limit]`` either way.
-    An empty or non-finite set of rows is an error, never a vector.
+    Raises
+    ------
+    ValueError
+        No rows, non-finite rows, an unknown pass, or scales / a mean that do not fit the rows.
     """
     if x.shape[0] == 0:
         raise ValueError("no training rows to take statistics of")
     rows = feature_rows(x)
     if not np.isfinite(rows).all():
         raise ValueError("the training rows hold NaN or Inf values")
-    stats = np.concatenate([rows.mean(axis=0) / scale, (rows**2).mean(axis=0) / scale**2])
-    over = float(np.abs(stats).max(initial=0.0) > limit)
-    return np.append(np.clip(stats, -limit, limit), over).astype(np.float32)
+    if kind == "flags":
+        with np.errstate(over="ignore"):  # a value near 1e300 squares to inf: over every scale, as it should be
+            size = np.maximum(np.abs(rows.mean(axis=0)), np.sqrt((rows**2).mean(axis=0)))
+        return np.concatenate([(size > limit * s) for s in SCALES]).astype(np.float32)
+    per_feature = _per_feature(scales, rows.shape[1], "scales")
+    if not np.isin(per_feature, SCALES).all():
+        raise ValueError(f"the pass's scales must be among {', '.join(f'{s:g}' for s in SCALES)}")
+    if kind == "means":
+        values = rows.mean(axis=0) / per_feature
+    elif kind == "spread":
+        centre = _per_feature(mean, rows.shape[1], "mean", positive=False)
+        if (np.abs(centre) > per_feature).any():  # a pooled mean lies within its feature's scale
+            raise ValueError("the pass's mean lies outside its features' scales")
+        values = ((rows - centre) ** 2).mean(axis=0) / (2 * per_feature) ** 2
+    else:
+        raise ValueError(f"unknown statistics pass {kind!r} (expected one of {', '.join(PASSES)})")
+    return np.clip(values, -limit, limit).astype(np.float32)
+
+
+def _per_feature(values: Any, features: int, what: str, positive: bool = True) -> np.ndarray:
+    """Untrusted per-feature values from an instruction, checked."""
+    try:
+        found = np.asarray(values if values is not None else [], dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        found = np.empty(0)
+    if found.shape != (features,) or not np.isfinite(found).all() or (positive and not (found > 0).all()):
+        raise ValueError(f"the pass's {what} must be {features} finite{' positive' if positive else ''} values")
+    return found
+
+
+def choose_scales(flag_shares: np.ndarray, features: int) -> np.ndarray:
+    """Each feature's smallest scale that no client exceeds, from the flags pass's weighted mean.
+
+    Raises
+    ------
+    ValueError
+        A feature beyond the largest scale on some client (named).
+    """
+    shares = np.asarray(flag_shares, dtype=np.float64).reshape(len(SCALES), features)
+    fits = shares <= 1e-9  # an honest 0 sums to exactly 0, also on the secure-aggregation grid
+    if not fits[-1].all():
+        bad = np.flatnonzero(~fits[-1])[:5].tolist()
+        raise ValueError(f"feature(s) {bad} exceed {SCALES[-1]:.3g} on some device: not a feature to standardise")
+    return np.asarray(SCALES)[fits.argmax(axis=0)]
 
 
 @dataclass(frozen=True)
@@ -82,15 +134,14 @@ class Standardization:
     std: np.ndarray
 
     @classmethod
-    def from_vector(cls, mean_vector: np.ndarray, features: int, scale: float) -> Standardization:
-        """From the pass's weighted mean ``[E[x] / S, E[x^2] / S^2, over]`` at scale ``S``."""
-        v = np.asarray(mean_vector, dtype=np.float64)
-        if v.shape != (2 * features + 1,) or not np.isfinite(v).all():
-            raise ValueError(f"statistics vector of shape {v.shape}, expected ({2 * features + 1},) finite values")
-        mean, meansq = v[:features] * scale, v[features:2 * features] * scale**2
-        std = np.sqrt(np.maximum(meansq - mean**2, 0.0))
-        std = np.where(std < STD_FLOOR * scale, 1.0, std)  # constant (up to rounding): leave its scale alone
-        return cls(mean.astype(np.float32), std.astype(np.float32))
+    def from_passes(cls, means: np.ndarray, spread: np.ndarray, scales: np.ndarray) -> Standardization:
+        """From the ``means`` and ``spread`` passes' weighted means at the features' ``scales``."""
+        m, v, s = (np.asarray(a, dtype=np.float64) for a in (means, spread, scales))
+        if not (m.shape == v.shape == s.shape and m.ndim == 1) or not np.isfinite(np.stack([m, v])).all():
+            raise ValueError(f"statistics of shapes {m.shape}, {v.shape}, {s.shape}: expected equal, finite")
+        std = np.sqrt(np.maximum(v, 0.0)) * 2 * s
+        std = np.where(std <= STD_FLOOR * s, 1.0, std)  # constant on every device: centred, not rescaled
+        return cls((m * s).astype(np.float32), std.astype(np.float32))
 
     def to_extra(self) -> dict[str, list[float]]:
         return {MEAN_KEY: [float(v) for v in self.mean], STD_KEY: [float(v) for v in self.std]}
@@ -98,7 +149,7 @@ class Standardization:
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> Standardization | None:
         """The standardisation an instruction carries, or ``None``; a malformed one is a ``ValueError``."""
-        if MEAN_KEY not in extra and STD_KEY not in extra:
+        if STD_KEY not in extra:
             return None
         malformed = ValueError("the instruction's feature standardisation is malformed (mean and std must be "
                                "equally long lists of finite float32 values, std > 0)")

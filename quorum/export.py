@@ -111,9 +111,7 @@ def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None
     out.mkdir(parents=True, exist_ok=True)
     rounds = {r.round: r for r in store.rounds(run.id)}
     manifest = _manifest(scenario, task, model.model, run, state.round, rounds.get(state.round))
-    standardization = Standardization.from_info((run.info or {}).get(INFO_KEY))
-    if standardization is not None:  # [data] standardize = "federated": the export takes raw features
-        manifest["standardize"] = int(standardization.mean.size)
+    standardization = Standardization.from_info((run.info or {}).get(INFO_KEY))  # the export takes raw features
     manifest.update(_write_weights(task, model.model, out, {"format": FORMAT, "run": run.id,
                                                             "round": str(state.round)}, merged, standardization))
     if isinstance(task, LanguageModelTask):
@@ -130,12 +128,13 @@ def _write_weights(task: Task, model: nn.Module, out: Path, metadata: dict[str, 
     standardisation when it had one); the manifest's fields."""
     if isinstance(task, LanguageModelTask):
         return {**task.write_adapters(model, out, merged), "output": {"kind": "text"}}
-    serving = task.serving_module(model)
-    if standardization is not None:
+    serving, extra = task.serving_module(model), dict[str, Any]()
+    if standardization is not None:  # [data] standardize = "federated": the manifest's feature count rebuilds it
         serving = nn.Sequential(StandardizeInputs(int(standardization.mean.size), standardization), serving)
+        extra = {"standardize": int(standardization.mean.size)}
     tensors = {k: v.detach().contiguous() for k, v in serving.state_dict().items()}
     save_file(tensors, str(out / WEIGHTS), metadata=metadata)
-    return {"tensors": {k: list(v.shape) for k, v in tensors.items()}}
+    return {"tensors": {k: list(v.shape) for k, v in tensors.items()}, **extra}
 
 
 def _manifest(scenario: Scenario, task: Task, module: nn.Module, run: Any, server_round: int,

@@ -91,13 +91,16 @@ def _serve(app: ClientApp, conn: Connection, threads: int, inherited: list[Conne
         if not job:
             return
         meta, reuse, state = pickle.loads(job)
-        if reuse and held is not None:  # the round's instruction, decoded here before: only its metadata came
-            message, context = _decode_reusing(meta, state, held)
+        if reuse:  # the round's instruction, decoded here before: only its metadata came
+            message, context = _decode_reusing(meta, state, held or RecordDict())
+            reply = call_app(app, message, context) if held is not None else Message(
+                Error(code=1, reason="client worker: the instruction it was to reuse never reached it"),
+                reply_to=message)
         else:
             message, context = _decode(meta, state)
-            # a copy taken before the app runs: what the app does to its own records stays there
-            held = _fresh(message.content) if message.has_content() else None
-        reply = call_app(app, message, context)
+            if message.has_content():  # a copy taken before the app runs: what the app does to its own stays there
+                held = _fresh(message.content)
+            reply = call_app(app, message, context)
         conn.send_bytes(pickle.dumps(_encode(reply, context)))
 
 
@@ -242,14 +245,14 @@ def _decode_reusing(meta: bytes, context: bytes, content: RecordDict) -> tuple[M
 
 
 def _fresh(content: RecordDict) -> RecordDict:
-    """A copy of ``content`` whose records are new objects holding the same (immutable) values;
-    a record under two names (the legacy aliases) stays one record."""
+    """A copy of ``content``: new records (and lists) holding the same immutable values (arrays' bytes,
+    numbers, strings); a record under two names (the legacy aliases) stays one record."""
     copies: dict[int, Any] = {}
     out = RecordDict()
     record: Any
     for key, record in content.items():
-        if id(record) not in copies:
-            copies[id(record)] = type(record)(dict(record.items()))
+        if id(record) not in copies:  # list values are copied too: an app may change a config list in place
+            copies[id(record)] = type(record)({k: list(v) if isinstance(v, list) else v for k, v in record.items()})
         out[key] = copies[id(record)]
     return out
 

@@ -540,6 +540,10 @@ def _check_discrete(scenario: Scenario) -> None:
                    "steps, which the sampler cannot draw exactly")
 
 
+#: The tasks whose data ``[data] standardize = "federated"`` applies to (feature arrays ``x``).
+STANDARDIZED_TASKS = ("learning.tasks.classification", "learning.tasks.regression")
+
+
 def _check_standardize(scenario: Scenario) -> None:
     """What the federated statistics pass does not combine with, naming both keys."""
     if scenario.dp.enabled:
@@ -549,9 +553,9 @@ def _check_standardize(scenario: Scenario) -> None:
     if scenario.asynchronous.enabled:
         raise Bad("data.standardize", "federated", "[async] enabled = true: the statistics pass is a "
                    "synchronous round; standardise the data beforehand, or turn one off")
-    if scenario.task.entry and not scenario.task.entry.startswith("learning.tasks."):
+    if scenario.task.entry and scenario.task.entry.split(":")[0] not in STANDARDIZED_TASKS:
         raise Bad("data.standardize", "federated", f"task.entry = {scenario.task.entry!r}: the pass standardises "
-                   "the built-in tasks' feature arrays; a task of your own scales its own data")
+                   "the built-in classification and regression tasks' feature arrays; another task scales its own")
 
 
 def _check_robust(scenario: Scenario) -> None:

@@ -118,9 +118,16 @@ def folder(tmp_path: Path):
     write_devices(tmp_path)
     (tmp_path / "scenarios").symlink_to(REPO / "scenarios")
     yield tmp_path
-    subprocess.run([sys.executable, "-m", "quorum", "aggregator", "stop", "--config", "federation.toml"],
-                   cwd=tmp_path, env=env(), capture_output=True, timeout=60)
-    for workdir in tmp_path.glob("agent-*"):
+    try:
+        subprocess.run([sys.executable, "-m", "quorum", "aggregator", "stop", "--config", "federation.toml"],
+                       cwd=tmp_path, env=env(), capture_output=True, timeout=60)
+    finally:
+        _stop_agents(tmp_path)
+
+
+def _stop_agents(folder: Path) -> None:
+    """SIGTERM every agent the walkthrough left running (by its workdir's pid file), then wait for it."""
+    for workdir in folder.glob("agent-*"):
         pid = agent_running(workdir) if workdir.is_dir() else None
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
@@ -182,13 +189,22 @@ def _the_three_mistakes(script: str, folder: Path) -> None:
     running = {mistake: subprocess.Popen(["bash", "-c", command], cwd=folder, env=env(), text=True,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
                for mistake, command in mistakes.items()}
+    outputs: dict[str, str] = {}
+    try:
+        for mistake, proc in running.items():
+            try:
+                outputs[mistake] = proc.communicate(timeout=120)[0]
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                outputs[mistake] = proc.communicate()[0]
+                pytest.fail(f"{mistake}: the agent did not stop by itself in 120 s:\n{outputs[mistake][-3000:]}")
+    finally:
+        for proc in running.values():  # a failure above leaves none of them running
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
     for mistake, proc in running.items():
-        try:
-            out, _ = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            pytest.fail(f"{mistake}: the agent did not stop by itself in 120 s:\n{out[-3000:]}")
+        out = outputs[mistake]
         row = "a key never enrolled, or revoked" if mistake == "revoked" else mistake
         assert proc.returncode in (2, 3), f"{mistake}: rc {proc.returncode}\n{out[-3000:]}"
         assert says(page_table(row), out), f"{mistake}:\n{out[-3000:]}"
