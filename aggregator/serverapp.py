@@ -42,6 +42,7 @@ from core.layouts import ParamLayout
 from core.records import RoundRecord
 from core.weighting import WeightPolicy
 from learning.models import layout_of
+from learning.standardize import Standardization
 from learning.task import TaskModel, load_task
 from privacy.dp import make_dp_strategy
 from privacy.secagg.fit import SecAggFit
@@ -143,9 +144,7 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     try:
         if on_start is not None:
             on_start(run_id)
-        standardization, test = standardize_run(grid, scenario, store, run_id, test)
-        evaluator = ServerEvaluator(factory, test) if test is not None and scenario.evaluation.server else None
-        layout = _layout(factory())  # its tensor names and shapes: the global model travels as its state dict
+        evaluator, layout, standardization = _prepare(grid, scenario, store, run_id, factory, test)
         if scenario.asynchronous.enabled:
             fed = scenario.federation
             buffered = BufferedLoop(scenario=scenario, strategy=strategy, store=store, run_id=run_id,
@@ -169,8 +168,14 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     return run_id, replace(result, status=status)
 
 
-def _layout(model: TaskModel) -> ParamLayout:
-    return layout_of(model.model, model.names)
+def _prepare(grid: Grid, scenario: Scenario, store: RunStore, run_id: str, factory: Callable[[], TaskModel],
+             test: Any) -> tuple[ServerEvaluator | None, ParamLayout, Standardization | None]:
+    """What the loop needs besides the state: the server's evaluator (on its held-out set, standardised
+    when ``[data] standardize`` asks: the statistics passes run here), the model's layout, the standardisation."""
+    standardization, test = standardize_run(grid, scenario, store, run_id, test)
+    evaluator = ServerEvaluator(factory, test) if test is not None and scenario.evaluation.server else None
+    model = factory()  # its tensor names and shapes: the global model travels as its state dict
+    return evaluator, layout_of(model.model, model.names), standardization
 
 
 #: Round statuses in which no client update reached the model.
