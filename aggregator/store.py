@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
-from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, create_engine, event, inspect, select
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, create_engine, event, insert, inspect, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -226,7 +226,9 @@ class RunStore:
             if s.get(Round, (run_id, record.round)) is not None:
                 raise StoreError(f"run {run_id} already has round {record.round} committed")
             s.add(_round_row(run_id, record, str(path)))
-            s.add_all(_client_rows(run_id, record))
+            rows = list(_client_rows(run_id, record))
+            if rows:  # one executemany (10,000 clients x 100 rounds), not an ORM object per row
+                s.execute(insert(ClientResult), rows)
             run.rounds_done, run.updated_at = record.round, time.time()
 
     def rounds(self, run_id: str) -> list[Round]:
@@ -306,13 +308,12 @@ def _round_row(run_id: str, r: RoundRecord, checkpoint: str) -> Round:
                  epsilon=_real(r.epsilon), secagg=r.secagg, metrics=r.metrics or {}, checkpoint=checkpoint)
 
 
-def _client_rows(run_id: str, r: RoundRecord) -> Iterable[ClientResult]:
+def _client_rows(run_id: str, r: RoundRecord) -> Iterable[dict[str, Any]]:
     now = time.time()
     for c in r.clients:
-        yield ClientResult(run_id=run_id, round=r.round, client=c.client, outcome=c.outcome,
-                           stage=c.stage, reason=c.reason, num_examples=_count(c.num_examples),
-                           train_loss=_real(c.train_loss), eval_loss=_real(c.eval_loss),
-                           eval_accuracy=_real(c.eval_accuracy), duration_s=_real(c.duration_s),
-                           bytes_in=_count(c.bytes_in, 2**53), bytes_out=_count(c.bytes_out, 2**53),
-                           metrics=clean_metrics(c.metrics or {}),
-                           finished_at=now)
+        yield dict(run_id=run_id, round=r.round, client=c.client, outcome=c.outcome,
+                   stage=c.stage, reason=c.reason, num_examples=_count(c.num_examples),
+                   train_loss=_real(c.train_loss), eval_loss=_real(c.eval_loss),
+                   eval_accuracy=_real(c.eval_accuracy), duration_s=_real(c.duration_s),
+                   bytes_in=_count(c.bytes_in, 2**53), bytes_out=_count(c.bytes_out, 2**53),
+                   metrics=clean_metrics(c.metrics or {}), finished_at=now)

@@ -9,14 +9,15 @@ examples, 100 sampled per round, logistic regression, FedAvg) runs at 100,
 - ``ray``: Flower's simulation engine (Ray) running the same ServerApp and ClientApp.
 
 For each it reports start-up (from the process's launch to the start of the
-first round's work), time per round (the mean over the rounds after the
-first), and the peak memory of the whole process tree (the aggregator, every
+first round's work), time per round (the median of the rounds after the
+first, so that a burst of load from elsewhere on a shared machine moves it
+less; the mean is printed beside it), and the peak memory of the whole process tree (the aggregator, every
 worker, Ray's actors and daemons), sampled every 0.2 s: the sum of every
 process's proportional set size (``Pss`` in ``/proc/PID/smaps_rollup``, so
 pages that forked workers share count once), with the RSS sum beside it. The
 final models are compared with the single process's.
 
-    python bench/simulate.py                 # 100 / 1,000 / 10,000 clients, 4 rounds each (minutes)
+    python bench/simulate.py                 # 100 / 1,000 / 10,000 clients, 6 rounds each (minutes)
     python bench/simulate.py --quick         # 30 clients, 2 rounds, no Ray (seconds)
 
 Ray runs at the sizes it finishes within ``--ray-limit-s``. Ends with one JSON line.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -143,9 +145,11 @@ def measure(runtime: str, clients: int, args: argparse.Namespace, work: Path) ->
         return {"runtime": runtime, "clients": clients, "error": f"exit {proc.returncode}: {' '.join(tail)}"}
     done = json.loads(out.read_text())
     ends = done["ends"]
-    per_round = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else ends[0] - launched
+    durations = [b - a for a, b in zip(ends, ends[1:], strict=False)] or [ends[0] - launched]
+    per_round, mean = statistics.median(durations), statistics.fmean(durations)
     return {"runtime": runtime, "clients": clients, "status": done["status"], "accuracy": done["accuracy"],
             "startup_s": round(ends[0] - launched - per_round, 2), "round_s": round(per_round, 3),
+            "round_s_mean": round(mean, 3),
             "peak_pss_mb": round(peak_pss, 1), "peak_rss_mb": round(peak_rss, 1),
             "model": str(out.with_suffix(".npy"))}
 
@@ -216,14 +220,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="30 clients, 2 rounds, no Ray")
     parser.add_argument("--sizes", type=int, nargs="+", help="federation sizes (default 100 1000 10000)")
-    parser.add_argument("--rounds", type=int, help="rounds per run (default 4; --quick 2)")
+    parser.add_argument("--rounds", type=int, help="rounds per run (default 6; --quick 2)")
     parser.add_argument("--runtimes", nargs="+", choices=RUNTIMES, help="default: all (--quick: single pool)")
     parser.add_argument("--limit-s", type=float, default=1200.0, help="give up an in-process cell after this")
     parser.add_argument("--ray-limit-s", type=float, default=600.0, help="give up a Ray cell after this")
     parser.add_argument("--child", nargs=4, metavar=("RUNTIME", "CLIENTS", "ROUNDS", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.sizes = args.sizes or ([30] if args.quick else [100, 1000, 10000])
-    args.rounds = args.rounds or (2 if args.quick else 4)
+    args.rounds = args.rounds or (2 if args.quick else 6)
     args.runtimes = args.runtimes or (["single", "pool"] if args.quick else list(RUNTIMES))
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (time per round is measured after the first)")

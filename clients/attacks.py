@@ -30,6 +30,10 @@ Attacks
 ``mimic``
     Every attacker sends the update of one fixed honest client
     (Karimireddy, He & Jaggi, ICLR 2022), over-weighting its data.
+``absent``
+    The attackers take the model and never send an update (their train
+    calls fail): no rule can learn their data, so the drop under ``absent``
+    is what their data is worth, a floor under every defence's drop.
 
 Knowledge assumed
 -----------------
@@ -52,7 +56,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
-from flwr.app import Context, Message
+from flwr.app import Context, Error, Message
 
 from core.messages import train_reply
 from learning.standardize import asks_for_statistics
@@ -178,6 +182,8 @@ class AttackMod:
         if int(partition) not in plan.attackers() or "secagg" in message.content.config_records \
                 or asks_for_statistics(message.content):  # the pass is answered honestly
             return call_next(message, context)
+        if plan.spec.attack == "absent":
+            return Message(Error(code=1, reason="absent: this client withholds its update"), reply_to=message)
         delta, num_examples, metrics = self.forge(plan, int(partition), message, context)
         return Message(train_reply(delta, num_examples, metrics), reply_to=message)
 

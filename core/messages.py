@@ -30,13 +30,13 @@ from typing import Any, TypeGuard
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.app.typing import MetricRecordValues
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, no_object_id_recompute
 
 from core.aggregate import all_finite
 from core.broadcast import Broadcast
 from core.compress import Codec
 from core.errors import UpdateRejected
 from core.layouts import ParamLayout, encode_named, gather, npy_bytes, npy_view
+from core.wire import content_bytes, wire_bytes
 
 __all__ = [
     "TrainConfig", "TrainReply", "EvalReply", "encode_flat", "decode_flat",
@@ -545,25 +545,3 @@ def _eval_metrics(content: RecordDict) -> dict[str, Any]:
     accuracy = next((metrics[k] for k in _ACCURACY_NAMES if k in metrics), None)
     own = {k: v for k, v in metrics.items() if k not in _ACCURACY_NAMES and k not in _FLOWER_EVAL_KEYS}
     return {**metrics, "eval-loss": metrics["eval_loss"], "eval-accuracy": accuracy, "extra": own}
-
-
-def wire_bytes(content: RecordDict) -> int:
-    """What a message's content costs on Flower's wire: every distinct object of its tree
-    (records, arrays, array chunks) as Flower serialises it; a record sent under two names
-    (the legacy aliases) counts once, as Flower's content-addressed wire sends it once.
-
-    Never raises: a content Flower cannot serialise (an integer beyond 64 bits, which only an
-    in-process client can hand over) is counted by its arrays' bytes (:func:`content_bytes`).
-    """
-    try:
-        with no_object_id_recompute():  # each object's id once, not again inside every parent's body
-            return sum(len(obj.deflate()) for obj in get_all_nested_objects(content).values())
-    except (ValueError, TypeError, OverflowError, AttributeError):
-        return content_bytes(content) if isinstance(content, RecordDict) else 0
-
-
-def content_bytes(content: RecordDict) -> int:
-    """Approximate wire size of a message's arrays (their serialised bytes); a record
-    sent under two names (the legacy aliases) counts once, as Flower's wire sends it once."""
-    records = {id(r): r for r in content.array_records.values()}
-    return sum(len(a.data) for record in records.values() for a in record.values())

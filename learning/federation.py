@@ -94,7 +94,11 @@ class ResampledClients(Sequence[ClientData]):
 
     def __init__(self, pool: ArrayDataset, num_clients: int, spec: DataSpec, seed: np.random.SeedSequence) -> None:
         self._pool, self._n, self._spec = pool, num_clients, spec
-        self._classes = [np.flatnonzero(pool.y == k) for k in np.unique(pool.y)]
+        labels, self._by_class = np.unique(pool.y, return_counts=True)
+        # every class's example positions, one after another: class k's are order[starts[k]:starts[k + 1]]
+        self._order = np.argsort(pool.y, kind="stable")
+        self._starts = np.concatenate([[0], np.cumsum(self._by_class)[:-1]])
+        self._alpha = np.full(len(labels), spec.alpha)
         self._entropy, self._key = seed.entropy, tuple(seed.spawn_key)
 
     def __len__(self) -> int:
@@ -113,13 +117,15 @@ class ResampledClients(Sequence[ClientData]):
             raise IndexError(f"client {i} of {self._n}")
         i %= self._n
         rng = np.random.default_rng(np.random.SeedSequence(self._entropy, spawn_key=(*self._key, i)))
-        proportions = rng.dirichlet(np.full(len(self._classes), self._spec.alpha))
-        counts = rng.multinomial(self._spec.samples_per_client, proportions)
-        index = np.concatenate([rng.choice(members, size=c) for members, c in zip(self._classes, counts, strict=True)])
+        counts = rng.multinomial(self._spec.samples_per_client, rng.dirichlet(self._alpha))
+        label = np.repeat(np.arange(len(counts)), counts)  # each draw's class, then a uniform member of it
+        index = self._order[self._starts[label] + rng.integers(0, self._by_class[label])]
         # split by example, not by draw: an example drawn twice stays on one side, never in both
-        unique = np.unique(index)
+        unique, where = np.unique(index, return_inverse=True)
         n_test = min(int(round(self._spec.client_test_fraction * len(unique))), max(len(unique) - 1, 0))
-        held = np.isin(index, unique[rng.permutation(len(unique))[:n_test]])
+        test = np.zeros(len(unique), bool)
+        test[rng.permutation(len(unique))[:n_test]] = True
+        held = test[where]
         return ClientData(self._pool.subset(index[~held]), self._pool.subset(index[held]))
 
 

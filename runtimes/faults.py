@@ -65,6 +65,8 @@ class FaultPlan:
 
     def pick_dropped(self, batch: Sequence[Message]) -> set[int]:
         """Ids (``id(message)``) of exactly ``round(fraction * n)`` messages per stage."""
+        if not any(self.dropouts.values()):
+            return set()
         groups: dict[tuple[int, str], list[Message]] = {}
         for message in batch:
             groups.setdefault((_round_of(message), stage_of(message)), []).append(message)
@@ -89,7 +91,8 @@ class FaultPlan:
 
     def corrupt(self, message: Message, reply: Message) -> Message:
         """A Byzantine node's train reply with its update replaced by garbage."""
-        if stage_of(message) != "train" or reply.has_error() or not self._chosen(message, self.byzantine, 202):
+        if self.byzantine <= 0 or reply.has_error() or stage_of(message) != "train" \
+                or not self._chosen(message, self.byzantine, 202):
             return reply
         records = reply.content.array_records
         if "update" not in records:

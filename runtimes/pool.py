@@ -12,12 +12,20 @@ Each worker runs torch on ``threads`` intra-op threads (default: the cores
 divided among the workers). Torch's results depend on that number (a
 reduction split over two threads adds in another order), so a run is
 bit-identical to the one-process run at the same threads per client.
+
+Messages cross a worker's pipe pickled (both ends are this program, one
+forked from the other): records arrive with the values Flower checked when
+they were built, arrays with their exact bytes, at about a third of the cost
+of Flower's protobuf form. A round's instruction (one content object pushed
+to every node) crosses once per worker; later calls carry only its metadata.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import gc
+import io
 import multiprocessing as mp
 import os
 import pickle
@@ -27,19 +35,9 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Array, Context, Error, Message, RecordDict
 from flwr.app.message import make_message
 from flwr.clientapp import ClientApp
-from flwr.common.serde import (
-    context_from_proto,
-    context_to_proto,
-    message_from_proto,
-    message_to_proto,
-    metadata_from_proto,
-    metadata_to_proto,
-)
-from flwr.proto.message_pb2 import Context as ContextProto
-from flwr.proto.message_pb2 import Message as MessageProto
 
 __all__ = ["WorkerPool", "default_workers", "call_app"]
 
@@ -66,7 +64,7 @@ def call_app(app: ClientApp, message: Message, context: Context) -> Message:
 
 
 def _serve(app: ClientApp, conn: Connection, threads: int, inherited: list[Connection]) -> None:
-    """A worker's loop: (message, context) in, (reply, the context's new state) out, until ``None``.
+    """A worker's loop: (message, context) in, (reply, the context's new state) out, until an empty job.
 
     Ctrl-C reaches the whole process group: a worker ignores it and lets the
     aggregator's process end the run and close the pool. A worker whose
@@ -90,18 +88,22 @@ def _serve(app: ClientApp, conn: Connection, threads: int, inherited: list[Conne
             return
         if not job:
             return
-        meta, reuse, state = pickle.loads(job)
-        if reuse:  # the round's instruction, decoded here before: only its metadata came
-            message, context = _decode_reusing(meta, state, held or RecordDict())
-            reply = call_app(app, message, context) if held is not None else Message(
-                Error(code=1, reason="client worker: the instruction it was to reuse never reached it"),
-                reply_to=message)
-        else:
-            message, context = _decode(meta, state)
+        message, context = pickle.loads(job)
+        if isinstance(message, Message):
             if message.has_content():  # a copy taken before the app runs: what the app does to its own stays there
                 held = _fresh(message.content)
             reply = call_app(app, message, context)
-        conn.send_bytes(pickle.dumps(_encode(reply, context)))
+        else:  # the round's instruction, unpickled here before: only its metadata came
+            message = make_message(metadata=message, content=_fresh(held or RecordDict()))
+            reply = call_app(app, message, context) if held is not None else Message(
+                Error(code=1, reason="client worker: the instruction it was to reuse never reached it"),
+                reply_to=message)
+        try:
+            answer = _dumps((reply, context.state))
+        except Exception as exc:  # whatever the app put in its reply, the worker lives on
+            answer = _dumps((Message(Error(code=1, reason=f"client worker: the reply cannot reach the aggregator "
+                                                      f"({type(exc).__name__}: {exc})"), reply_to=message), None))
+        conn.send_bytes(answer)
 
 
 class _Worker:
@@ -114,16 +116,16 @@ class _Worker:
         child.close()
         self.held: Any = None  # the content the worker holds decoded
 
-    def call(self, message: Message, context: Context) -> tuple[Message, Context]:
+    def call(self, message: Message, context: Context) -> tuple[Message, RecordDict | None]:
         """One call; a round's instruction (one content object pushed to every node) crosses the pipe
         once per worker, later calls send only their metadata (the worker reuses what it decoded)."""
         content = message.content if message.has_content() and not message.has_error() else None
         reuse = content is not None and content is self.held
-        meta, state = _encode(message, context, with_content=not reuse)
-        self.conn.send_bytes(pickle.dumps((meta, reuse, state)))
+        self.conn.send_bytes(_dumps((message.metadata if reuse else message, context)))
         if content is not None:
             self.held = content  # kept alive, so its id is never another object's
-        return _decode(*pickle.loads(self.conn.recv_bytes()))
+        reply, state = pickle.loads(self.conn.recv_bytes())
+        return reply, state
 
     def ask_to_stop(self) -> None:
         try:
@@ -196,7 +198,7 @@ class WorkerPool:
         self.start()
         worker = self._idle.get()
         try:
-            reply, returned = worker.call(message, context)
+            reply, state = worker.call(message, context)
         except (EOFError, OSError):
             worker.process.join(_STOP_GRACE_S)
             code = worker.process.exitcode
@@ -205,7 +207,8 @@ class WorkerPool:
                            reply_to=message)
         finally:
             self._idle.put(worker)
-        context.state = returned.state
+        if state is not None:  # None: the reply could not be sent, and the node's state stays as it was
+            context.state = state
         return reply
 
     def _replace(self, dead: _Worker) -> _Worker:
@@ -229,19 +232,26 @@ class WorkerPool:
             worker.stop()
 
 
-def _encode(message: Message, context: Context, with_content: bool = True) -> tuple[bytes, bytes]:
-    """Flower's own wire form of a message and a node's context (arrays as bytes, exactly);
-    ``with_content=False``: the message's metadata only."""
-    proto = message_to_proto(message) if with_content else MessageProto(metadata=metadata_to_proto(message.metadata))
-    return proto.SerializeToString(), context_to_proto(context).SerializeToString()
+def _array(dtype: str, shape: tuple[int, ...], stype: str, data: bytes) -> Array:
+    return Array(dtype=dtype, shape=shape, stype=stype, data=data)
 
 
-def _decode_reusing(meta: bytes, context: bytes, content: RecordDict) -> tuple[Message, Context]:
-    """A message whose metadata came over the pipe and whose content is a copy of ``content``."""
-    m, c = MessageProto(), ContextProto()
-    m.ParseFromString(meta)
-    c.ParseFromString(context)
-    return make_message(metadata=metadata_from_proto(m.metadata), content=_fresh(content)), context_from_proto(c)
+def _reduce_array(array: Array) -> tuple[Any, tuple[Any, ...]]:
+    return _array, (array.dtype, tuple(array.shape), array.stype, bytes(array.data))
+
+
+class _Pickler(pickle.Pickler):
+    """Pickle with one addition: a Flower ``Array`` (whose data may be a memoryview) travels as its bytes."""
+
+    dispatch_table = {**copyreg.dispatch_table, Array: _reduce_array}
+
+
+def _dumps(obj: Any) -> bytes:
+    """What crosses a worker's pipe: Flower's own objects, pickled (both ends are this program, forked;
+    records keep their checked values and arrays their exact bytes, at a third of protobuf's cost)."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
 
 
 def _fresh(content: RecordDict) -> RecordDict:
@@ -252,13 +262,9 @@ def _fresh(content: RecordDict) -> RecordDict:
     record: Any
     for key, record in content.items():
         if id(record) not in copies:  # list values are copied too: an app may change a config list in place
-            copies[id(record)] = type(record)({k: list(v) if isinstance(v, list) else v for k, v in record.items()})
+            copy = copies[id(record)] = record.copy()  # Flower's copy: the values were checked when they came
+            for k, v in record.items():
+                if isinstance(v, list):
+                    copy[k] = list(v)
         out[key] = copies[id(record)]
     return out
-
-
-def _decode(message: bytes, context: bytes) -> tuple[Message, Context]:
-    m, c = MessageProto(), ContextProto()
-    m.ParseFromString(message)
-    c.ParseFromString(context)
-    return message_from_proto(m), context_from_proto(c)

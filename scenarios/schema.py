@@ -34,7 +34,7 @@ ROBUST_STRATEGIES = ("centered_clipping", "median", "trimmed_mean", "krum")
 #: Byzantine behaviours: corrupt replies the aggregator must reject, then attacks
 #: with valid-looking updates that robust aggregation must survive (runtimes.attacks).
 CORRUPTIONS = ("nan", "wrong_shape", "oversized", "garbage")
-ATTACKS = ("alie", "ipm", "signflip", "labelflip", "scaling", "mimic", "weight_inflation")
+ATTACKS = ("alie", "ipm", "signflip", "labelflip", "scaling", "mimic", "weight_inflation", "absent")
 
 
 @dataclass(frozen=True)
@@ -212,7 +212,8 @@ class ByzantineSpec:
 
     fraction: float = 0.0
     attack: Literal["nan", "wrong_shape", "oversized", "garbage",
-                    "alie", "ipm", "signflip", "labelflip", "scaling", "mimic", "weight_inflation"] = "nan"
+                    "alie", "ipm", "signflip", "labelflip", "scaling", "mimic", "weight_inflation",
+                    "absent"] = "nan"
     scale: float = 10.0
     epsilon: float = 0.5
     z: float | None = None

@@ -13,7 +13,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "robust.py"
 AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "cc")
-ATTACKS = ("none", "alie", "ipm", "signflip", "labelflip", "mimic", "weight_inflation")
+ATTACKS = ("none", "alie", "ipm", "signflip", "labelflip", "mimic", "weight_inflation", "absent")
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +42,7 @@ def test_table_has_every_aggregator_and_attack_as_a_percentage(figures: dict[str
 
 def test_figures_agree_with_the_table(figures: dict[str, Any]) -> None:
     cc = figures["table"]["cc"]
-    worst = min(v for k, v in cc.items() if k != "none")
+    worst = min(v for k, v in cc.items() if k not in ("none", "absent"))  # the floor is no attack
     assert figures["cc_clean_accuracy"] == cc["none"] and figures["cc_worst_attack_accuracy"] == worst
     assert figures["cc_drop_points"] == pytest.approx(cc["none"] - worst, abs=0.01)
+    assert figures["cc_floor_points"] == pytest.approx(cc["none"] - cc["absent"], abs=0.01)

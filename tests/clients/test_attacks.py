@@ -132,3 +132,35 @@ def test_the_mod_forges_only_an_attacker_s_train_reply(monkeypatch: pytest.Monke
     # Execute / Assert
     np.testing.assert_array_equal(reply_of(honest_node), [1, 1])
     np.testing.assert_array_equal(reply_of(bad_node), [-bad_node, -1])
+
+
+def test_an_absent_attacker_answers_an_error_and_an_honest_node_its_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1, raising=False)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1, raising=False)
+    p = plan("absent", clients=10)
+    honest_node, bad_node = next(i for i in range(10) if i not in p.attackers()), p.attackers()[0]
+    trainer = FakeTrainer()
+    mod = AttackMod(honest=trainer, plan_of=lambda context: p)
+    content = train_instruction(np.zeros(2, dtype=np.float32), TrainConfig(round=1, epochs=1, batch_size=1,
+                                                                           lr=0.1, seed=0))
+
+    def call_next(message: Message, context: Context) -> Message:
+        return Message(train_reply(np.ones(2, dtype=np.float32), 7, {}), reply_to=message)
+
+    def reply_of(partition: int) -> Message:
+        context = Context(run_id=1, node_id=partition + 1, node_config={"partition-id": partition},
+                          state=RecordDict(), run_config={})
+        return mod(Message(content, dst_node_id=partition + 1, message_type="train"), context, call_next)
+
+    # Execute
+    honest, bad = reply_of(honest_node), reply_of(bad_node)
+
+    # Assert: the attacker sends no update at all (and trains nothing); the honest node is untouched
+    assert bad.has_error() and "withholds its update" in bad.error.reason
+    assert trainer.calls == []
+    np.testing.assert_array_equal(parse_train_reply(honest.content, 2, 2**20).delta, [1, 1])
+    assert len(p.attackers()) == 2

@@ -148,6 +148,31 @@ def test_a_worker_that_dies_costs_one_reply_and_is_replaced() -> None:
     assert sorted(m.content["r"]["node"] for m in again) == [1, 3]
 
 
+
+def test_a_reply_that_cannot_cross_the_pipe_is_an_error_and_the_worker_lives() -> None:
+    # Prepare: node 2 slips a function past Flower's checks into its reply and into its state
+    app = ClientApp()
+
+    @app.query()
+    def answer(message: Message, context: Context) -> Message:
+        record = ConfigRecord({"node": context.node_id, "pid": os.getpid()})
+        if context.node_id == 2 and "tried" not in context.state:
+            context.state["tried"] = ConfigRecord({"yes": True})
+            record.__dict__["_data"]["sneaky"] = lambda: None  # bypasses the record's value check
+        return Message(RecordDict({"r": record}), reply_to=message)
+
+    # Execute
+    with _grid(app) as grid:
+        replies = _ask(grid, [1, 2, 3])
+        again = _ask(grid, [2])
+
+    # Assert: node 2's reply is an error naming why (its worker did not die); the others are served;
+    # node 2's state stayed as it was before the failed call, so its next call fails the same way
+    errors = [m.error.reason for m in replies + again if m.has_error()]
+    assert len(errors) == 2
+    assert all(e.startswith("client worker: the reply cannot reach the aggregator (") for e in errors)
+    assert sorted(m.content["r"]["node"] for m in replies if not m.has_error()) == [1, 3]
+
 def test_simulate_refuses_fewer_than_one_worker(db_url: str) -> None:
     from scenarios.errors import ScenarioError
 
