@@ -54,7 +54,7 @@ def content_bytes(content: RecordDict) -> int:
 
 def _header(kind: str, children: int, body: int) -> int:
     """``len(f"{kind} {','.join(ids)} {body}") + 1`` (the ``\\x00`` divider) for ``children`` distinct ids."""
-    return len(kind) + 1 + children * (_ID + 1) - (1 if children else 0) + 1 + len(str(body)) + 1
+    return len(kind.encode("utf-8")) + 1 + children * (_ID + 1) - (1 if children else 0) + 1 + len(str(body)) + 1
 
 
 def _count(obj: Any, sizes: dict[Hashable, int]) -> Hashable:
@@ -75,12 +75,13 @@ def _count(obj: Any, sizes: dict[Hashable, int]) -> Hashable:
 
 
 def _count_array(array: Array, sizes: dict[Hashable, int]) -> Hashable:
+    # as Flower slices it: by item of the data's own memoryview (a chunk's header counts items, its body bytes)
     step = flower_array.FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
-    data = memoryview(array.data).cast("B")
-    chunks = [data[i:i + step].tobytes() for i in range(0, len(data), step)]
+    data = memoryview(array.data)
+    chunks = [(len(piece), piece.tobytes()) for piece in (data[i:i + step] for i in range(0, len(data), step))]
     unique = {chunk: i for i, chunk in enumerate(dict.fromkeys(chunks))}  # equal chunks are one object
-    for chunk in unique:
-        sizes.setdefault(("ArrayChunk", chunk), _header("ArrayChunk", 0, len(chunk)) + len(chunk))
+    for items, raw in unique:
+        sizes.setdefault(("ArrayChunk", items, raw), _header("ArrayChunk", 0, items) + len(raw))
     body = len(json.dumps({"dtype": array.dtype, "shape": array.shape, "stype": array.stype,
                            "arraychunk_ids": [unique[c] for c in chunks]}).encode("utf-8"))
     kind = type(array).__qualname__

@@ -23,7 +23,6 @@ to every node) crosses once per worker; later calls carry only its metadata.
 from __future__ import annotations
 
 import contextlib
-import copyreg
 import gc
 import io
 import multiprocessing as mp
@@ -98,12 +97,18 @@ def _serve(app: ClientApp, conn: Connection, threads: int, inherited: list[Conne
             reply = call_app(app, message, context) if held is not None else Message(
                 Error(code=1, reason="client worker: the instruction it was to reuse never reached it"),
                 reply_to=message)
-        try:
-            answer = _dumps((reply, context.state))
-        except Exception as exc:  # whatever the app put in its reply, the worker lives on
-            answer = _dumps((Message(Error(code=1, reason=f"client worker: the reply cannot reach the aggregator "
-                                                      f"({type(exc).__name__}: {exc})"), reply_to=message), None))
-        conn.send_bytes(answer)
+        conn.send_bytes(_answer(message, reply, context))
+
+
+def _answer(message: Message, reply: Message, context: Context) -> bytes:
+    """The reply and the node's new state, pickled; a reply that cannot be (an object the app slipped past
+    Flower's checks) becomes an error reply, with ``None`` for "the state stays as it was"."""
+    try:
+        return _dumps((reply, context.state))
+    except Exception as exc:  # whatever the app put in its reply, the worker lives on
+        reason = f"client worker: the reply cannot reach the aggregator ({type(exc).__name__}: {exc})"
+        error = Error(code=1, reason=reason)
+        return _dumps((Message(error, reply_to=message), None))
 
 
 class _Worker:
@@ -241,9 +246,11 @@ def _reduce_array(array: Array) -> tuple[Any, tuple[Any, ...]]:
 
 
 class _Pickler(pickle.Pickler):
-    """Pickle with one addition: a Flower ``Array`` (whose data may be a memoryview) travels as its bytes."""
+    """Pickle with one addition: a Flower ``Array`` (whose data may be a memoryview), or a subclass's,
+    travels as its bytes."""
 
-    dispatch_table = {**copyreg.dispatch_table, Array: _reduce_array}
+    def reducer_override(self, obj: Any) -> Any:
+        return _reduce_array(obj) if isinstance(obj, Array) else NotImplemented
 
 
 def _dumps(obj: Any) -> bytes:
@@ -255,16 +262,18 @@ def _dumps(obj: Any) -> bytes:
 
 
 def _fresh(content: RecordDict) -> RecordDict:
-    """A copy of ``content``: new records (and lists) holding the same immutable values (arrays' bytes,
-    numbers, strings); a record under two names (the legacy aliases) stays one record."""
+    """A copy of ``content``: new records, lists and ``Array`` objects over the same immutable values
+    (arrays' bytes, numbers, strings); a record under two names (the legacy aliases) stays one record."""
     copies: dict[int, Any] = {}
     out = RecordDict()
     record: Any
     for key, record in content.items():
-        if id(record) not in copies:  # list values are copied too: an app may change a config list in place
+        if id(record) not in copies:  # an app may change a config list in place, or an array's attributes
             copy = copies[id(record)] = record.copy()  # Flower's copy: the values were checked when they came
             for k, v in record.items():
                 if isinstance(v, list):
                     copy[k] = list(v)
+                elif isinstance(v, Array):
+                    copy[k] = Array(dtype=v.dtype, shape=tuple(v.shape), stype=v.stype, data=v.data)
         out[key] = copies[id(record)]
     return out
