@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from flwr.app import Context, Message, RecordDict
@@ -107,46 +109,24 @@ def test_each_attack_forges_the_update_from_honest_copies() -> None:
     assert delta.tolist() == [-a, -1] and n == 10**9
 
 
-def test_the_mod_forges_only_an_attacker_s_train_reply(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Prepare: building a Message needs Flower's task identity (the runtimes set it)
+@pytest.fixture
+def task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building a Message needs Flower's task identity (the runtimes set it)."""
     from flwr.supercore.task_identity import TaskIdentity
 
     monkeypatch.setattr(TaskIdentity, "_run_id", 1, raising=False)
     monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
     monkeypatch.setattr(TaskIdentity, "_task_id", 1, raising=False)
-    p = plan("signflip", clients=10)
-    honest_node, bad_node = next(i for i in range(10) if i not in p.attackers()), p.attackers()[0]
-    mod = AttackMod(honest=FakeTrainer(), plan_of=lambda context: p)
-    params = np.zeros(2, dtype=np.float32)
-    content = train_instruction(params, TrainConfig(round=1, epochs=1, batch_size=1, lr=0.1, seed=0))
-
-    def call_next(message: Message, context: Context) -> Message:
-        return Message(train_reply(np.ones(2, dtype=np.float32), 7, {}), reply_to=message)
-
-    def reply_of(partition: int) -> np.ndarray:
-        context = Context(run_id=1, node_id=partition + 1, node_config={"partition-id": partition},
-                          state=RecordDict(), run_config={})
-        message = Message(content, dst_node_id=partition + 1, message_type="train")
-        return parse_train_reply(mod(message, context, call_next).content, 2, 2**20).delta
-
-    # Execute / Assert
-    np.testing.assert_array_equal(reply_of(honest_node), [1, 1])
-    np.testing.assert_array_equal(reply_of(bad_node), [-bad_node, -1])
 
 
-def test_an_absent_attacker_answers_an_error_and_an_honest_node_its_update(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Prepare
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1, raising=False)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1, raising=False)
-    p = plan("absent", clients=10)
-    honest_node, bad_node = next(i for i in range(10) if i not in p.attackers()), p.attackers()[0]
+def _through_mod(attack: str) -> tuple[AttackPlan, FakeTrainer, Callable[[int], Message]]:
+    """An attack mod over 10 partitions whose honest path answers the update (1, 1) for 7 examples;
+    returns the plan, the attackers' trainer and a function: partition -> the mod's train reply."""
+    p = plan(attack, clients=10)
     trainer = FakeTrainer()
     mod = AttackMod(honest=trainer, plan_of=lambda context: p)
-    content = train_instruction(np.zeros(2, dtype=np.float32), TrainConfig(round=1, epochs=1, batch_size=1,
-                                                                           lr=0.1, seed=0))
+    content = train_instruction(np.zeros(2, dtype=np.float32),
+                                TrainConfig(round=1, epochs=1, batch_size=1, lr=0.1, seed=0))
 
     def call_next(message: Message, context: Context) -> Message:
         return Message(train_reply(np.ones(2, dtype=np.float32), 7, {}), reply_to=message)
@@ -155,6 +135,29 @@ def test_an_absent_attacker_answers_an_error_and_an_honest_node_its_update(monke
         context = Context(run_id=1, node_id=partition + 1, node_config={"partition-id": partition},
                           state=RecordDict(), run_config={})
         return mod(Message(content, dst_node_id=partition + 1, message_type="train"), context, call_next)
+
+    return p, trainer, reply_of
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_the_mod_forges_only_an_attacker_s_train_reply() -> None:
+    # Prepare
+    p, _, reply_of = _through_mod("signflip")
+    honest_node, bad_node = next(i for i in range(10) if i not in p.attackers()), p.attackers()[0]
+
+    # Execute
+    honest, bad = (parse_train_reply(reply_of(n).content, 2, 2**20).delta for n in (honest_node, bad_node))
+
+    # Assert
+    np.testing.assert_array_equal(honest, [1, 1])
+    np.testing.assert_array_equal(bad, [-bad_node, -1])
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_an_absent_attacker_answers_an_error_and_an_honest_node_its_update() -> None:
+    # Prepare
+    p, trainer, reply_of = _through_mod("absent")
+    honest_node, bad_node = next(i for i in range(10) if i not in p.attackers()), p.attackers()[0]
 
     # Execute
     honest, bad = reply_of(honest_node), reply_of(bad_node)
