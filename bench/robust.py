@@ -25,7 +25,7 @@ full MNIST (25 workers, 5 Byzantine, non-IID): centered clipping + momentum
 to 1-77% and coordinate-wise median to 34-75%.
 
 Model: the small CNN (conv 16, conv 32, fc 64) by default, as the issue
-asks; ``--model mlp`` for the 2NN (784-200-200-10), about half the time.
+asks; ``--model mlp`` for the 2NN (784-200-200-10), about a quarter of the time.
 
     python bench/robust.py              # 25 clients, 30 rounds, 40 runs (minutes)
     python bench/robust.py --quick      # digits, 6 clients, 2 rounds (seconds)
