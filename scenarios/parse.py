@@ -4,7 +4,8 @@ The generic half of the scenario schema: type coercion by annotation
 (``Literal`` choices matched by type as well as value, numbers bounded to 64-bit
 and finite floats, booleans, strings, tables, nested sections), the value
 checks sections call from their ``_check``, and the one-line rendering of a
-bad key and value. ``scenarios.schema`` declares the sections; a task declares
+bad key and value. ``scenarios.sections`` and ``scenarios.threats`` declare the
+sections (``scenarios.schema`` assembles them into a scenario); a task declares
 its own options with the same machinery (``scenarios.schema.build_options``).
 """
 

@@ -1,0 +1,213 @@
+"""The instructions the aggregator sends a client, and how a client reads them.
+
+Half of the wire format whose front is :mod:`core.messages` (the replies are
+:mod:`core.replies`); import these names from there. An instruction carries
+the global model once, as ``arrays``: an ``ArrayRecord`` shaped like the
+model's ``state_dict`` (:mod:`core.layouts`), in float32 or the lighter
+precision of :func:`broadcast_of`, with the :class:`TrainConfig` settings in
+``config``; the legacy names ``fitins.*`` / ``evaluateins.*`` point at the same
+two records. Quorum's ``config`` carries ``quorum-wire``; a client reads an
+instruction from Quorum, a Flower message-API server or a legacy one, and
+remembers which (:class:`Wire`) so that it answers in the same layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from core.aggregate import all_finite
+from core.broadcast import Broadcast
+from core.errors import UpdateRejected
+from core.layouts import ParamLayout, encode_named, gather, npy_view
+
+__all__ = [
+    "TrainConfig", "Wire", "Instruction", "QUORUM_WIRE", "DOWNLINK_BITS", "client_seed", "broadcast_of",
+    "train_instruction", "evaluate_instruction", "parse_instruction", "read_instruction",
+]
+
+
+def client_seed(seed: int, server_round: int, node: int) -> int:
+    """The training seed of ``node`` in ``server_round``: independent streams per
+    (run seed, round, node), so a resumed run trains exactly as an uninterrupted one."""
+    return int(np.random.SeedSequence([seed, server_round, node]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What a client needs to train one round (``seed`` is the run's seed;
+    each client derives its own with :func:`client_seed`)."""
+
+    round: int
+    epochs: int
+    batch_size: int
+    lr: float
+    seed: int
+    momentum: float = 0.0
+    proximal_mu: float = 0.0
+    extra: dict[str, float | int | bool | str | list[float]] = field(default_factory=dict)
+
+    def to_record(self) -> ConfigRecord:
+        data: dict[str, Any] = {k: v for k, v in asdict(self).items() if k != "extra"}
+        data.update({f"x.{k}": v for k, v in self.extra.items()})
+        # the marker of Quorum's layout, and the names a Flower client reads (Flower's FedAvg, quickstart)
+        data.update({QUORUM_WIRE: 2, **{alias: data[key] for alias, key in _FLOWER_ALIASES.items()}})
+        return ConfigRecord(data)
+
+    @classmethod
+    def from_record(cls, record: ConfigRecord) -> TrainConfig:
+        data: dict[str, Any] = {k: v for k, v in dict(record).items()
+                                if k != QUORUM_WIRE and k not in _FLOWER_ALIASES}
+        extra = {k[2:]: data.pop(k) for k in list(data) if k.startswith("x.")}
+        return cls(**data, extra=extra)
+
+    def updated_by(self, record: ConfigRecord) -> TrainConfig:
+        """These settings overridden by a Flower server's ``config`` (``lr``, ``local-epochs``,
+        ``batch-size``, ``server-round``, ``proximal-mu``); a value of the wrong type or range is an error.
+
+        Raises
+        ------
+        ValueError
+            Naming the key and the value.
+        """
+        changes: dict[str, Any] = {}
+        for alias, key in {**_FLOWER_ALIASES, "lr": "lr", "batch-size": "batch_size",
+                           "proximal-mu": "proximal_mu"}.items():
+            value = record.get(alias)
+            if value is None:
+                continue
+            wanted = float if key in ("lr", "proximal_mu") else int
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    wanted is float or float(value).is_integer()) or not 0 <= value < 1e9:
+                raise ValueError(f"config {alias!r} = {value!r} is not a usable {wanted.__name__}")
+            changes[key] = wanted(value)
+        return replace(self, **changes)
+
+
+#: Config key marking an instruction as Quorum's (its client answers with a delta).
+QUORUM_WIRE = "quorum-wire"
+#: ``TrainConfig.extra`` key: the precision the global model travels in (``[compression] downlink_bits``).
+DOWNLINK_BITS = "dl-bits"
+#: Flower's names for Quorum's settings, sent beside them (alias -> TrainConfig field).
+_FLOWER_ALIASES = {"server-round": "round", "local-epochs": "epochs"}
+
+
+class Wire(Enum):
+    """The layout a message is in: Quorum's own, Flower's message API, or Flower's legacy ``*Ins``/``*Res``."""
+
+    QUORUM = "quorum"
+    FLOWER = "flower"
+    LEGACY = "legacy"
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """A train or evaluate instruction as a client reads it: the global model as one flat
+    buffer (in the client's tensor order), the settings, and the layout to answer in."""
+
+    params: np.ndarray
+    config: TrainConfig
+    wire: Wire
+    layout: ParamLayout
+
+
+def train_instruction(params: np.ndarray, config: TrainConfig, layout: ParamLayout | None = None) -> RecordDict:
+    """The ``train`` instruction: the model once, named by ``layout`` (default: one tensor ``params``)."""
+    return _instruction(params, config, layout, "fitins")
+
+
+def evaluate_instruction(params: np.ndarray, config: TrainConfig, layout: ParamLayout | None = None) -> RecordDict:
+    """The ``evaluate`` instruction (the same records; the legacy aliases are ``evaluateins.*``)."""
+    return _instruction(params, config, layout, "evaluateins")
+
+
+def _instruction(params: np.ndarray, config: TrainConfig, layout: ParamLayout | None, legacy: str) -> RecordDict:
+    layout = layout or ParamLayout.flat(params.size)
+    bits = config.extra.get(DOWNLINK_BITS, 32)
+    arrays = ArrayRecord(encode_named(params, layout) if bits == 32 else broadcast_of(config).encode(params, layout))
+    settings = config.to_record()
+    return RecordDict({"arrays": arrays, "config": settings,
+                       f"{legacy}.parameters": arrays, f"{legacy}.config": settings})
+
+
+def broadcast_of(config: TrainConfig) -> Broadcast:
+    """The precision a round's global model travels in (``[compression] downlink_bits``).
+
+    Raises
+    ------
+    ValueError
+        A value other than 8, 16 or 32.
+    """
+    return Broadcast(config.extra.get(DOWNLINK_BITS, 32))  # type: ignore[arg-type]
+
+
+def parse_instruction(content: RecordDict) -> tuple[np.ndarray, TrainConfig]:
+    """The global model and training config of one of Quorum's train or evaluate instructions."""
+    instruction = read_instruction(content)
+    return instruction.params, instruction.config
+
+
+def read_instruction(content: RecordDict, layout: ParamLayout | None = None,
+                     defaults: TrainConfig | None = None) -> Instruction:
+    """Read a train or evaluate instruction from Quorum or from a stock Flower server.
+
+    Parameters
+    ----------
+    layout : ParamLayout, optional
+        The client model's tensors: a Flower server's ``arrays`` are read by
+        these names (a legacy server's positionally) into this order.
+    defaults : TrainConfig, optional
+        The settings a Flower server does not send (its ``config`` overrides
+        ``lr``, ``local-epochs``, ...; see :meth:`TrainConfig.updated_by`).
+
+    Raises
+    ------
+    ValueError
+        The instruction is in no layout this client reads, or its model does not fit ``layout``.
+    """
+    settings, arrays = content.get("config"), content.get("arrays")
+    legacy = [r for k in ("fitins", "evaluateins") if isinstance(r := content.get(f"{k}.parameters"), ArrayRecord)]
+    try:
+        if isinstance(settings, ConfigRecord) and QUORUM_WIRE in settings and isinstance(arrays, ArrayRecord):
+            return _read_quorum(arrays, TrainConfig.from_record(settings))
+        base = defaults or TrainConfig(round=0, epochs=1, batch_size=32, lr=0.01, seed=0)
+        if isinstance(arrays, ArrayRecord):
+            want = layout or ParamLayout(tuple(arrays), tuple(tuple(a.shape) for a in arrays.values()))
+            missing = [n for n in want.names if n not in arrays]
+            if missing:
+                raise UpdateRejected(f"the server's 'arrays' lack {missing[:3]}; this client's model is "
+                                     f"{want.describe()}")
+            params = gather([(n, arrays[n]) for n in want.names], want, "global model")
+            config = base.updated_by(settings) if isinstance(settings, ConfigRecord) else base
+            return Instruction(params, config, Wire.FLOWER, want)
+        if legacy:
+            return _read_legacy(legacy[0], content.get("fitins.config", content.get("evaluateins.config")),
+                                layout, base)
+    except UpdateRejected as exc:
+        raise ValueError(str(exc)) from None
+    raise ValueError(f"instruction is in no known layout: expected 'arrays' (an ArrayRecord) with 'config', "
+                     f"or legacy 'fitins.parameters'; got {sorted(content)}")
+
+
+def _read_quorum(arrays: ArrayRecord, config: TrainConfig) -> Instruction:
+    """Quorum's instruction: the model as named tensors, in float32, float16 or 8-bit codes."""
+    broadcast = broadcast_of(config)
+    tensors = [(n, a) for n, a in arrays.items() if not n.endswith("@range")]
+    own = ParamLayout(tuple(n for n, _ in tensors), tuple(tuple(a.shape) for _, a in tensors))
+    params = broadcast.decode(arrays, own) if broadcast.bits == 8 else gather(tensors, own, "global model")
+    if not all_finite(params):
+        raise UpdateRejected("global model holds NaN or Inf values")
+    return Instruction(params, config, Wire.QUORUM, own)
+
+
+def _read_legacy(record: ArrayRecord, settings: Any, layout: ParamLayout | None, base: TrainConfig) -> Instruction:
+    """A legacy ``fitins``/``evaluateins`` instruction: unnamed ``.npy`` tensors, in the model's order."""
+    tensors = [(k, a) for k, a in record.items() if k != "_empty"]
+    if layout is None:
+        layout = ParamLayout(tuple(k for k, _ in tensors), tuple(npy_view(bytes(a.data)).shape for _, a in tensors))
+    config = base.updated_by(settings) if isinstance(settings, ConfigRecord) else base
+    return Instruction(gather(tensors, layout, "global model"), config, Wire.LEGACY, layout)

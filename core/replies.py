@@ -1,0 +1,354 @@
+"""Train and evaluate replies: encoded on the client, decoded and validated on the aggregator.
+
+Half of the wire format whose front is :mod:`core.messages` (the instructions
+are :mod:`core.instructions`); import these names from there. A client answers
+in the layout its instruction came in (:class:`~core.instructions.Wire`). A
+Quorum update travels as one flat float32 ``Array`` (numpy ``.npy`` bytes,
+never pickle) and is decoded without copying; a Flower reply's full weights
+(``arrays``, or a legacy ``fitres.parameters``) are gathered into one flat
+buffer and made a delta against the global model sent. Every reply is
+validated before anything touches the running aggregate: a malformed one
+raises :class:`~core.errors.UpdateRejected` naming the problem, and the
+figures a client reports are bounded (:data:`MAX_EXAMPLES`, :data:`MAX_LOSS`,
+:func:`clean_metrics`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app.typing import MetricRecordValues
+
+from core.aggregate import all_finite
+from core.compress import Codec
+from core.errors import UpdateRejected
+from core.instructions import Instruction, Wire
+from core.layouts import ParamLayout, encode_named, gather, npy_bytes, npy_view
+
+__all__ = [
+    "TrainReply", "EvalReply", "encode_flat", "decode_flat", "train_reply", "parse_train_reply", "eval_reply",
+    "parse_eval_reply", "clean_metrics", "MAX_EXAMPLES", "MAX_LOSS", "MAX_METRICS", "MAX_METRIC_VALUE",
+    "MAX_KEY_CHARS",
+]
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    delta: np.ndarray
+    num_examples: int
+    metrics: dict[str, float]
+    wire: Wire = Wire.QUORUM
+
+
+@dataclass(frozen=True)
+class EvalReply:
+    """A client's score of the global model: on its test split, and its loss
+    on its training split (the "training loss" of Li et al. 2020, Fig. 1)."""
+
+    loss: float
+    accuracy: float | None  # None: the task reports no accuracy (a regression, say)
+    num_examples: int
+    train_loss: float | None = None
+    train_examples: int = 0
+    metrics: dict[str, int | float] = field(default_factory=dict)  # the task's others (mae, r2, ...)
+
+
+def encode_flat(vector: np.ndarray) -> Array:
+    """One flat float32 buffer as a Flower ``Array`` (``.npy`` bytes, as ``np.save`` writes them)."""
+    flat = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1)
+    # one copy into bytes of the exact size (np.save into a BytesIO grows a buffer, then copies it)
+    return Array(dtype="float32", shape=(int(flat.shape[0]),), stype="numpy.ndarray", data=npy_bytes(flat))
+
+
+def decode_flat(array: Array, size: int | None = None, max_bytes: int | None = None) -> np.ndarray:
+    """Decode a flat float32 ``Array`` without copying, validating it fully.
+
+    Raises
+    ------
+    UpdateRejected
+        Wrong serialisation, dtype, shape or size, oversized, NaN or Inf.
+    """
+    data = array.data
+    if max_bytes is not None and len(data) > max_bytes:
+        raise UpdateRejected(f"update is {len(data)} bytes, over the {max_bytes}-byte limit")
+    if array.stype != "numpy.ndarray" or array.dtype != "float32":
+        raise UpdateRejected(f"update is {array.stype}/{array.dtype}, expected numpy.ndarray/float32")
+    if len(array.shape) != 1 or (size is not None and array.shape[0] != size):
+        raise UpdateRejected(f"update shape is {tuple(array.shape)}, expected ({size},)")
+    vector = _npy_view(bytes(data) if not isinstance(data, bytes) else data)
+    if vector.shape[0] != array.shape[0]:
+        raise UpdateRejected("update bytes do not match the declared shape")
+    if not all_finite(vector):
+        raise UpdateRejected("update holds NaN or Inf values")
+    return vector
+
+
+def _npy_view(data: bytes) -> np.ndarray:
+    view = npy_view(data)  # a view, never unpickled; refuses a bad header, non-floats, a wrong length
+    if view.dtype != np.float32 or view.ndim != 1:
+        raise UpdateRejected(f"update payload is {view.dtype} {view.shape}, expected 1-D float32")
+    return view
+
+
+def train_reply(delta: np.ndarray, num_examples: int, metrics: dict[str, float],
+                answer_to: Instruction | None = None, compressed: Mapping[str, Array] | None = None) -> RecordDict:
+    """A train reply: Quorum's delta (or its ``compressed`` arrays, :meth:`core.compress.Codec.encode`),
+    or (``answer_to`` a Flower instruction) the full weights in the layout and tensor names the
+    server used, as Flower's strategies expect them."""
+    if answer_to is None or answer_to.wire is Wire.QUORUM:
+        return RecordDict({
+            "update": ArrayRecord(dict(compressed) if compressed is not None else {"delta": encode_flat(delta)}),
+            "metrics": MetricRecord({"num-examples": int(num_examples), **metrics}),
+        })
+    weights = encode_named(answer_to.params + delta, answer_to.layout)
+    loss = {"train_loss": float(metrics["train-loss"])} if "train-loss" in metrics else {}
+    if answer_to.wire is Wire.FLOWER:
+        return RecordDict({"arrays": ArrayRecord(weights),
+                           "metrics": MetricRecord({**loss, "num-examples": int(num_examples)})})
+    return RecordDict({
+        "fitres.parameters": ArrayRecord({str(i): a for i, a in enumerate(weights.values())}),
+        "fitres.num_examples": MetricRecord({"num_examples": int(num_examples)}),
+        "fitres.metrics": ConfigRecord(dict(loss)), "fitres.status": _LEGACY_OK})
+
+
+_LEGACY_OK = ConfigRecord({"code": 0, "message": "Success"})
+
+
+#: The most examples one client may claim: beyond it a reply is refused, so a
+#: count can neither overflow a float weight nor a 64-bit store column.
+MAX_EXAMPLES = 10**9
+#: The largest loss accepted from a client (finite and non-negative below it).
+MAX_LOSS = 1e9
+#: Client metrics kept per reply, and the magnitude a kept value may have.
+MAX_METRICS, MAX_METRIC_VALUE, MAX_KEY_CHARS = 32, 1e15, 64
+_BOUNDED = {"train-loss": (0.0, MAX_LOSS), "duration-s": (0.0, 1e7)}
+
+
+def _metrics(content: RecordDict) -> dict[str, Any]:
+    record = content.get("metrics") if isinstance(content, RecordDict) else None
+    if record is None:
+        raise UpdateRejected("reply has no 'metrics' record")
+    if not isinstance(record, MetricRecord):
+        raise UpdateRejected(f"reply 'metrics' is a {type(record).__name__}, expected a MetricRecord")
+    return dict(record)
+
+
+def _num_examples(metrics: dict[str, Any], key: str = "num-examples") -> int:
+    n = metrics.get(key)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_EXAMPLES:
+        raise UpdateRejected(f"{key} must be an integer in [1, {MAX_EXAMPLES}], got {n!r}")
+    return n
+
+
+def _in_range(value: Any, low: float, high: float) -> TypeGuard[float]:
+    """Whether ``value`` is a real number (not a bool) in ``[low, high]``; NaN never is."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+def clean_metrics(metrics: dict[str, Any]) -> dict[str, int | float]:
+    """The client metrics fit to store and show: numbers within bounds, short keys, a few of them.
+
+    Anything else (lists, NaN, infinities, huge values, a ``train-loss`` or
+    ``duration-s`` out of range) is dropped, so no client figure reaches
+    arithmetic, the store or a page unbounded.
+    """
+    kept: dict[str, int | float] = {}
+    for key, value in metrics.items():
+        low, high = _BOUNDED.get(key, (-MAX_METRIC_VALUE, MAX_METRIC_VALUE))
+        if len(kept) < MAX_METRICS and len(key) <= MAX_KEY_CHARS and _in_range(value, low, high):
+            kept[key] = value
+    return kept
+
+
+def _typed(content: RecordDict, key: str, kind: type[Any]) -> Any:
+    record = content.get(key)
+    if not isinstance(record, kind):
+        raise UpdateRejected(f"reply {key!r} is a {type(record).__name__}, expected a {kind.__name__}")
+    return record
+
+
+def _legacy_status(content: RecordDict, prefix: str) -> None:
+    status = content.get(f"{prefix}.status")
+    if isinstance(status, ConfigRecord) and status.get("code", 0) != 0:
+        raise UpdateRejected(f"legacy client reported status {status.get('code')!r}: "
+                             f"{str(status.get('message', ''))[:200]}")
+
+
+def _renamed(metrics: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """``metrics`` with Flower's names (``train_loss``) also under Quorum's (``train-loss``)."""
+    return {**{ours: metrics[theirs] for theirs, ours in names.items() if theirs in metrics}, **metrics}
+
+
+def _parse_weights(content: RecordDict, size: int, max_bytes: int, reference: np.ndarray | None,
+                   layout: ParamLayout | None) -> TrainReply:
+    """A Flower or legacy reply: full weights, made a delta against ``reference`` (the model sent)."""
+    wire = Wire.FLOWER if "arrays" in content else Wire.LEGACY
+    if reference is None:
+        raise UpdateRejected(f"a {wire.value}-layout reply carries full weights; this workflow takes deltas only")
+    layout = layout or ParamLayout.flat(reference.size)
+    if size != layout.size:
+        raise UpdateRejected(f"this round takes {size} values per update; a {wire.value}-layout reply carries the "
+                             f"model's {layout.size} (DP needs Quorum's layout: a delta named 'update')")
+    if wire is Wire.FLOWER:
+        record, metrics = _typed(content, "arrays", ArrayRecord), _metrics(content)
+        n = _num_examples(metrics)
+        if set(record) != set(layout.names):
+            unknown = sorted(set(record) - set(layout.names))[:3]
+            raise UpdateRejected(f"reply 'arrays' hold {len(record)} tensors (unexpected: {unknown}); expected "
+                                 f"the model's state_dict: {layout.describe()}")
+        tensors = [(name, record[name]) for name in layout.names]
+    else:
+        _legacy_status(content, "fitres")
+        record = _typed(content, "fitres.parameters", ArrayRecord)
+        n = _num_examples(dict(_typed(content, "fitres.num_examples", MetricRecord)), "num_examples")
+        extra = content.get("fitres.metrics")
+        metrics = dict(extra) if isinstance(extra, ConfigRecord) else {}
+        tensors = [(k, a) for k, a in record.items() if k != "_empty"]
+    nbytes = sum(len(a.data) for _, a in tensors)
+    if nbytes > max_bytes:
+        raise UpdateRejected(f"update is {nbytes} bytes, over the {max_bytes}-byte limit")
+    delta = gather(tensors, layout, check_finite=False)  # NaN / Inf survive the subtraction: scanned once, below
+    delta -= reference  # in place: the one flat buffer this reply costs
+    if not all_finite(delta):
+        raise UpdateRejected("update holds NaN or Inf values")
+    return TrainReply(delta, n, clean_metrics(_renamed(metrics, {"train_loss": "train-loss"})), wire)
+
+
+_LAYOUTS = ("reply has no 'update'/'delta' array (Quorum's layout: a flat float32 delta), no 'arrays' (Flower's: "
+            "the model's state_dict, with 'num-examples' in its 'metrics' MetricRecord) and no "
+            "'fitres.parameters' (a legacy NumPyClient's)")
+
+
+def _update_array(content: RecordDict) -> Array:
+    record = content.get("update")
+    if record is None:
+        raise UpdateRejected("reply has no 'update'/'delta' array")
+    if not isinstance(record, ArrayRecord):
+        raise UpdateRejected(f"reply 'update' is a {type(record).__name__}, expected an ArrayRecord")
+    array = record.get("delta")
+    if not isinstance(array, Array):
+        raise UpdateRejected("reply has no 'update'/'delta' array")
+    return array
+
+
+def parse_train_reply(content: RecordDict, size: int, max_bytes: int, *, reference: np.ndarray | None = None,
+                      layout: ParamLayout | None = None, codec: Codec | None = None) -> TrainReply:
+    """Decode and validate a train reply in whichever layout it came (see :class:`Wire`).
+
+    A Quorum reply's delta is a view on the message (:func:`decode_flat`); a
+    Flower or legacy reply's full weights are gathered by ``layout`` (the names
+    and shapes sent) into one new flat buffer and made a delta against
+    ``reference``, the global model the server sent.
+
+    Raises
+    ------
+    UpdateRejected
+        A reply in no known layout (the reason names the three), a record of the
+        wrong type, an example count outside ``[1, MAX_EXAMPLES]``, tensors that
+        do not match ``layout``, or an update :func:`decode_flat` refuses.
+        Metrics out of range are dropped. With ``codec`` (the round asked for
+        compressed updates) a Quorum update without ``delta`` is decoded by it,
+        the server's own codec (:meth:`core.compress.Codec.decode`); a dense
+        ``delta`` is still accepted.
+    """
+    if not isinstance(content, RecordDict) or not any(k in content for k in ("update", "arrays", "fitres.parameters")):
+        got = sorted(content) if isinstance(content, RecordDict) else type(content).__name__
+        raise UpdateRejected(f"{_LAYOUTS}; got {got}")
+    if "update" not in content:
+        return _parse_weights(content, size, max_bytes, reference, layout)
+    metrics = _metrics(content)
+    n = _num_examples(metrics)
+    record = content.get("update")
+    if codec is not None and isinstance(record, ArrayRecord) and "delta" not in record:
+        return TrainReply(codec.decode(record, size, max_bytes), n, clean_metrics(metrics))
+    return TrainReply(decode_flat(_update_array(content), size, max_bytes), n, clean_metrics(metrics))
+
+
+def eval_reply(loss: float, accuracy: float | None, num_examples: int, train_loss: float | None = None,
+               train_examples: int = 0, answer_to: Instruction | None = None,
+               metrics: Mapping[str, float] | None = None) -> RecordDict:
+    """An evaluate reply in Quorum's names, or in Flower's (``answer_to`` a Flower instruction).
+
+    ``accuracy`` is left out when ``None``; ``metrics`` are the task's other
+    named figures (``mae``, ``r2``, ...), sent as ``eval-<name>`` in Quorum's
+    layout and under their own names in Flower's.
+    """
+    named = {k: float(v) for k, v in (metrics or {}).items() if k not in _EVAL_RESERVED}
+    if accuracy is not None:
+        named["accuracy"] = float(accuracy)
+    if answer_to is not None and answer_to.wire is Wire.FLOWER:
+        flower = {("eval_acc" if k == "accuracy" else k): v for k, v in named.items()}
+        return RecordDict({"metrics": MetricRecord({"eval_loss": float(loss), **flower,
+                                                    "num-examples": int(num_examples)})})
+    if answer_to is not None and answer_to.wire is Wire.LEGACY:
+        return RecordDict({"evaluateres.loss": MetricRecord({"loss": float(loss)}),
+                           "evaluateres.num_examples": MetricRecord({"num_examples": int(num_examples)}),
+                           "evaluateres.metrics": ConfigRecord(dict(named)),
+                           "evaluateres.status": _LEGACY_OK})
+    reply: dict[str, MetricRecordValues] = {"num-examples": int(num_examples), "eval-loss": float(loss),
+                                            **{f"eval-{k}": v for k, v in named.items()}}
+    metrics_out = reply
+    if train_loss is not None:
+        metrics_out.update({"train-loss": float(train_loss), "train-examples": int(train_examples)})
+    return RecordDict({"metrics": MetricRecord(metrics_out)})
+
+
+def parse_eval_reply(content: RecordDict) -> EvalReply:
+    """Decode and validate an evaluate reply.
+
+    Raises
+    ------
+    UpdateRejected
+        Accuracy outside ``[0, 1]``, a loss that is not a finite number in
+        ``[0, MAX_LOSS]``, or a bad example count. A training loss out of range
+        is dropped (it is optional). A reply in none of Quorum's, Flower's
+        (``eval_loss``/``eval_acc``) or the legacy layout, naming the three.
+    """
+    metrics = _eval_metrics(content)
+    n = _num_examples(metrics)
+    loss, acc = metrics.get("eval-loss"), metrics.get("eval-accuracy")
+    if not _in_range(loss, 0.0, MAX_LOSS) or not (acc is None or _in_range(acc, 0.0, 1.0)):
+        raise UpdateRejected(f"eval metrics out of range (loss in [0, {MAX_LOSS:g}], accuracy in [0, 1] "
+                             f"or absent): loss={loss!r} accuracy={acc!r}")
+    train_loss, train_n = metrics.get("train-loss"), metrics.get("train-examples", 0)
+    if not _in_range(train_loss, 0.0, MAX_LOSS) or not _in_range(train_n, 1, MAX_EXAMPLES):
+        train_loss, train_n = None, 0
+    return EvalReply(float(loss), None if acc is None else float(acc), n,
+                     None if train_loss is None else float(train_loss), int(train_n),
+                     clean_metrics(metrics.get("extra", {})))
+
+
+#: Flower's names of an evaluation's accuracy, the first present wins.
+_ACCURACY_NAMES = ("eval_acc", "eval_accuracy", "accuracy", "acc")
+#: The figures of an evaluate reply that are not a task's own named metrics.
+_FLOWER_EVAL_KEYS = ("eval_loss", "num-examples", "num_examples", "train-loss", "train-examples")
+_EVAL_RESERVED = ("loss", "accuracy", "num_examples", "num-examples")
+
+
+def _eval_metrics(content: RecordDict) -> dict[str, Any]:
+    """An evaluate reply's figures under Quorum's names, whichever layout it came in."""
+    if isinstance(content, RecordDict) and "evaluateres.loss" in content:
+        _legacy_status(content, "evaluateres")
+        extra = content.get("evaluateres.metrics")
+        named = dict(extra) if isinstance(extra, ConfigRecord) else {}
+        return {"num-examples": dict(_typed(content, "evaluateres.num_examples", MetricRecord)).get("num_examples"),
+                "eval-loss": dict(_typed(content, "evaluateres.loss", MetricRecord)).get("loss"),
+                "eval-accuracy": next((named[k] for k in _ACCURACY_NAMES if k in named), None),
+                "extra": {k: v for k, v in named.items() if k not in _ACCURACY_NAMES}}
+    if not isinstance(content, RecordDict) or "metrics" not in content:
+        raise UpdateRejected("eval reply is in no known layout: expected a 'metrics' MetricRecord with "
+                             "'num-examples' and Quorum's 'eval-loss'/'eval-accuracy' or Flower's 'eval_loss'/"
+                             "'eval_acc', or a legacy NumPyClient's 'evaluateres.loss'; got "
+                             f"{sorted(content) if isinstance(content, RecordDict) else type(content).__name__}")
+    metrics = _metrics(content)
+    if "eval-loss" in metrics or "eval_loss" not in metrics:  # Quorum's names (or none: the check names it)
+        own = {k.removeprefix("eval-"): v for k, v in metrics.items()
+               if k.startswith("eval-") and k not in ("eval-loss", "eval-accuracy")}
+        return {**metrics, "extra": own}
+    accuracy = next((metrics[k] for k in _ACCURACY_NAMES if k in metrics), None)
+    own = {k: v for k, v in metrics.items() if k not in _ACCURACY_NAMES and k not in _FLOWER_EVAL_KEYS}
+    return {**metrics, "eval-loss": metrics["eval_loss"], "eval-accuracy": accuracy, "extra": own}

@@ -1,0 +1,283 @@
+"""The sections that describe what a scenario trains and how its rounds run.
+
+``[data]``, ``[model]``, ``[federation]``, ``[training]``, ``[strategy]``,
+``[evaluation]``, ``[async]`` and ``[task]``: one frozen dataclass each, whose
+``_check`` validates the section's own keys (the combinations across sections
+are refused by :class:`scenarios.schema.Scenario`). Import them from
+``scenarios.schema``, which re-exports every section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from scenarios.parse import Bad, at_least, at_most, build, fraction, non_negative, positive
+
+__all__ = [
+    "DataSpec", "ModelSpec", "FederationSpec", "TrainingSpec", "StrategySpec", "EvaluationSpec", "AsyncSpec",
+    "TaskSpec", "MAX_ROUNDS", "MAX_CLIENTS", "ROBUST_STRATEGIES", "TASK_KEYS",
+]
+
+# Bounds that keep every count well inside a 64-bit store column and a sane run.
+MAX_ROUNDS = 1_000_000
+MAX_CLIENTS = 1_000_000
+ROBUST_STRATEGIES = ("centered_clipping", "median", "trimmed_mean", "krum")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    dataset: Literal["mnist", "digits", "synthetic", "file"] = "mnist"
+    # resample: each client draws samples_per_client examples with replacement, its label
+    # proportions ~ Dirichlet(alpha); a client is materialised only when it is sampled.
+    partition: Literal["iid", "dirichlet", "shards", "resample"] = "iid"
+    alpha: float = 0.5
+    shards_per_client: int = 2
+    samples_per_client: int = 50
+    server_test_fraction: float = 0.2
+    client_test_fraction: float = 0.1
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    path: str = ""
+    label_column: str = "label"
+    # dataset = "file" without path: no data on the aggregator; every device's file has `features` columns
+    # besides the label and labels 0 .. classes - 1 (the model is built from these)
+    features: int = 0
+    classes: int = 0
+    # "federated": features scaled to zero mean, unit variance from a statistics pass before round 1
+    # (learning.standardize; under [secagg] the server learns only the sums)
+    standardize: Literal["none", "federated"] = "none"
+
+    def _check(self) -> None:
+        positive("alpha", self.alpha)
+        positive("shards_per_client", self.shards_per_client)
+        at_most("shards_per_client", self.shards_per_client, 10_000)
+        positive("samples_per_client", self.samples_per_client)
+        at_most("samples_per_client", self.samples_per_client, 1_000_000)
+        if self.partition == "resample" and self.dataset == "synthetic":
+            raise Bad("partition", self.partition, "does not apply to dataset = 'synthetic', which is naturally "
+                      "partitioned (one device per client)")
+        # a test split of 1.0 leaves nothing to train on
+        fraction("server_test_fraction", self.server_test_fraction, allow_zero=True, allow_one=False)
+        fraction("client_test_fraction", self.client_test_fraction, allow_zero=True, allow_one=False)
+        non_negative("synthetic_alpha", self.synthetic_alpha)
+        non_negative("synthetic_beta", self.synthetic_beta)
+        non_negative("features", self.features)
+        at_most("features", self.features, 10_000_000)
+        non_negative("classes", self.classes)
+        at_most("classes", self.classes, 100_000)
+        if self.dataset == "file" and not self.path and not (self.features and self.classes > 1):
+            raise Bad("path", self.path, "is required when dataset = 'file', unless data.features and data.classes "
+                      "(at least 2) describe the devices' own files: then the aggregator needs no data")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: Literal["logreg", "mlp", "cnn"] = "cnn"
+
+
+@dataclass(frozen=True)
+class FederationSpec:
+    clients: int = 10
+    fraction: float = 1.0
+    clients_per_round: int = 0
+    min_clients: int = 1
+    deadline_s: float = 120.0
+    max_update_mb: float = 256.0
+    # How much a client's update counts (core.weighting): "median" caps each example
+    # count at median_cap x the round's median, "capped" at max_examples, "uniform" is 1.
+    weighting: Literal["median", "capped", "uniform"] = "median"
+    median_cap: float = 3.0
+    max_examples: int = 100_000
+    # A client update, or the round's step, longer than this x max(1, |model|) is rejected.
+    max_update_ratio: float = 10.0
+
+    def _check(self) -> None:
+        positive("clients", self.clients)
+        at_most("clients", self.clients, MAX_CLIENTS)
+        fraction("fraction", self.fraction)
+        non_negative("clients_per_round", self.clients_per_round)
+        if self.clients_per_round > self.clients:
+            raise Bad("clients_per_round", self.clients_per_round, f"exceeds clients = {self.clients}")
+        positive("min_clients", self.min_clients)
+        positive("deadline_s", self.deadline_s)
+        at_most("deadline_s", self.deadline_s, 7 * 86_400.0)
+        positive("max_update_mb", self.max_update_mb)
+        at_most("max_update_mb", self.max_update_mb, 65_536.0)
+        at_least("median_cap", self.median_cap, 1.0)
+        at_most("median_cap", self.median_cap, 1e6)
+        positive("max_examples", self.max_examples)
+        at_most("max_examples", self.max_examples, 10**9)
+        positive("max_update_ratio", self.max_update_ratio)
+        at_most("max_update_ratio", self.max_update_ratio, 1e6)
+
+    @property
+    def per_round(self) -> int:
+        """Clients sampled per round."""
+        if self.clients_per_round:
+            return self.clients_per_round
+        return max(1, round(self.fraction * self.clients))
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.0
+
+    def _check(self) -> None:
+        positive("local_epochs", self.local_epochs)
+        at_most("local_epochs", self.local_epochs, 10_000)
+        positive("batch_size", self.batch_size)
+        at_most("batch_size", self.batch_size, 1_000_000)
+        positive("lr", self.lr)
+        at_most("lr", self.lr, 100.0)
+        fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox",
+                  "centered_clipping", "median", "trimmed_mean", "krum"] = "fedavg"
+    server_lr: float = 1.0
+    momentum: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+    mu: float = 0.01
+    # Robust aggregation (aggregator/strategies): centered clipping's radius and bucket
+    # size, the trimmed mean's cut per end, Krum's assumed Byzantine count and Multi-Krum's m.
+    clip_radius: float = 1.0
+    bucket_size: int = 2
+    trim_fraction: float = 0.2
+    num_byzantine: int = 0
+    num_selected: int = 1
+
+    def _check(self) -> None:
+        positive("server_lr", self.server_lr)
+        fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
+        fraction("beta1", self.beta1, allow_zero=True, allow_one=False)
+        fraction("beta2", self.beta2, allow_zero=True, allow_one=False)
+        positive("tau", self.tau)
+        non_negative("mu", self.mu)
+        positive("clip_radius", self.clip_radius)
+        positive("bucket_size", self.bucket_size)
+        fraction("trim_fraction", self.trim_fraction, allow_zero=True, allow_one=False)
+        if not self.trim_fraction < 0.5:
+            raise Bad("trim_fraction", self.trim_fraction, "must be < 0.5 (a cut at each end)")
+        non_negative("num_byzantine", self.num_byzantine)
+        positive("num_selected", self.num_selected)
+
+    @property
+    def robust(self) -> bool:
+        """Whether the rule needs to see every client's update (no secure aggregation)."""
+        return self.name in ROBUST_STRATEGIES
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    federated: bool = True
+    server: bool = True
+    every: int = 1
+    clients: Literal["sampled", "all"] = "sampled"
+
+    def _check(self) -> None:
+        positive("every", self.every)
+        at_most("every", self.every, MAX_ROUNDS)
+
+
+@dataclass(frozen=True)
+class AsyncSpec:
+    """``[async]``: buffered asynchronous aggregation (FedBuff) on the in-process engine's virtual clock.
+
+    ``concurrency`` clients train at all times; every ``buffer_size`` replies,
+    folded with weight ``staleness_weight(s)`` (``s``: server steps since the
+    reply's model version), make one server step, stored like a round
+    (``rounds`` counts steps). A reply staler than ``max_staleness`` is
+    rejected. Training is real; time is simulated: a client's training takes
+    ``base_time_s x local_epochs x`` its speed factor (lognormal with
+    ``speed_sigma``, median 1; a ``stragglers`` fraction of the clients
+    ``straggler_factor`` times slower) ``x`` a lognormal jitter per dispatch.
+    ``clock = "wall"`` runs in real time instead (any engine, a deployment
+    included): models are pushed as clients go idle and replies pulled as
+    they arrive; the device-speed keys then do not apply.
+    """
+
+    enabled: bool = False
+    clock: Literal["virtual", "wall"] = "virtual"
+    concurrency: int = 10
+    buffer_size: int = 5
+    max_staleness: int = 20
+    staleness: Literal["sqrt", "constant"] = "sqrt"   # 1 / sqrt(1 + s), or 1
+    base_time_s: float = 1.0
+    speed_sigma: float = 0.5
+    jitter_sigma: float = 0.1
+    stragglers: float = 0.0
+    straggler_factor: float = 10.0
+
+    def _check(self) -> None:
+        positive("concurrency", self.concurrency)
+        positive("buffer_size", self.buffer_size)
+        non_negative("max_staleness", self.max_staleness)
+        positive("base_time_s", self.base_time_s)
+        non_negative("speed_sigma", self.speed_sigma)
+        non_negative("jitter_sigma", self.jitter_sigma)
+        fraction("stragglers", self.stragglers, allow_zero=True, allow_one=False)
+        at_least("straggler_factor", self.straggler_factor, 1.0)
+        for key in ("speed_sigma", "jitter_sigma"):
+            at_most(key, getattr(self, key), 5.0)
+        at_most("straggler_factor", self.straggler_factor, 1e6)
+        at_most("base_time_s", self.base_time_s, 1e9)
+        if self.clock == "wall" and self.stragglers:
+            raise Bad("stragglers", self.stragglers, "simulates slow devices on the virtual clock; with "
+                       "clock = \"wall\" every device takes its real time (set stragglers = 0)")
+
+
+#: Keys of ``[task]`` that Quorum reads; every other key goes to the task itself.
+TASK_KEYS = ("entry", "path", "source", "options")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """``[task]``: the task that trains (``entry = "package.module:Class"``) and the task's own keys.
+
+    Without ``entry`` the built-in classification task runs on ``[data]`` and
+    ``[model]``. ``path`` is a folder put on the import path before ``entry``
+    is imported, relative to the scenario file's folder (the default); a
+    scenario read from a file keeps it absolute, so the scenario can travel
+    (run config, store) and still find its task. ``source`` is the file the
+    section came from, named in errors. Every other key of the table is kept
+    in ``options`` and validated against the schema the task declares
+    (``learning.task``) when the task is loaded.
+    """
+
+    entry: str = ""
+    path: str = ""
+    source: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_table(cls, raw: Any, key: str) -> TaskSpec:
+        """``[task]``: Quorum's keys as a section, every other key (or an ``options`` table) kept for the task."""
+        if not isinstance(raw, Mapping):
+            raise Bad(key, raw, "must be a table")
+        options = raw.get("options", {})
+        if not isinstance(options, Mapping):
+            raise Bad(key + ".options", options, "must be a table")
+        own = {k: v for k, v in raw.items() if k in TASK_KEYS and k != "options"}
+        spec = build(cls, own, key + ".")
+        return dataclasses.replace(spec, options={**options, **{k: v for k, v in raw.items() if k not in TASK_KEYS}})
+
+    def _check(self) -> None:
+        if self.entry and not _is_entry(self.entry):
+            raise Bad("entry", self.entry, "must be \"package.module:Class\" (a module path, a colon, a name)")
+        if self.path and not self.entry:
+            raise Bad("path", self.path, "needs an entry to import")
+
+
+def _is_entry(entry: str) -> bool:
+    module, sep, name = entry.partition(":")
+    return bool(sep) and name.isidentifier() and all(part.isidentifier() for part in module.split("."))
