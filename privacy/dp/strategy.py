@@ -46,14 +46,14 @@ from typing import Any
 import numpy as np
 
 from core import aggregate
-from core.errors import UpdateRejected
 from core.messages import TrainConfig
 from core.strategy import ServerState, Strategy
 from privacy.dp import adaptive as adapt
 from privacy.dp.accountant import RoundEvent, Sampling, epsilon_of
+from privacy.dp.bounding import bounded_sum, fold_private_term
 from privacy.dp.discrete import CryptoStream
 from privacy.dp.errors import DPConfigError, DPStateError
-from privacy.dp.mechanisms import ClientDPConfig, Placement, clip_factor, gaussian_noise, l2_norm
+from privacy.dp.mechanisms import ClientDPConfig, Placement, gaussian_noise
 from privacy.dp.rng import secure_rng
 from privacy.dp.sampling import sample_clients
 from privacy.dp.state import STATE_KEY, DPState
@@ -262,12 +262,7 @@ class DPFedAvg(Strategy):
         update = aggregate.check_update(update, agg.size, finite=not checked)
         if self.placement == "distributed":
             return aggregate.add(agg, update, 1.0, checked=True)
-        size = agg.size - self.tail
-        head = update[:size]
-        term = self.inner.private_term(head)
-        if term is not head:
-            update = np.concatenate([term, update[size:]]).astype(np.float32, copy=False)
-        return _fold_clipped(agg, update, self.clip_norm, self.tail)
+        return fold_private_term(agg, update, self.inner.private_term, self.clip_norm, self.tail)
 
     def merge(self, agg: aggregate.MeanState, partial: aggregate.MeanState) -> aggregate.MeanState:
         """Fold a securely summed partial aggregate.
@@ -277,19 +272,13 @@ class DPFedAvg(Strategy):
         as :meth:`configure_train` told them. Each client weighs 1, so the sum's
         weight must equal its count; anything else is refused. The summed
         count bit is clamped into the range ``count`` honest clients can
-        produce (:func:`_bounded_bits`), so clients who lie about their bit
-        cannot push the clip norm beyond what the same number of honest
-        clients could.
+        produce (:func:`privacy.dp.bounding.bounded_sum`), so clients who
+        lie about their bit cannot push the clip norm beyond what the same
+        number of honest clients could.
         """
         self._require_bound()
-        if partial.size != agg.size or abs(partial.weight - partial.count) > 0.5:
-            raise UpdateRejected(f"secure sum of size {partial.size}, weight {partial.weight} for "
-                               f"{partial.count} clients: expected size {agg.size} and weight 1 per client")
-        total = aggregate.check_update(partial.total, agg.size).copy()
-        if self.tail:
-            noise = self.client_dp_config().count_noise_std * math.sqrt(partial.count)
-            total[-1] = _bounded_bits(float(total[-1]), partial.count, noise)
-        return aggregate.merge(agg, replace(partial, total=total))
+        count_share_std = self.client_dp_config().count_noise_std if self.tail else 0.0
+        return aggregate.merge(agg, bounded_sum(partial, agg.size, self.tail, count_share_std))
 
     def finalize(self, agg: aggregate.MeanState, rng: np.random.Generator) -> np.ndarray:
         """Add the Gaussian noise and divide by the fixed denominator ``m``.
@@ -395,27 +384,3 @@ class DPFedAvg(Strategy):
         if self.placement == "central" or contributors <= 0:
             return None
         return RoundEvent("poisson", 1, 1, self.noise_multiplier * math.sqrt(contributors / self.sampled))
-
-
-def _fold_clipped(agg: aggregate.MeanState, update: np.ndarray, clip: float, tail: int) -> aggregate.MeanState:
-    """``agg + clip(update)`` without allocating: the scale rides as the weight of the model part."""
-    size = agg.size - tail
-    head, total = update[:size], agg.total
-    scale = np.float32(clip_factor(l2_norm(head), clip))
-    scratch = agg.scratch if agg.scratch is not None else aggregate.block_scratch(size)
-    aggregate.scaled_add(total[:size], head, scale, scratch)
-    if tail:
-        total[size] += np.float32(min(0.5, max(-0.5, float(update[size]))))
-    return aggregate.MeanState(total, agg.weight + 1.0, agg.count + 1, scratch)
-
-
-def _bounded_bits(summed: float, count: int, noise_std: float) -> float:
-    """A securely summed count bit clamped to what ``count`` honest clients can send.
-
-    Each honest bit is ``+-1/2`` (plus, distributed, a noise share): the sum
-    lies in ``[-count/2, count/2]`` widened by six standard deviations of the
-    summed noise shares, which an honest sum leaves with probability 2e-9.
-    Clamping is post-processing, so it costs no privacy.
-    """
-    bound = count / 2.0 + 6.0 * noise_std
-    return min(bound, max(-bound, summed))
