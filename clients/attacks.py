@@ -3,7 +3,9 @@
 ``[faults] byzantine = { fraction = 0.2, attack = "alie" }`` makes a fixed set of
 ``round(fraction * clients)`` simulated clients (chosen from the scenario seed)
 attack every round they are sampled in. The attack runs in the ClientApp, so
-it works on every runtime that runs it (in-process, Ray, SuperNodes); the
+it works on every runtime that runs it on simulated partitions (in-process,
+Ray, SuperNodes given a ``partition-id``; the data-parallel mode runs no
+ClientApp and refuses ``[faults]``); the
 replies are well formed, so only robust aggregation can blunt them. (The
 corrupt-reply kinds ``nan``, ``wrong_shape``, ``oversized`` and ``garbage``
 stay transport faults: ``runtimes.faults``.)
@@ -33,7 +35,8 @@ Attacks
 ``absent``
     The attackers take the model and never send an update (their train
     calls fail): no rule can learn their data, so the drop under ``absent``
-    is what their data is worth, a floor under every defence's drop.
+    is what their data is worth, a floor under every defence's drop (none
+    with ``data = "iid"``, where the attackers hold copies).
 
 Knowledge assumed
 -----------------
@@ -140,11 +143,7 @@ class AttackPlan:
 
     def attackers(self) -> tuple[int, ...]:
         """The attacking partition ids, sorted: ``round(fraction * clients)`` of them."""
-        if not self.active:
-            return ()
-        count = int(round(self.spec.fraction * self.num_clients))
-        order = np.random.default_rng([self.seed, 0xB12]).permutation(self.num_clients)
-        return tuple(sorted(int(p) for p in order[:count]))
+        return self.spec.attackers(self.num_clients, self.seed)
 
     def mimic_target(self) -> int:
         """The honest partition every mimic attacker copies: the lowest-numbered one."""

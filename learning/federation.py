@@ -38,15 +38,17 @@ __all__ = ["cached_federation", "build_federation", "ResampledClients"]
 
 def cached_federation(scenario: Scenario) -> Federation:
     """The scenario's federated data set, built once per process."""
-    return _federation(scenario.data, scenario.federation.clients, scenario.seed)
+    clients = scenario.federation.clients
+    copies = scenario.faults.byzantine_spec.iid_copies(clients, scenario.seed)
+    return _federation(scenario.data, clients, scenario.seed, copies)
 
 
 @functools.lru_cache(maxsize=2)
-def _federation(spec: DataSpec, num_clients: int, seed: int) -> Federation:
-    return build_federation(spec, num_clients, seed)
+def _federation(spec: DataSpec, num_clients: int, seed: int, iid_copies: tuple[int, ...]) -> Federation:
+    return build_federation(spec, num_clients, seed, iid_copies=iid_copies)
 
 
-def build_federation(spec: DataSpec, num_clients: int, seed: int) -> Federation:
+def build_federation(spec: DataSpec, num_clients: int, seed: int, *, iid_copies: Sequence[int] = ()) -> Federation:
     """Build the data of a whole federation from a scenario's data section.
 
     For MNIST, digits and files: hold out ``server_test_fraction`` of every
@@ -57,11 +59,18 @@ def build_federation(spec: DataSpec, num_clients: int, seed: int) -> Federation:
     and the server test set is the union of the devices' test splits (the
     ``partition`` and both test fractions are ignored).
 
+    ``iid_copies`` (``[faults] byzantine.data = "iid"``): the other clients
+    split the whole pool, and each of these draws, without replacement, an
+    IID sample of the pool as large as an honest client's mean share: a copy of
+    data the honest clients hold, so losing it costs the federation nothing.
+
     Raises
     ------
     DataError
         The data file is malformed, or the data cannot be split as asked.
     """
+    copies = sorted(set(iid_copies))
+    _check_copies(spec, copies, num_clients)
     holdout_ss, partition_ss, split_ss = np.random.SeedSequence(seed).spawn(3)
     if spec.dataset == "synthetic":
         return _synthetic_federation(spec, num_clients, np.random.default_rng(partition_ss))
@@ -70,10 +79,12 @@ def build_federation(spec: DataSpec, num_clients: int, seed: int) -> Federation:
     if spec.partition == "resample":
         clients: Sequence[ClientData] = ResampledClients(pool, num_clients, spec, partition_ss)
         return Federation(clients, test, int(data.y.max()) + 1, tuple(data.x.shape[1:]))
+    rng = np.random.default_rng(partition_ss)
     try:
-        parts = _partition(spec, pool.y, num_clients, np.random.default_rng(partition_ss))
+        parts = _partition(spec, pool.y, num_clients - len(copies), rng)
     except ValueError as exc:
         raise DataError(f"{spec.dataset}: {exc}") from None
+    parts = _with_copies(parts, copies, len(pool), rng)
     split_rng = np.random.default_rng(split_ss)
     clients = tuple(split_train_test(pool.subset(p), spec.client_test_fraction, split_rng) for p in parts)
     return Federation(clients, test, int(data.y.max()) + 1, tuple(data.x.shape[1:]))
@@ -159,6 +170,29 @@ def _partition(
         min_size = max(1, min(10, len(labels) // (2 * num_clients)))
         return dirichlet(labels, num_clients, spec.alpha, rng, min_size=min_size)
     return shards(labels, num_clients, spec.shards_per_client, rng)
+
+
+def _check_copies(spec: DataSpec, copies: list[int], num_clients: int) -> None:
+    if not copies:
+        return
+    if spec.dataset == "synthetic" or spec.partition == "resample":
+        raise DataError(f"IID copies need a pooled data set to split; dataset {spec.dataset!r} with partition "
+                        f"{spec.partition!r} has none")
+    if copies[0] < 0 or copies[-1] >= num_clients or len(copies) >= num_clients:
+        raise DataError(f"IID copies {copies} of {num_clients} clients: each must be a client id 0 .. "
+                        f"{num_clients - 1}, and at least one client must stay honest")
+
+
+def _with_copies(parts: list[np.ndarray], copies: list[int], pool_size: int,
+                 rng: np.random.Generator) -> list[np.ndarray]:
+    """The honest ``parts`` in order, with an IID sample of the pool at each id in ``copies``."""
+    if not copies:
+        return parts
+    size = int(round(pool_size / len(parts)))
+    honest = iter(parts)
+    total = len(parts) + len(copies)
+    return [np.sort(rng.choice(pool_size, size, replace=False)) if i in copies else next(honest)
+            for i in range(total)]
 
 
 def _holdout(

@@ -99,6 +99,8 @@ class Scenario:
         if self.data.standardize == "federated":
             _check_standardize(self)
         attack = self.faults.byzantine_spec
+        if attack.data == "iid":
+            _check_iid_attackers(self)
         if attack.fraction > 0 and attack.attack in ATTACKS and self.secagg.enabled:
             raise Bad("faults.byzantine.attack", attack.attack, "the attack harness forges plain train replies, "
                        "and [secagg] enabled = true masks them in protocol stages it does not drive; choose one")
@@ -198,6 +200,24 @@ def _check_standardize(scenario: Scenario) -> None:
     if scenario.task.entry and scenario.task.entry.split(":")[0] not in STANDARDIZED_TASKS:
         raise Bad("data.standardize", "federated", f"task.entry = {scenario.task.entry!r}: the pass standardises "
                    "the built-in classification and regression tasks' feature arrays; another task scales its own")
+
+
+def _check_iid_attackers(scenario: Scenario) -> None:
+    """``faults.byzantine.data = "iid"`` re-splits the built-in task's pooled data; refuse, by key, what has none."""
+    data, entry = scenario.data, scenario.task.entry
+    culprit = (("task.entry", entry) if entry and entry.split(":")[0] != "learning.tasks.classification" else
+               ("data.dataset", "synthetic") if data.dataset == "synthetic" else
+               ("data.partition", "resample") if data.partition == "resample" else
+               ("data.path", "") if data.dataset == "file" and not data.path else None)
+    if culprit is not None:
+        key, value = culprit
+        raise Bad("faults.byzantine.data", "iid", f"{key} = {value!r}: IID attackers copy samples of a pool that "
+                   "the honest clients split, and only the built-in classification task on mnist, digits or a "
+                   "data.path file has one; use data = \"own\"")
+    spec, clients = scenario.faults.byzantine_spec, scenario.federation.clients
+    if clients - len(spec.attackers(clients, scenario.seed)) < 1:
+        raise Bad("faults.byzantine.fraction", spec.fraction,
+                   f"of {clients} clients leaves no honest client to hold the data (faults.byzantine.data = \"iid\")")
 
 
 def _check_robust(scenario: Scenario) -> None:

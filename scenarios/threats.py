@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from scenarios.parse import Bad, fraction, non_negative, positive
 
 __all__ = ["ByzantineSpec", "FaultSpec", "SecAggSpec", "DPSpec", "FAULT_STAGES", "CORRUPTIONS", "ATTACKS"]
@@ -34,6 +36,14 @@ class ByzantineSpec:
     et al., NeurIPS 2019) shift in standard deviations, derived from the
     number of clients and attackers when not given; ``inflated_examples`` is
     the example count ``weight_inflation`` reports.
+
+    ``data`` says what the attackers hold. ``"own"``: each is one of the
+    federation's partitions, so its data is lost to the model whatever the
+    rule does, and under a skewed split an attack can erase a class the
+    attackers hold most of. ``"iid"`` (Karimireddy, He & Jaggi's setup): the
+    honest clients split the whole pool and each attacker holds an IID copy of
+    an honest client's share, so an attack can corrupt the rule but remove no
+    data (harness attacks on a partitioned data set only).
     """
 
     fraction: float = 0.0
@@ -44,6 +54,19 @@ class ByzantineSpec:
     epsilon: float = 0.5
     z: float | None = None
     inflated_examples: int = 10**9  # core.messages.MAX_EXAMPLES: the most a reply may claim
+    data: Literal["own", "iid"] = "own"
+
+    def attackers(self, num_clients: int, seed: int) -> tuple[int, ...]:
+        """The attacking partition ids, sorted: ``round(fraction * num_clients)``, fixed by the seed."""
+        if self.attack not in ATTACKS or self.fraction <= 0:
+            return ()
+        count = int(round(self.fraction * num_clients))
+        order = np.random.default_rng([seed, 0xB12]).permutation(num_clients)
+        return tuple(sorted(int(p) for p in order[:count]))
+
+    def iid_copies(self, num_clients: int, seed: int) -> tuple[int, ...]:
+        """The partitions that hold IID copies instead of a share of the pool (``data = "iid"``)."""
+        return self.attackers(num_clients, seed) if self.data == "iid" else ()
 
     def _check(self) -> None:
         fraction("fraction", self.fraction, allow_zero=True, allow_one=False)
@@ -52,6 +75,9 @@ class ByzantineSpec:
         if self.z is not None:
             positive("z", self.z)
         positive("inflated_examples", self.inflated_examples)
+        if self.data == "iid" and self.attack not in ATTACKS:
+            raise Bad("data", self.data, f"IID attacker data is for the attack harness ({', '.join(ATTACKS)}); "
+                       f"{self.attack!r} corrupts the transport, not the data")
 
 
 @dataclass(frozen=True)

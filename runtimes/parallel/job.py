@@ -100,7 +100,7 @@ def check_scenario(scenario: Scenario, mode: Mode, world: int) -> None:
     ------
     ParallelError
         More workers than clients, DP in synchronous mode, secure aggregation,
-        a task of the user's own (``[task] entry``).
+        a task of the user's own (``[task] entry``), ``[faults]``.
     """
     if scenario.task.entry:
         raise ParallelError(f"{scenario.name}: task.entry = {scenario.task.entry!r}: the data-parallel mode trains "
@@ -120,6 +120,21 @@ def check_scenario(scenario: Scenario, mode: Mode, world: int) -> None:
         raise ParallelError(f"{scenario.name}: secagg.enabled = true: secure aggregation protects clients from the "
                             "aggregator; inside one cluster there is no such boundary, turn it off to run parallel")
     _check_compression(scenario, mode)
+    _check_faults(scenario)
+
+
+def _check_faults(scenario: Scenario) -> None:
+    """``[faults]`` acts on the messages of a round's ClientApps, which no rank sends: refuse it by key."""
+    faults = scenario.faults
+    byzantine = "faults.byzantine" if isinstance(faults.byzantine, float) else "faults.byzantine.fraction"
+    candidates = [(byzantine, faults.byzantine_spec.fraction), ("faults.stragglers", faults.stragglers),
+                  *((f"faults.dropouts.{stage}", frac) for stage, frac in faults.dropouts.items())]
+    set_keys = [(key, value) for key, value in candidates if value]
+    if set_keys:
+        key, value = set_keys[0]
+        raise ParallelError(f"{scenario.name}: {key} = {value!r}: the fault injectors and the attack harness act "
+                            "on the messages a round sends to its ClientApps, which the data-parallel mode does "
+                            "not send; run this scenario with quorum simulate, or remove [faults]")
 
 
 def _check_compression(scenario: Scenario, mode: Mode) -> None:

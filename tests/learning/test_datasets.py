@@ -119,6 +119,35 @@ def test_federation_sets_are_disjoint_and_complete() -> None:
     assert len({row.tobytes() for row in rows}) == 5000
 
 
+def test_iid_copies_are_samples_of_the_pool_the_honest_clients_split() -> None:
+    # Prepare / Execute: 4,000 pooled images, 8 honest clients (alpha 0.1: each holds few classes), copies at 3 and 7
+    spec = DataSpec(dataset="mnist", partition="dirichlet", alpha=0.1, client_test_fraction=0.0)
+    fed = build_federation(spec, 10, seed=2, iid_copies=(7, 3))
+
+    # Assert: the honest clients hold the whole pool, once (the images are pairwise distinct)
+    honest = [c.train for i, c in enumerate(fed.clients) if i not in (3, 7)]
+    rows = [row.tobytes() for d in honest for row in d.x.reshape(len(d), -1)]
+    assert len(rows) == len(set(rows)) == 4000
+    assert max(np.bincount(d.y, minlength=10).max() / len(d) for d in honest) > 0.5
+    for i in (3, 7):
+        copy = fed.clients[i].train
+        mine = {row.tobytes() for row in copy.x.reshape(len(copy), -1)}
+        assert len(copy) == len(mine) == 500 and mine <= set(rows)  # 4,000 / 8, no repeats, all from the pool
+        # IID: each class near its pool share, 50 of 500 (hypergeometric sd about 6.5; 4 sd)
+        assert np.all(np.abs(np.bincount(copy.y, minlength=10) - 50) < 26)
+
+
+@pytest.mark.parametrize(("spec", "copies", "match"), [
+    (DataSpec(dataset="digits"), (4,), r"each must be a client id 0 \.\. 3"),
+    (DataSpec(dataset="digits"), (0, 1, 2, 3), "at least one client must stay honest"),
+    (DataSpec(dataset="synthetic"), (1,), "dataset 'synthetic' with partition 'iid' has none"),
+    (DataSpec(dataset="digits", partition="resample"), (1,), "partition 'resample' has none"),
+])
+def test_iid_copies_that_cannot_be_built_are_a_data_error(spec: DataSpec, copies: tuple, match: str) -> None:
+    with pytest.raises(DataError, match=match):
+        build_federation(spec, 4, seed=0, iid_copies=copies)
+
+
 def test_digits_shards_federation() -> None:
     spec = DataSpec(dataset="digits", partition="shards", shards_per_client=2, server_test_fraction=0.0)
     fed = build_federation(spec, 10, seed=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aggregator.store import RunStore
 from clients.attacks import AttackPlan
+from learning.federation import cached_federation
 from runtimes.simulation import simulate
 from tests.conftest import tiny_scenario
 
@@ -53,3 +54,28 @@ def test_weight_inflation_reaches_the_aggregator_as_a_valid_reply(db_url: str) -
     results = {r.client: r for r in RunStore(db_url).client_results(summary.run_id)}
     assert results[attacker].outcome == "ok" and results[attacker].num_examples == 10**9
     assert summary.status == "finished" and summary.final_accuracy > 0.2
+
+
+def test_iid_attacker_data_reaches_the_attackers_clientapp(db_url: str) -> None:
+    # Prepare: digits' pool split over the 4 honest clients by Dirichlet(0.5) (their sizes differ); the attacker
+    # holds an IID copy as large as their mean share
+    scenario = tiny_scenario(rounds=1, data={"partition": "dirichlet", "alpha": 0.5}, strategy={"name": "median"},
+                             federation={"clients": 5, "deadline_s": 300.0},
+                             faults={"byzantine": {"fraction": 0.2, "attack": "signflip", "data": "iid"}})
+    (attacker,) = AttackPlan.from_scenario(scenario).attackers()
+    fed = cached_federation(scenario)
+    honest = [c for i, c in enumerate(fed.clients) if i != attacker]
+    pool = {row.tobytes() for c in honest for d in (c.train, c.test) for row in d.x}
+    share = round((1797 - 359) / 4)  # digits less the server's 20% of each class, over 4
+
+    # Execute
+    summary = simulate(scenario, db_url=db_url)
+
+    # Assert: the attacker trained on the copy's train split (its share less 10% for its test split), rows the
+    # honest clients hold; every honest client reported its own count, none of them the attacker's
+    results = {int(r.client) - 1: r.num_examples for r in RunStore(db_url).client_results(summary.run_id)}
+    copy = fed.clients[attacker].train
+    assert results[attacker] == len(copy) == share - round(0.1 * share)
+    assert {row.tobytes() for row in copy.x} <= pool
+    assert sorted(n for i, n in results.items() if i != attacker) == sorted(len(c.train) for c in honest)
+    assert results[attacker] not in {len(c.train) for c in honest}

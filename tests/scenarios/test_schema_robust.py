@@ -8,6 +8,7 @@ import pytest
 
 from aggregator.serverapp import build_strategy
 from aggregator.strategies import CenteredClipping, FedMedian, FedTrimmedMean, Krum
+from clients.attacks import AttackPlan
 from scenarios.errors import ScenarioError
 from scenarios.schema import ByzantineSpec, load_scenario, scenario_from_dict
 
@@ -91,6 +92,8 @@ def test_the_legacy_byzantine_fraction_and_kind_still_work() -> None:
     ({"byzantine": {"fraction": 0.2, "attack": "alie", "typo": 1}}, "faults.byzantine.typo", "1"),
     ({"byzantine": {"fraction": 0.2}, "byzantine_kind": "garbage"}, "faults.byzantine_kind", "'garbage'"),
     ({"byzantine": "alie"}, "faults.byzantine", "'alie'"),
+    ({"byzantine": {"fraction": 0.2, "attack": "alie", "data": "shared"}}, "faults.byzantine.data", "'shared'"),
+    ({"byzantine": {"fraction": 0.2, "attack": "nan", "data": "iid"}}, "faults.byzantine.data", "'iid'"),
 ])
 def test_bad_byzantine_settings_name_the_key_and_value(faults: dict, key: str, value: str) -> None:
     with pytest.raises(ScenarioError, match=f"{key} = {value}"):
@@ -113,4 +116,32 @@ def test_build_strategy_maps_the_keys() -> None:
 @pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("byzantine-*.toml")), ids=lambda p: p.name)
 def test_shipped_byzantine_scenarios_load(path: Path) -> None:
     scenario = load_scenario(path)
-    assert scenario.faults.byzantine_spec.fraction == 0.2
+    assert scenario.faults.byzantine_spec.fraction == 0.2 and scenario.faults.byzantine_spec.data == "iid"
+
+
+@pytest.mark.parametrize(("sections", "culprit"), [
+    ({"data": {"dataset": "synthetic"}}, "data.dataset = 'synthetic'"),
+    ({"data": {"dataset": "mnist", "partition": "resample"}}, "data.partition = 'resample'"),
+    ({"data": {"dataset": "file", "features": 4, "classes": 2}}, "data.path = ''"),
+    ({"task": {"entry": "learning.tasks.regression:RegressionTask"}},
+     "task.entry = 'learning.tasks.regression:RegressionTask'"),
+])
+def test_iid_attacker_data_needs_the_built_in_task_s_pooled_data(sections: dict, culprit: str) -> None:
+    with pytest.raises(ScenarioError, match=rf"faults.byzantine.data = 'iid'.*{culprit}: IID attackers copy"):
+        parse(**sections, faults={"byzantine": {"fraction": 0.2, "attack": "signflip", "data": "iid"}})
+
+
+def test_iid_attacker_data_refuses_a_fraction_that_leaves_no_honest_client() -> None:
+    with pytest.raises(ScenarioError, match=r"faults.byzantine.fraction = 0.75: of 2 clients leaves no honest"):
+        parse(federation={"clients": 2}, faults={"byzantine": {"fraction": 0.75, "attack": "ipm", "data": "iid"}})
+
+
+def test_iid_attacker_data_copies_at_the_attack_plan_s_clients() -> None:
+    # Prepare / Execute
+    scenario = parse(faults={"byzantine": {"fraction": 0.3, "attack": "signflip", "data": "iid"}})
+    spec = scenario.faults.byzantine_spec
+
+    # Assert: the copies are the clients the attack mod forges for, three of ten; "own" (the default) copies none
+    assert spec.data == "iid" and spec.iid_copies(10, scenario.seed) == AttackPlan.from_scenario(scenario).attackers()
+    assert len(spec.iid_copies(10, scenario.seed)) == 3
+    assert ByzantineSpec(fraction=0.3, attack="signflip").iid_copies(10, scenario.seed) == ()

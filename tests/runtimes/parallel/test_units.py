@@ -28,6 +28,7 @@ from runtimes.parallel.comm import Comm, bucket_views, pack, release_process_gro
 from runtimes.parallel.errors import ParallelError
 from runtimes.parallel.launch import LaunchSpec, check_spec, describe_failures, torchrun_command
 from runtimes.parallel.localsgd import owned_nodes, round_nodes, train_steps
+from runtimes.parallel.mode import Mode
 from runtimes.parallel.shards import assign_clients, epoch_batches, steps_per_epoch
 from runtimes.parallel.sync import SyncSGD
 from scenarios.schema import DataSpec, load_scenario
@@ -202,7 +203,6 @@ def _one_rank_job(scenario_path, mode, **overrides):
 def test_a_dp_local_sgd_round_runs_through_the_strategy_and_records_epsilon(scenario_file, tmp_path):
     # Prepare: central DP-FedAvg, every client sampled (one rank holds them all).
     from runtimes.parallel.job import initial_state, run_round
-    from runtimes.parallel.mode import Mode
     from runtimes.parallel.runlog import round_record
 
     dp = {"enabled": True, "clip_norm": 0.5, "noise_multiplier": 0.8, "sampling": "fixed"}
@@ -223,3 +223,20 @@ def test_dp_scenarios_need_the_local_sgd_mode(scenario_file, tmp_path):
     path.write_text(scenario_file().read_text() + "[dp]\nenabled = true\nnoise_multiplier = 1.0\n")
     with pytest.raises(ParallelError, match="use --mode localsgd"):
         check_spec(LaunchSpec(scenario=path))
+
+
+@pytest.mark.parametrize(("faults", "key"), [
+    ('byzantine = { fraction = 0.25, attack = "signflip" }', "faults.byzantine.fraction = 0.25"),
+    ("byzantine = 0.25", "faults.byzantine = 0.25"),
+    ("dropouts = { train = 0.5 }", "faults.dropouts.train = 0.5"),
+    ("stragglers = 0.5\nstraggler_delay_s = 1.0", "faults.stragglers = 0.5"),
+])
+def test_faults_are_refused_by_key_since_no_rank_sends_a_clientapp_message(scenario_file, tmp_path, faults, key):
+    # Prepare: a scenario the data-parallel mode would otherwise run
+    path = tmp_path / "faults.toml"
+    path.write_text(scenario_file().read_text() + f"[faults]\n{faults}\n")
+
+    # Execute / Assert: refused before any process starts, naming the key and the way out
+    with pytest.raises(ParallelError, match=rf"{key}: .*run this scenario with quorum simulate"):
+        check_spec(LaunchSpec(scenario=path, mode=Mode.LOCALSGD))
+    check_spec(LaunchSpec(scenario=scenario_file(), mode=Mode.LOCALSGD))  # without [faults] it is accepted
