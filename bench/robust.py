@@ -37,8 +37,8 @@ to 1-77% and coordinate-wise median to 34-75%.
 Model: the small CNN (conv 16, conv 32, fc 64) by default, as the issue
 asks; ``--model mlp`` for the 2NN (784-200-200-10), about a quarter of the time.
 
-    python bench/robust.py --jobs 2     # 25 clients, 100 rounds, 40 runs (about 95 minutes here)
-    python bench/robust.py --quick      # digits, 6 clients, 2 rounds (seconds)
+    python bench/robust.py --jobs 2     # 25 clients, 100 rounds, 40 runs (about 2 hours here)
+    python bench/robust.py --quick      # digits, 6 clients, 2 rounds, in one process (seconds)
 
 Ends with one JSON line of figures.
 """
