@@ -63,7 +63,7 @@ from flwr.app import Context, Error, Message
 
 from core.messages import train_reply
 from learning.standardize import asks_for_statistics
-from scenarios.schema import ATTACKS, ByzantineSpec, Scenario
+from scenarios.schema import ByzantineSpec, Scenario
 
 __all__ = ["AttackPlan", "alie", "alie_z", "ipm", "signflip", "scaling", "flip_labels", "AttackMod",
            "HonestTrainer"]
@@ -139,7 +139,7 @@ class AttackPlan:
     @property
     def active(self) -> bool:
         """Whether the scenario asks for one of this module's attacks."""
-        return self.spec.attack in ATTACKS and self.spec.fraction > 0
+        return self.spec.active
 
     def attackers(self) -> tuple[int, ...]:
         """The attacking partition ids, sorted: ``round(fraction * clients)`` of them."""

@@ -188,11 +188,9 @@ def _with_copies(parts: list[np.ndarray], copies: list[int], pool_size: int,
     """The honest ``parts`` in order, with an IID sample of the pool at each id in ``copies``."""
     if not copies:
         return parts
-    size = int(round(pool_size / len(parts)))
-    honest = iter(parts)
-    total = len(parts) + len(copies)
-    return [np.sort(rng.choice(pool_size, size, replace=False)) if i in copies else next(honest)
-            for i in range(total)]
+    size, chosen, honest = int(round(pool_size / len(parts))), set(copies), iter(parts)
+    return [np.sort(rng.choice(pool_size, size, replace=False)) if i in chosen else next(honest)
+            for i in range(len(parts) + len(copies))]
 
 
 def _holdout(

@@ -101,7 +101,7 @@ class Scenario:
         attack = self.faults.byzantine_spec
         if attack.data == "iid":
             _check_iid_attackers(self)
-        if attack.fraction > 0 and attack.attack in ATTACKS and self.secagg.enabled:
+        if attack.active and self.secagg.enabled:
             raise Bad("faults.byzantine.attack", attack.attack, "the attack harness forges plain train replies, "
                        "and [secagg] enabled = true masks them in protocol stages it does not drive; choose one")
 
@@ -134,7 +134,7 @@ def _check_async(scenario: Scenario) -> None:
                    "updates against each other, which a buffer of stale updates does not give; use fedavg, "
                    "fedavgm, fedadam or fedyogi")
     attack = scenario.faults.byzantine_spec
-    if attack.fraction > 0 and attack.attack in ATTACKS:
+    if attack.active:
         raise Bad("async.enabled", True, "the attack harness needs a round's honest updates (faults.byzantine)")
     faults = scenario.faults
     if any(faults.dropouts.values()) or faults.stragglers:

@@ -56,9 +56,14 @@ class ByzantineSpec:
     inflated_examples: int = 10**9  # core.messages.MAX_EXAMPLES: the most a reply may claim
     data: Literal["own", "iid"] = "own"
 
+    @property
+    def active(self) -> bool:
+        """Whether a fraction of the clients runs one of the harness's attacks (not a transport corruption)."""
+        return self.attack in ATTACKS and self.fraction > 0
+
     def attackers(self, num_clients: int, seed: int) -> tuple[int, ...]:
         """The attacking partition ids, sorted: ``round(fraction * num_clients)``, fixed by the seed."""
-        if self.attack not in ATTACKS or self.fraction <= 0:
+        if not self.active:
             return ()
         count = int(round(self.fraction * num_clients))
         order = np.random.default_rng([seed, 0xB12]).permutation(num_clients)

@@ -141,3 +141,23 @@ def test_any_toml_value_in_any_number_field_is_valid_or_named(key: str, literal:
         loads_scenario(text, "v.toml")
     except ScenarioError as exc:
         assert str(exc).startswith("v.toml: ") and "\n" not in str(exc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.fixed_dictionaries({}, optional={"fraction": _values,
+                                           "attack": st.sampled_from(["signflip", "nan"]) | _values,
+                                           "data": st.sampled_from(["iid", "own"]) | _values}),
+       st.sampled_from(["digits", "synthetic"]), st.integers(1, 6) | _values)
+def test_any_byzantine_table_is_valid_or_a_named_error(table: dict, dataset: str, clients: object) -> None:
+    try:
+        raw = {"name": "fuzz", "data": {"dataset": dataset}, "federation": {"clients": clients},
+               "faults": {"byzantine": table}}
+        scenario = scenario_from_dict(raw, source="fuzz.toml")
+    except ScenarioError as exc:
+        assert str(exc).startswith("fuzz.toml: ") and "\n" not in str(exc)
+        return
+    # Accepted: IID copies only on a pooled data set, and at least one honest client to split it
+    spec, n = scenario.faults.byzantine_spec, scenario.federation.clients
+    copies = spec.iid_copies(n, scenario.seed)
+    assert 0 <= spec.fraction < 1 and len(copies) < n and all(0 <= c < n for c in copies)
+    assert not copies or (spec.data == "iid" and dataset == "digits")
