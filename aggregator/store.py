@@ -180,13 +180,24 @@ class RunStore:
         return run_id
 
     def get_run(self, run_id: str) -> Run:
+        """The run whose id is ``run_id``, or the one run whose id starts (or else ends) with it.
+
+        Every command that takes a run id looks it up here. The text is
+        compared literally, in Python (``%`` and ``_`` are no SQL wildcards,
+        and case matters), so ``20261202-1`` names a run only if it is the one
+        run of the store whose id starts so; the random tail of an id
+        (``a3f9c2``) names it as well.
+
+        Raises
+        ------
+        RunNotFound
+            No run matches; or several do (``ambiguous: N runs start with ...``,
+            naming a few).
+        """
         with self.session() as s:
-            run = s.get(Run, run_id)
-            if run is None:
-                matches = s.scalars(select(Run).where(Run.id.like(f"%{run_id}%"))).all()
-                if len(matches) != 1:
-                    raise RunNotFound(f"no run {run_id!r} in {self.url}")
-                run = matches[0]
+            run = s.get(Run, run_id) or s.get(Run, _unique_match(run_id, list(s.scalars(select(Run.id))), self.url))
+            if run is None:  # deleted between the two reads
+                raise RunNotFound(f"no run {run_id!r} in {self.url}")
             return run
 
     def list_runs(self, status: str | None = None) -> list[Run]:
@@ -287,6 +298,19 @@ def read_checkpoint(path: str | Path) -> ServerState:
     slots = {k.removeprefix("slot."): v for k, v in tensors.items() if k.startswith("slot.")}
     return ServerState(params=tensors["params"], slots=slots, round=int(meta.get("round", 0)),
                        extra=json.loads(meta.get("extra", "{}")))
+
+
+def _unique_match(text: str, ids: list[str], url: str) -> str:
+    """The one id of ``ids`` that starts with ``text`` (or, when none does, ends with it)."""
+    for how, matches in (("start", [i for i in ids if text and i.startswith(text)]),
+                         ("end", [i for i in ids if text and i.endswith(text)])):
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            shown = ", ".join(sorted(matches)[:3]) + (", ..." if len(matches) > 3 else "")
+            raise RunNotFound(f"ambiguous: {len(matches)} runs {how} with {text!r} in {url} ({shown}); "
+                              "give more of the id")
+    raise RunNotFound(f"no run {text!r} in {url}")
 
 
 def _count(value: Any, high: int = MAX_EXAMPLES) -> int:

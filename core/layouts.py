@@ -21,6 +21,7 @@ import numpy as np
 from flwr.app import Array
 
 from core.aggregate import all_finite
+from core.boundary import one_line
 from core.errors import UpdateRejected
 
 __all__ = ["ParamLayout", "npy_bytes", "npy_view", "typed_array", "typed_view", "encode_named", "gather", "FLAT_NAME"]
@@ -99,8 +100,8 @@ def _npy_header(data: bytes, what: str) -> tuple[tuple[int, ...], bool, np.dtype
         reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                   else np.lib.format.read_array_header_2_0)
         shape, fortran, found_dtype = reader(stream)
-    except ValueError as exc:
-        raise UpdateRejected(f"{what} is not a valid .npy buffer: {exc}") from None
+    except Exception as exc:  # numpy's header parser raises ValueError, TokenError, SyntaxError, ... on junk
+        raise UpdateRejected(f"{what} is not a valid .npy buffer: {one_line(exc)}") from None
     parsed = (tuple(shape), bool(fortran), np.dtype(found_dtype))
     if key is not None and stream.tell() == len(key):
         if len(_HEADERS) >= _HEADERS_MAX:

@@ -24,6 +24,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.app.typing import MetricRecordValues
 
 from core.aggregate import all_finite
+from core.boundary import rejects_any
 from core.compress import Codec
 from core.errors import UpdateRejected
 from core.instructions import Instruction, Wire
@@ -235,6 +236,7 @@ def _update_array(content: RecordDict) -> Array:
     return array
 
 
+@rejects_any("train reply")
 def parse_train_reply(content: RecordDict, size: int, max_bytes: int, *, reference: np.ndarray | None = None,
                       layout: ParamLayout | None = None, codec: Codec | None = None) -> TrainReply:
     """Decode and validate a train reply in whichever layout it came (see :class:`Wire`).
@@ -253,7 +255,9 @@ def parse_train_reply(content: RecordDict, size: int, max_bytes: int, *, referen
         Metrics out of range are dropped. With ``codec`` (the round asked for
         compressed updates) a Quorum update without ``delta`` is decoded by it,
         the server's own codec (:meth:`core.compress.Codec.decode`); a dense
-        ``delta`` is still accepted.
+        ``delta`` is still accepted. Anything else a parser raises on the
+        reply's bytes (numpy's ``TokenError`` on a ``.npy`` header, say) is
+        turned into this rejection by the boundary, :func:`core.boundary.rejects_any`.
     """
     if not isinstance(content, RecordDict) or not any(k in content for k in ("update", "arrays", "fitres.parameters")):
         got = sorted(content) if isinstance(content, RecordDict) else type(content).__name__
@@ -297,6 +301,7 @@ def eval_reply(loss: float, accuracy: float | None, num_examples: int, train_los
     return RecordDict({"metrics": MetricRecord(metrics_out)})
 
 
+@rejects_any("eval reply")
 def parse_eval_reply(content: RecordDict) -> EvalReply:
     """Decode and validate an evaluate reply.
 
@@ -307,13 +312,17 @@ def parse_eval_reply(content: RecordDict) -> EvalReply:
         ``[0, MAX_LOSS]``, or a bad example count. A training loss out of range
         is dropped (it is optional). A reply in none of Quorum's, Flower's
         (``eval_loss``/``eval_acc``) or the legacy layout, naming the three.
+        Anything else a parser raises (:func:`core.boundary.rejects_any`).
     """
     metrics = _eval_metrics(content)
     n = _num_examples(metrics)
     loss, acc = metrics.get("eval-loss"), metrics.get("eval-accuracy")
-    if not _in_range(loss, 0.0, MAX_LOSS) or not (acc is None or _in_range(acc, 0.0, 1.0)):
-        raise UpdateRejected(f"eval metrics out of range (loss in [0, {MAX_LOSS:g}], accuracy in [0, 1] "
-                             f"or absent): loss={loss!r} accuracy={acc!r}")
+    if not _in_range(loss, 0.0, MAX_LOSS):
+        raise UpdateRejected(f"eval metrics out of range: eval loss is {loss!r} (expected a number in "
+                             f"[0, {MAX_LOSS:g}])")
+    if not (acc is None or _in_range(acc, 0.0, 1.0)):
+        raise UpdateRejected(f"eval metrics out of range: eval accuracy is {acc!r} (expected a number in [0, 1], "
+                             "or none)")
     train_loss, train_n = metrics.get("train-loss"), metrics.get("train-examples", 0)
     if not _in_range(train_loss, 0.0, MAX_LOSS) or not _in_range(train_n, 1, MAX_EXAMPLES):
         train_loss, train_n = None, 0

@@ -152,8 +152,8 @@ def main(grid: Grid, context: Context) -> None:
     if resume:
         try:
             resume = store.get_run(resume).id
-        except RunNotFound:
-            raise DeployError(f"cannot resume run {resume!r}: not in {store.url}") from None
+        except RunNotFound as exc:  # no such run, or a prefix that several runs share
+            raise DeployError(f"cannot resume run {resume!r}: {exc}") from None
         store.take(resume)
     fed = scenario.federation
     devices = json.loads(str(config.get("devices") or "{}"))

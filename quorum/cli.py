@@ -80,7 +80,7 @@ def simulate(
 
 @app.command()
 def resume(
-    run_id: Annotated[str, typer.Argument(help="The run to continue (its id, or a unique part of it).")],
+    run_id: Annotated[str, typer.Argument(help="The run to continue (its id, or a unique prefix of it).")],
     db: DbOption = DEFAULT_DB,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     workers: Annotated[int | None, typer.Option(
@@ -135,7 +135,7 @@ def runs(
 
 @app.command()
 def report(
-    run_id: Annotated[str, typer.Argument(help="The run (its id, or a unique part of it).")],
+    run_id: Annotated[str, typer.Argument(help="The run (its id, or a unique prefix of it).")],
     db: DbOption = DEFAULT_DB,
     out: Annotated[Path | None, typer.Option(help="Output folder (default runs/reports/RUN).")] = None,
 ) -> None:
@@ -191,7 +191,7 @@ def new(
 
 @app.command()
 def export(
-    run_id: Annotated[str, typer.Argument(help="The run (its id, or a unique part of it).")],
+    run_id: Annotated[str, typer.Argument(help="The run (its id, or a unique prefix of it).")],
     out: Annotated[Path, typer.Option("--out", help="Folder to write model.safetensors and quorum-model.json to.")],
     round_: Annotated[int | None, typer.Option("--round", min=1, help="Export the model after this round "
                                                "(default: the last committed).")] = None,

@@ -45,6 +45,7 @@ __all__ = [
     "DataSpec", "ModelSpec", "FederationSpec", "TrainingSpec", "StrategySpec",
     "EvaluationSpec", "FaultSpec", "ByzantineSpec", "SecAggSpec", "DPSpec", "TaskSpec", "CompressionSpec", "Scenario",
     "load_scenario", "loads_scenario", "scenario_from_dict", "build_options", "bad_value", "FAULT_STAGES",
+    "MAX_SCENARIO_BYTES",
     # re-exported from scenarios.sections and scenarios.threats, where they moved
     "AsyncSpec", "CORRUPTIONS", "ATTACKS", "MAX_ROUNDS", "MAX_CLIENTS", "ROBUST_STRATEGIES", "TASK_KEYS",
 ]
@@ -244,19 +245,31 @@ def _check_robust(scenario: Scenario) -> None:
                        f"exceeds clients per round minus num_byzantine ({n - f})")
 
 
+#: The largest scenario file read: the shipped ones are a few KiB; ``/dev/zero`` never ends.
+MAX_SCENARIO_BYTES = 2**20
+
+
 def load_scenario(path: str | Path) -> Scenario:
-    """Parse and validate a scenario file.
+    """Parse and validate a scenario file of at most :data:`MAX_SCENARIO_BYTES`.
 
     Raises
     ------
     ScenarioError
-        One line naming the file, the key and the value.
+        One line naming the file, the key and the value; or the file and the
+        cap, for a file larger than it (counted while reading: a device or a
+        pipe has no size to trust).
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_SCENARIO_BYTES + 1)
     except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read scenario file ({exc.strerror})") from None
+        raise ScenarioError(f"{path}: cannot read scenario file ({exc.strerror or exc})") from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{path}: larger than {MAX_SCENARIO_BYTES // 2**20} MiB, the most a scenario file "
+                            "may hold")
+    try:
+        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text's newlines
     except UnicodeDecodeError as exc:
         raise ScenarioError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     return loads_scenario(text, source=str(path))

@@ -127,7 +127,11 @@ def _client_record(node: int, result: SecureSumResult, survivors: set[int]) -> C
                             train_loss=float(loss) if isinstance(loss, (int, float)) else None,
                             duration_s=metrics.get("duration-s"),
                             metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))})
-    stage = next((s.stage.value for s in result.stages if node not in s.completed), "unknown")
+    failed = next((s for s in result.stages if node not in s.completed), None)
+    stage = failed.stage.value if failed is not None else "unknown"
+    if failed is not None and node in failed.rejected:
+        return ClientRecord(client=str(node), outcome="rejected", stage=stage,
+                            reason=f"secure-aggregation stage {stage}: {failed.rejected[node]}")
     return ClientRecord(client=str(node), outcome="dropped", stage=stage,
                         reason=f"no valid reply at secure-aggregation stage {stage}")
 

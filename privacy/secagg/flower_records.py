@@ -16,6 +16,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from numpy.lib import format as npy
 
+from core.boundary import one_line, rejects_any
 from privacy.secagg.codec import decode, encode
 from privacy.secagg.errors import SecAggProtocolError
 from privacy.secagg.messages import REPLY_TYPES, REQUEST_TYPES, MaskedInput, Reply, Request
@@ -55,18 +56,36 @@ def array_of(vector: np.ndarray) -> Array:
                  data=b"".join([header.getvalue(), vector.data.cast("B")]))
 
 
-def ndarray_of(array: Array) -> np.ndarray:
-    """A read-only, zero-copy view of a 1-D numeric ``Array``; otherwise ``array.numpy()``."""
-    fp = io.BytesIO(array.data[:4096])
+def ndarray_of(array: Array, strict: bool = False) -> np.ndarray:
+    """A read-only, zero-copy view of a 1-D numeric ``Array``; otherwise ``array.numpy()``.
+
+    ``strict`` (a client's bytes, read on the server): anything but a 1-D,
+    C-ordered, non-object ``.npy`` vector raises ``ValueError`` with the
+    reason, and ``array.numpy()`` (which allocates the shape a header claims)
+    is never called.
+    """
+    try:
+        shape, _, dtype, offset = _vector_header(array.data)
+    except ValueError:
+        if strict:
+            raise
+        return array.numpy()
+    return np.frombuffer(array.data, dtype=dtype, count=shape[0], offset=offset)
+
+
+def _vector_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, fortran order, dtype, offset) of a 1-D numeric ``.npy`` payload; ``ValueError`` otherwise."""
+    fp = io.BytesIO(data[:4096])
     try:
         version = npy.read_magic(fp)
         read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
         shape, fortran, dtype = read(fp)
-    except ValueError:
-        return array.numpy()
+    except Exception as exc:  # numpy's header parser raises ValueError, TokenError, SyntaxError, ... on junk
+        raise ValueError(f"not a .npy buffer: {one_line(exc)}") from None
     if len(shape) != 1 or fortran or dtype.hasobject:
-        return array.numpy()
-    return np.frombuffer(array.data, dtype=dtype, count=shape[0], offset=fp.tell())
+        raise ValueError(f"a {dtype} array of shape {shape}{' in Fortran order' if fortran else ''}, "
+                         "expected a 1-D vector")
+    return shape, fortran, dtype, fp.tell()
 
 
 def record_of(content: RecordDict, name: str, kind: type[R]) -> R | None:
@@ -137,8 +156,17 @@ def reply_content(stage: Stage, round_id: int, reply: Reply,
     return RecordDict(records)
 
 
+@rejects_any("secure-aggregation reply", SecAggProtocolError)
 def read_reply(expected: Stage, round_id: int, content: RecordDict) -> Reply:
-    """Parse a client reply for ``expected`` stage of round ``round_id``."""
+    """Parse a client reply for ``expected`` stage of round ``round_id``.
+
+    Raises
+    ------
+    SecAggProtocolError
+        The reply is for another stage or round, or malformed; whatever a
+        parser raises on its bytes becomes this error, with the reason
+        (:func:`core.boundary.rejects_any`).
+    """
     stage, got_round, payload = _stage_of(content)
     if stage is not expected or got_round != round_id:
         raise SecAggProtocolError(f"reply for {stage.value}/{got_round}, expected {expected.value}/{round_id}")
@@ -148,9 +176,9 @@ def read_reply(expected: Stage, round_id: int, content: RecordDict) -> Reply:
     try:
         if arrays is None:
             raise KeyError(MASKED_RECORD)
-        vector = ndarray_of(arrays[_VECTOR])
+        vector = ndarray_of(arrays[_VECTOR], strict=True)
     except (KeyError, TypeError, ValueError) as exc:
-        raise SecAggProtocolError("malformed masked input") from exc
+        raise SecAggProtocolError(f"malformed masked input: {one_line(exc)}") from exc
     return MaskedInput(vector)
 
 

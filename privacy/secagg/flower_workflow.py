@@ -20,6 +20,7 @@ from flwr.app import Message, MetricRecord, RecordDict
 from flwr.app.message_type import MessageType
 from flwr.serverapp import Grid
 
+from core.boundary import one_line
 from core.messages import clean_metrics, wire_bytes
 from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggCryptoError, SecAggProtocolError
@@ -37,7 +38,7 @@ POLL_INTERVAL_S = 0.005
 
 
 class _Stage:
-    """Book-keeping of one stage: server time, bytes, training metrics."""
+    """Book-keeping of one stage: server time, bytes, training metrics, replies rejected and why."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.start = clock()
@@ -46,6 +47,7 @@ class _Stage:
         self.down = 0
         self.wire_up: dict[int, int] = {}
         self.wire_down: dict[int, int] = {}
+        self.rejected: dict[int, str] = {}
 
 
 def _messages(stage: Stage, round_id: int, requests: Mapping[int, Request],
@@ -70,7 +72,8 @@ def _accept(server: ServerRound, stage: Stage, round_id: int, node: int, reply: 
     try:
         parsed = read_reply(stage, round_id, reply.content)
         book.server.run(server.accept, node, parsed)
-    except (SecAggProtocolError, SecAggCryptoError):
+    except (SecAggProtocolError, SecAggCryptoError) as exc:  # read_reply turns anything else into the former
+        book.rejected[node] = one_line(exc)
         return
     record = record_of(reply.content, METRICS_RECORD, MetricRecord)
     if stage is Stage.MASKED_INPUT and record is not None and metrics is not None:
@@ -103,7 +106,7 @@ def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
         sleep(POLL_INTERVAL_S)
     book.server.run(server.close)
     return StageStats(stage, server.completed[stage], book.up, book.down,
-                      clock() - book.start, book.server.total, book.wire_up, book.wire_down)
+                      clock() - book.start, book.server.total, book.wire_up, book.wire_down, book.rejected)
 
 
 def run_secagg(grid: Grid, node_ids: Sequence[int], train_content: RecordDict, config: SecAggConfig,

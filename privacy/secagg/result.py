@@ -52,6 +52,8 @@ class StageStats:
     wire_up, wire_down : Mapping[int, int]
         Per client: its reply and its request as serialised on Flower's wire
         (``core.messages.wire_bytes``; the embedded global model included).
+    rejected : Mapping[int, str]
+        Per client whose reply the server refused at this stage: why, on one line.
     """
 
     stage: Stage
@@ -62,6 +64,7 @@ class StageStats:
     server_seconds: float
     wire_up: Mapping[int, int] = field(default_factory=dict)
     wire_down: Mapping[int, int] = field(default_factory=dict)
+    rejected: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)

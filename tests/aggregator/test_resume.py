@@ -10,11 +10,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
+from typer.testing import CliRunner
 
 from aggregator.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 from tests.conftest import REPO, wait_for
+
+pytestmark = pytest.mark.e2e  # real processes (docs/testing.md)
 
 SCENARIO = """
 name = "resume-test"
@@ -63,7 +67,8 @@ def test_killed_run_resumes_to_the_same_model(tmp_path: Path) -> None:
     reference = simulate(load_scenario(path), db_url=reference_db)
     expected = RunStore(reference_db).load_state(reference.run_id)
 
-    # Execute: run in a real process, SIGKILL it once round 2 is committed, resume.
+    # Execute: run in a real process, SIGKILL it once round 2 is committed, resume (`quorum resume`, in this
+    # process: what is under test is the store the killed process left, not a second start-up).
     db = f"sqlite:///{tmp_path / 'killed.db'}"
     store = RunStore(db)
     proc = subprocess.Popen(quorum("simulate", str(path), "--db", db, "--json"), cwd=REPO,
@@ -76,8 +81,10 @@ def test_killed_run_resumes_to_the_same_model(tmp_path: Path) -> None:
         proc.wait(timeout=30)
     killed_at = store.get_run(run_id).rounds_done
     assert 2 <= killed_at < 8 and store.get_run(run_id).status == "running"
-    out = subprocess.run(quorum("resume", run_id, "--db", db, "--json"), cwd=REPO, capture_output=True,
-                         text=True, timeout=300, check=True)
+    from quorum.cli import app
+
+    out = CliRunner().invoke(app, ["resume", run_id, "--db", db, "--json"])
+    assert out.exit_code == 0, (out.stderr, out.exception)
 
     # Assert: all rounds, each exactly once, and bit-identical model and optimiser state.
     summary = json.loads(out.stdout)

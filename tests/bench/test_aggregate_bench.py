@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # real processes (docs/testing.md)
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "aggregate.py"
 RATIOS = ("speedup_vs_flower", "speedup_vs_flower_cpu", "peak_memory_ratio", "ours_peak_growth")
 

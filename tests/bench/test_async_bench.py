@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # real processes (docs/testing.md)
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "async.py"
 
 

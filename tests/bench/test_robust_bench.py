@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # real processes (docs/testing.md)
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "robust.py"
 AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "cc")
 ATTACKS = ("none", "alie", "ipm", "signflip", "labelflip", "mimic", "weight_inflation", "absent")

@@ -8,10 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "simulate.py"
 sys.path.insert(0, str(BENCH.parent))
 
 from simulate import tree_memory_mb  # noqa: E402
+
+pytestmark = pytest.mark.e2e  # real processes (docs/testing.md)
 
 
 def test_quick_benchmark_times_one_process_and_the_pool() -> None:

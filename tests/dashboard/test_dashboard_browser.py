@@ -35,8 +35,9 @@ POINTS_JS = """() => {
   return trace ? trace.querySelectorAll('.points path').length : -1;
 }"""
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not on PATH "
-                                "(apt-get install -y chromium); the real-browser test needs it")
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not on PATH "
+                                 "(apt-get install -y chromium); the real-browser test needs it")]
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,7 @@ def https_dashboard(filled_store: FilledStore, tmp_path: Path) -> Iterator[tuple
         stop(proc)
 
 
+@pytest.mark.e2e
 def test_dashboard_serves_https_with_the_federation_certificates(https_dashboard: tuple[str, Path]) -> None:
     base, ca = https_dashboard
     trust = ssl.create_default_context(cafile=str(ca))

@@ -111,7 +111,20 @@ class Fed:
 
 
 @pytest.fixture(scope="module")
-def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fed]:
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread in every process the federation starts (inherited through the environment).
+
+    Three agents' workers and the ServerApp share the machine (2 cores, and other tests): with torch's
+    default of a thread per core, every small step of one waits for threads the others hold, and a
+    round's training took 10 to 40 times as long as on one thread.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: pytest.TempPathFactory, one_torch_thread: None) -> Iterator[Fed]:
     work = tmp_path_factory.mktemp("federation")
     procs = Processes(work)
     lb = LoopbackFederation(work, procs)

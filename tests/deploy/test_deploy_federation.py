@@ -23,7 +23,7 @@ from deploy.loopback import free_ports
 from tests.conftest import wait_for
 from tests.deploy.conftest import DEVICES, Fed, needs_nginx
 
-pytestmark = needs_nginx
+pytestmark = [needs_nginx, pytest.mark.e2e, pytest.mark.heavy]
 
 
 def _post(fed: Fed, path: str, body: bytes, headers: dict[str, str] | None = None) -> int:
@@ -178,11 +178,12 @@ def test_aggregator_killed_mid_run_resumes_to_the_same_model(fed: Fed) -> None:
 
 
 def test_a_client_killed_mid_round_is_recorded_as_dropped(fed: Fed) -> None:
-    # Prepare: a short deadline, and dev2's log position before the run
-    victim = "dev2"
+    # Prepare: a short deadline (each round waits it out for dev2; the live devices answer in 1-4 s on a
+    # loaded 2-core machine), and dev2's log position before the run
+    victim, deadline = "dev2", 6.0
     log = fed.lb.supernode_log(victim)
     seen = log.read_text(errors="replace").count("Receiving: train message")
-    flower_run = fed.submit(fed.scenario("dropout", rounds=2, deadline=8.0))
+    flower_run = fed.submit(fed.scenario("dropout", rounds=2, deadline=deadline))
 
     # Execute: kill dev2's agent (SIGKILL, its whole group) as soon as it receives a train message
     wait_for(lambda: log.read_text(errors="replace").count("Receiving: train message") > seen, 120,
@@ -197,4 +198,4 @@ def test_a_client_killed_mid_round_is_recorded_as_dropped(fed: Fed) -> None:
         by_name = {devices[int(c.client)]: c.outcome for c in fed.store.client_results(run.id, r.round)}
         assert by_name == {"dev0": "ok", "dev1": "ok", "dev2": "dropped"}, (r.round, by_name)
         assert r.dropped == 1 and r.answered == 2
-        assert r.duration_s < 8.0 + 15.0, r.duration_s
+        assert r.duration_s < deadline + 15.0, r.duration_s

@@ -142,6 +142,7 @@ def test_the_front_door_forwards_fleet_rpcs_and_health_only(tmp_path: Path) -> N
 
 @needs_nginx
 @pytest.mark.parametrize("tls", [True, False])
+@pytest.mark.e2e
 def test_nginx_accepts_the_rendered_configuration(tmp_path: Path, tls: bool) -> None:
     from deploy.proxy import nginx_command
 
@@ -162,6 +163,7 @@ def test_the_default_rate_limit_reaches_the_front_door(tmp_path: Path) -> None:
 
 
 @needs_nginx
+@pytest.mark.e2e
 def test_the_front_door_answers_503_past_the_rate_limit(tmp_path: Path) -> None:
     import httpx
 

@@ -56,6 +56,7 @@ def tls_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     listener.close()
 
 
+@pytest.mark.e2e
 def test_the_right_ca_passes_and_a_wrong_one_names_the_fix(tls_server: tuple[str, Path], tmp_path: Path) -> None:
     server, ca = tls_server
     assert check_ca(server, ca) is None
@@ -68,6 +69,7 @@ def test_the_right_ca_passes_and_a_wrong_one_names_the_fix(tls_server: tuple[str
         check_ca(server, junk)
 
 
+@pytest.mark.e2e
 def test_an_unreachable_aggregator_is_a_warning_not_a_mistake(tls_server: tuple[str, Path]) -> None:
     _, ca = tls_server
     warning = check_ca(f"127.0.0.1:{free_port()}", ca, timeout_s=2)
@@ -76,6 +78,7 @@ def test_an_unreachable_aggregator_is_a_warning_not_a_mistake(tls_server: tuple[
         check_ca("no-port-here", ca)
 
 
+@pytest.mark.e2e
 def test_a_busy_port_is_named_with_the_fix() -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
@@ -117,6 +120,7 @@ def test_other_fatal_log_lines_and_a_recovery(tmp_path: Path) -> None:
     assert "copy ca.pem" in (diag.after_exit(now=202) or "")
 
 
+@pytest.mark.e2e
 def test_client_start_refuses_a_wrong_ca_in_one_line(tls_server: tuple[str, Path], tmp_path: Path) -> None:
     server, _ = tls_server
     other = ensure_tls(tmp_path / "other", ["127.0.0.1"])
@@ -150,6 +154,7 @@ def test_the_agent_relays_task_outcomes_and_the_connection(tmp_path: Path) -> No
     assert said[-1] == "task 2 failed: DataError: no column 'label' in 3.12 s"
 
 
+@pytest.mark.e2e
 def test_a_lost_aggregator_is_said_with_its_cause_and_the_countdown(tmp_path: Path) -> None:
     logs = tmp_path / "agent" / "logs"
     logs.mkdir(parents=True)

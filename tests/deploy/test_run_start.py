@@ -91,6 +91,7 @@ def test_a_run_that_never_started_is_stored_failed_and_wait_exits_non_zero(
     assert f"run {run_id} failed: never started: only 2 of the 3" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_wait_notices_a_serverapp_that_died_without_a_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = config(tmp_path)
     folder = cfg.state.root / "serverapps"
@@ -130,6 +131,7 @@ def _fake_aggregator(tmp_path: Path, *argv_words: str) -> subprocess.Popen:
     return proc  # not reaped by anyone while a test stops it: a zombie must count as stopped
 
 
+@pytest.mark.e2e
 def test_stop_ends_the_aggregator_named_by_the_pid_file(tmp_path: Path) -> None:
     cfg = config(tmp_path)
     proc = _fake_aggregator(tmp_path, "aggregator", "start")
@@ -145,6 +147,7 @@ def test_stop_ends_the_aggregator_named_by_the_pid_file(tmp_path: Path) -> None:
         proc.wait()
 
 
+@pytest.mark.e2e
 def test_stop_refuses_a_pid_file_naming_another_program(tmp_path: Path) -> None:
     cfg = config(tmp_path)
     with pytest.raises(DeployError, match="no aggregator running here"):

@@ -28,10 +28,10 @@ from sklearn.datasets import load_digits
 from deploy.loopback import free_ports
 from deploy.pki import ensure_tls
 from deploy.preflight import agent_running
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for
 from tests.deploy.conftest import needs_nginx
 
-pytestmark = needs_nginx
+pytestmark = [needs_nginx, pytest.mark.e2e, pytest.mark.heavy]
 
 DOC = REPO / "docs" / "deploy.md"
 MARK = "<!-- walkthrough"
@@ -83,8 +83,11 @@ def write_devices(folder: Path, devices: int = 3, seed: int = 0) -> None:
 
 
 def env() -> dict[str, str]:
+    """The page's shell: this environment's ``quorum`` first; one torch thread per process (three agents
+    and the ServerApp share the test machine: with a thread per core each, a round's training took
+    10 to 40 times as long)."""
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            "PYTHONUNBUFFERED": "1"}
+            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
 def run_bash(script: str, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
@@ -131,9 +134,8 @@ def _stop_agents(folder: Path) -> None:
         pid = agent_running(workdir) if workdir.is_dir() else None
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 20
-            while agent_running(workdir) is not None and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_for(lambda w=workdir: agent_running(w) is None, 20, f"the agent in {workdir.name} to stop",
+                     poll_s=0.2)
 
 
 def test_the_walkthrough_trains_three_devices_and_each_setup_mistake_names_its_fix(folder: Path) -> None:

@@ -1,4 +1,11 @@
-"""The ``quorum`` command as a user runs it."""
+"""The ``quorum`` command as a user runs it.
+
+One test runs the real ``python -m quorum`` process (the entry point, JSON on
+its stdout); the others call the same Typer app in this process through
+typer's ``CliRunner`` (exit code, stdout and stderr apart), which spares each
+of them a Python start and the torch import without changing what the command
+does or prints.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import Result
+from typer.testing import CliRunner
 
 from aggregator.store import RunStore
 from tests.conftest import REPO
@@ -33,22 +42,39 @@ def quorum(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=300, check=check)
 
 
+def cli(*args: str, check: bool = True) -> Result:
+    """``quorum ARGS`` in this process; ``check``: the command must exit 0."""
+    from quorum.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    if check:
+        assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    return result
+
+
+def assert_clean_exit_2(out: Result) -> None:
+    """Exit status 2 by the command's own error path (``typer.Exit``), not an uncaught exception."""
+    assert out.exit_code == 2, (out.stderr, out.exception)
+    assert isinstance(out.exception, SystemExit), out.exception
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, Path]:
     folder = tmp_path_factory.mktemp("cli")
     scenario = folder / "cli-tiny.toml"
     scenario.write_text(TINY)
     db = f"sqlite:///{folder / 'runs.db'}"
-    out = quorum("simulate", str(scenario), "--db", db, "--json", "--rounds", "3", "--seed", "9")
+    out = cli("simulate", str(scenario), "--db", db, "--json", "--rounds", "3", "--seed", "9")
     return json.loads(out.stdout)["run_id"], db, folder
 
 
 def test_simulate_json_has_the_promised_keys(finished_run: tuple[str, str, Path]) -> None:
     run_id, db, _ = finished_run
-    runs = quorum("runs", "--db", db).stdout
+    runs = cli("runs", "--db", db).stdout
     assert run_id in runs and "3/3" in runs
 
 
+@pytest.mark.e2e
 def test_simulate_json_fields(tmp_path: Path) -> None:
     scenario = tmp_path / "cli-tiny.toml"
     scenario.write_text(TINY)
@@ -63,7 +89,7 @@ def test_simulate_json_fields(tmp_path: Path) -> None:
 
 def test_report_writes_plots_and_summary(finished_run: tuple[str, str, Path]) -> None:
     run_id, db, folder = finished_run
-    quorum("report", run_id, "--db", db, "--out", str(folder / "report"))
+    cli("report", run_id, "--db", db, "--out", str(folder / "report"))
     summary = json.loads((folder / "report" / "summary.json").read_text())
     assert summary["rounds_done"] == 3 and summary["seed"] == 9
     # the wire's bytes: the run's totals are the sums of its rounds'
@@ -76,15 +102,16 @@ def test_report_writes_plots_and_summary(finished_run: tuple[str, str, Path]) ->
 def test_malformed_scenario_is_one_named_line_and_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("rounds = 2\n[federation]\nclients = -4\n")
-    out = quorum("simulate", str(bad), "--db", f"sqlite:///{tmp_path / 'r.db'}", check=False)
-    assert out.returncode == 2
+    out = cli("simulate", str(bad), "--db", f"sqlite:///{tmp_path / 'r.db'}", check=False)
+    assert_clean_exit_2(out)
     assert "federation.clients = -4: must be > 0" in out.stderr and str(bad) in out.stderr
     assert "Traceback" not in out.stderr
 
 
 def test_unknown_run_is_a_clear_error(tmp_path: Path) -> None:
-    out = quorum("resume", "nope", "--db", f"sqlite:///{tmp_path / 'r.db'}", check=False)
-    assert out.returncode == 2 and "no run 'nope'" in out.stderr
+    out = cli("resume", "nope", "--db", f"sqlite:///{tmp_path / 'r.db'}", check=False)
+    assert_clean_exit_2(out)
+    assert "no run 'nope'" in out.stderr
 
 
 @pytest.mark.parametrize(
@@ -103,9 +130,9 @@ def test_hostile_settings_are_one_line_and_leave_no_running_row(tmp_path: Path, 
     scenario.write_text(TINY + extra_toml)
     db = f"sqlite:///{tmp_path / 'r.db'}"
     # Execute
-    out = quorum("simulate", str(scenario), "--db", db, *args, check=False)
+    out = cli("simulate", str(scenario), "--db", db, *args, check=False)
     # Assert
-    assert out.returncode == 2, out.stderr
+    assert_clean_exit_2(out)
     assert message in out.stderr and "Traceback" not in out.stderr
     assert out.stderr.count("\n") == 1  # one line
     assert [run.status for run in RunStore(db).list_runs()] == []

@@ -198,6 +198,7 @@ def test_predict_over_http(live_server: str) -> None:
     assert refused.value.code == 422 and "each example must have shape" in refused.value.read().decode()
 
 
+@pytest.mark.e2e
 def test_serve_refuses_a_non_loopback_host_without_consent(exported: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "quorum", "serve", str(exported), "--host", "0.0.0.0"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)

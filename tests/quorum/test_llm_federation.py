@@ -29,6 +29,8 @@ from runtimes.simulation import simulate
 from scenarios.schema import scenario_from_dict
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.heavy  # its module fixture trains and exports a run
+
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 

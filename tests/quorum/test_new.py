@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import Result
+from typer.testing import CliRunner
 
 from aggregator.report import write_report
 from aggregator.store import RunStore
@@ -21,11 +23,23 @@ def quorum(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=600, check=False, env=env)
 
 
-def test_new_project_runs_and_follows_an_edit_of_its_model(tmp_path: Path) -> None:
+def quorum_here(*args: str, cwd: Path, monkeypatch: pytest.MonkeyPatch) -> Result:
+    """``quorum ARGS`` run in this process from ``cwd`` (typer's CliRunner: exit code, stdout, stderr apart).
+
+    For the checks that are not about a fresh process: it spares each a Python start and the torch import.
+    """
+    from quorum.cli import app
+
+    monkeypatch.chdir(cwd)
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.mark.e2e
+def test_new_project_runs_and_follows_an_edit_of_its_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: a project, whose MLP's hidden layer the user narrows from 64 to 32 units in task.py.
     # Parameters by hand: 64*32 + 32 (hidden) + 32*10 + 10 (output) = 2,410 (64 units: 4,810).
-    made = quorum("new", "demo-task", cwd=tmp_path)
-    assert made.returncode == 0, made.stderr
+    made = quorum_here("new", "demo-task", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert made.exit_code == 0, (made.stderr, made.exception)
     task = tmp_path / "demo-task" / "task.py"
     source = task.read_text()
     assert source.count("hidden: int = 64") == 1
@@ -34,7 +48,8 @@ def test_new_project_runs_and_follows_an_edit_of_its_model(tmp_path: Path) -> No
     scenario.write_text(scenario.read_text().replace("hidden = 64", "# hidden: the task file's default"))
     db = f"sqlite:///{tmp_path / 'runs.db'}"
 
-    # Execute: from another folder, so the entry "task:MyTask" must resolve beside the scenario
+    # Execute: a real process started in another folder, so the entry "task:MyTask" must resolve beside
+    # the scenario (and this test process never imports the user's task module)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     run = quorum("simulate", str(scenario), "--rounds", "2", "--db", db, "--json", cwd=elsewhere)
@@ -48,27 +63,30 @@ def test_new_project_runs_and_follows_an_edit_of_its_model(tmp_path: Path) -> No
     assert summary["final_accuracy"] is not None and summary["final_accuracy"] > 0.3  # 10 classes: chance 0.1
 
 
-def test_new_refuses_a_folder_that_is_not_empty(tmp_path: Path) -> None:
+def test_new_refuses_a_folder_that_is_not_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
-    result = quorum("new", "taken", cwd=tmp_path)
-    assert result.returncode == 2 and "already exists and is not an empty folder" in result.stderr
+    result = quorum_here("new", "taken", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert isinstance(result.exception, SystemExit), result.exception  # the command's own exit, no traceback
+    assert result.exit_code == 2 and "already exists and is not an empty folder" in result.stderr
     assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["notes.txt"]
 
 
 @pytest.mark.parametrize("name", ["-rf", "bad name"])
-def test_new_refuses_a_name_that_is_not_plain(tmp_path: Path, name: str) -> None:
-    result = quorum("new", "--", name, cwd=tmp_path)
-    assert result.returncode == 2 and "must be letters, digits" in result.stderr
+def test_new_refuses_a_name_that_is_not_plain(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = quorum_here("new", "--", name, cwd=tmp_path, monkeypatch=monkeypatch)
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 2 and "must be letters, digits" in result.stderr
 
 
-def test_the_regression_scenario_reaches_store_and_report(tmp_path: Path) -> None:
+def test_the_regression_scenario_reaches_store_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare
     db = f"sqlite:///{tmp_path / 'runs.db'}"
 
     # Execute
-    run = quorum("simulate", str(REPO / "scenarios" / "regression.toml"), "--rounds", "2", "--db", db, "--json",
-                 cwd=tmp_path)
+    run = quorum_here("simulate", str(REPO / "scenarios" / "regression.toml"), "--rounds", "2", "--db", db,
+                      "--json", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert run.exit_code == 0, (run.stderr, run.exception)
     summary = json.loads(run.stdout)
     store = RunStore(db)
     rounds = store.rounds(summary["run_id"])

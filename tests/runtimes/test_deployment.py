@@ -3,31 +3,44 @@
 The repository root is the Flower App (``[tool.flwr.app]`` in pyproject.toml);
 ``flwr run`` bundles it into a FAB, the SuperLink's SuperExec starts the
 ServerApp (``aggregator.serverapp:app``) and each SuperNode's SuperExec starts
-a ``flwr-clientapp`` process per message. Two rounds of a tiny scenario take
-about a minute on an idle 2-core machine, most of it Flower's polling
-(SuperNode: 3 s when idle) and one fresh ClientApp process per message.
+a ``flwr-clientapp`` process per message. A round over a SuperLink
+costs seconds, most of it Flower's polling (SuperNode: 3 s when idle) and one
+fresh ClientApp process per message.
 
-The same SuperLink and SuperNodes then run a user's own Flower app
-(``tests/runtimes/flower_quickstart``: a stock quickstart ClientApp, its
+The same SuperLink and SuperNodes then run a user's own Flower
+app (``tests/runtimes/flower_quickstart``: a stock quickstart ClientApp, its
 pyproject pointing ``serverapp`` at Quorum's) on the same scenario, which must
 reach the accuracy Quorum's own client reached (issue 11).
+
+The module's SuperLinks and SuperNodes are started once, all at the same time,
+and shared by its tests (``fleet``): each test has federations of its own
+(their node configs differ), runs in a store of its own, and the fleet is
+stopped by PID at the module's end, where nothing of it may outlive it.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import shutil
 import subprocess
 import time
 import tomllib
 import urllib.error
 import urllib.request
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from aggregator.store import Run, RunStore
 from tests.conftest import REPO, wait_for
-from tests.runtimes.processes import VENV_BIN, Processes, Started, free_ports
+from tests.runtimes.processes import VENV_BIN, Processes, Started, describe, free_ports
+
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]  # real processes (docs/testing.md)
 
 RUN_CONFIG_KEYS = ("scenario", "db")  # what this test passes with --run-config
 
@@ -66,6 +79,14 @@ STOCK_APP = REPO / "tests" / "runtimes" / "flower_quickstart"
 SLOW_APP = REPO / "tests" / "runtimes" / "slow_app"  # Quorum's ClientApp; `delay-s` in a node's config slows it
 SLOW_DELAY_S = 8.0
 
+# The module's fleet: the SuperNodes' node configs of each federation (None: a simulation SuperLink, Ray)
+FLEET: dict[str, tuple[str, ...] | None] = {
+    "sync_federation": ("partition-id=0 num-partitions=2", "partition-id=1 num-partitions=2"),
+    "async_federation": tuple(f"partition-id={i} num-partitions=3 delay-s={d}"   # the third 8 s slower (issue 15)
+                              for i, d in enumerate((0.0, 0.0, SLOW_DELAY_S))),
+    "simulation_link": None,
+}
+
 ASYNC_SCENARIO = """
 name = "deployment-async"
 seed = 5
@@ -94,25 +115,27 @@ max_staleness = 10
 """
 
 
-def test_a_round_on_a_superlink_with_two_supernodes(processes: Processes, tmp_path: Path) -> None:
+def test_a_round_on_a_superlink_with_two_supernodes(processes: Processes, fleet: Fleet, quorum_app: Path,
+                                                     sync_federation: Federation, tmp_path: Path) -> None:
     # Prepare: one round with federated evaluation (rounds over a SuperLink are the deploy tests' subject)
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(SCENARIO.replace("rounds = 2", "rounds = 1").replace("every = 2 ", "every = 1 "))
+    env, logs = sync_federation.env, _logs(processes, fleet)
     t0 = time.monotonic()
-    env, _ = _federation(processes, tmp_path, "", ["partition-id=0 num-partitions=2",
-                                                   "partition-id=1 num-partitions=2"])
-    t_up = time.monotonic()
 
-    # Execute: Quorum's app, then a user's stock Flower ClientApp under Quorum's ServerApp
-    quorum = _flwr_run(processes, "flwr-run", REPO, scenario, tmp_path / "quorum.db", env)
+    # Execute: Quorum's app, then a user's stock Flower ClientApp under Quorum's ServerApp (one after the
+    # other: at the same time, a node's second message waits out the first's ClientApp process, which
+    # on a loaded machine pushes it past the 90 s deadline)
+    quorum = _flwr_wait(*_flwr_start(processes, "flwr-run", quorum_app, scenario, tmp_path / "quorum.db", env), logs)
     t_quorum = time.monotonic()
-    stock = _flwr_run(processes, "flwr-run-stock", STOCK_APP, scenario, tmp_path / "stock.db", env)
+    stock = _flwr_wait(*_flwr_start(processes, "flwr-run-stock", STOCK_APP, scenario, tmp_path / "stock.db", env),
+                       logs)
     t_done = time.monotonic()
 
     # Assert: both finished the round with every client's update, to the same accuracy
     for store, stored in (quorum, stock):
         assert (stored.status, stored.rounds_done) == ("finished", 1), \
-            f"{stored.status}: {stored.error}\n{processes.logs()}"
+            f"{stored.status}: {stored.error}\n{logs()}"
         rounds = store.rounds(stored.id)
         assert [r.round for r in rounds] == [1]
         for r in rounds:
@@ -125,27 +148,20 @@ def test_a_round_on_a_superlink_with_two_supernodes(processes: Processes, tmp_pa
     assert accuracy["quorum"] > 0.2  # one round of one epoch: past chance (0.1); node ids seed the shuffle
     # Federated evaluation has the round loop's fixed 30 s deadline: on a loaded machine a
     # fresh ClientApp process may miss it, which is data (a late client), not a failure.
-    print(f"deployment: up in {t_up - t0:.1f} s, 2 clients x 1 round in {t_quorum - t_up:.1f} s "
-          f"(flwr run: FAB build to exit), the stock app in {t_done - t_quorum:.1f} s; "
-          f"server accuracy {accuracy}")
+    print(f"deployment: 2 clients x 1 round in {t_quorum - t0:.1f} s (flwr run: FAB build to exit), "
+          f"the stock app in {t_done - t_quorum:.1f} s; server accuracy {accuracy}")
 
 
 def test_a_stock_flower_clientapp_runs_on_flowers_ray_simulation_under_quorums_serverapp(
-        processes: Processes, tmp_path: Path) -> None:
-    # Prepare: a simulation SuperLink (Flower's Ray runtime), no dependency installation
-    pytest.importorskip("ray", reason="Flower's simulation runtime needs quorum[simulation]")
+        processes: Processes, fleet: Fleet, simulation_link: Federation, tmp_path: Path) -> None:
+    # Prepare: a simulation SuperLink (Flower's Ray runtime), no dependency installation (the fleet's)
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(SCENARIO)
-    (link_port,) = free_ports(1)
-    env = {**FLOWER_ENV, "FLWR_HOME": str(_flower_home(tmp_path, link_port)), "RAY_USAGE_STATS_ENABLED": "0"}
-    link = processes.start("superlink-simulation", [
-        str(VENV_BIN / "flower-superlink"), "--simulation", "--insecure", "--host", "127.0.0.1",
-        "--port", str(link_port), "--disable-runtime-dependency-installation"], env)
-    _wait_healthy(link, link_port, processes)
 
     # Execute: the user's app, two virtual SuperNodes on Ray
-    store, stored = _flwr_run(processes, "flwr-run-ray", STOCK_APP, scenario, tmp_path / "ray.db", env,
-                              "--federation-config", "num-supernodes=2")
+    store, stored = _flwr_wait(*_flwr_start(processes, "flwr-run-ray", STOCK_APP, scenario, tmp_path / "ray.db",
+                                            simulation_link.env, "--federation-config", "num-supernodes=2"),
+                               _logs(processes, fleet))
 
     # Assert: every client's update in both rounds; the model learned
     assert (stored.status, stored.rounds_done) == ("finished", 2), f"{stored.status}: {stored.error}"
@@ -155,18 +171,16 @@ def test_a_stock_flower_clientapp_runs_on_flowers_ray_simulation_under_quorums_s
     assert rounds[-1].server_accuracy > 0.3  # past chance (0.1): node ids, random here, seed the training
 
 
-def test_fedbuff_in_wall_time_on_a_superlink_steps_past_a_slow_supernode(processes: Processes,
-                                                                          tmp_path: Path) -> None:
-    # Prepare: three SuperNodes, the third 8 s slower to train (issue 15)
+def test_fedbuff_in_wall_time_on_a_superlink_steps_past_a_slow_supernode(
+        processes: Processes, fleet: Fleet, async_federation: Federation, tmp_path: Path) -> None:
+    # Prepare: three SuperNodes, the third 8 s slower to train (issue 15; the fleet's async federation)
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(ASYNC_SCENARIO)
-    delays = [0.0, 0.0, SLOW_DELAY_S]
-    env, nodes = _federation(processes, tmp_path, "-async",
-                             [f"partition-id={i} num-partitions=3 delay-s={d}" for i, d in enumerate(delays)])
-    slow_id = re.search(r"SuperNode ID: (\d+)", nodes[2].log.read_text(errors="replace"))[1]
+    slow_id = re.search(r"SuperNode ID: (\d+)", async_federation.nodes[2].text())[1]
 
     # Execute
-    store, stored = _flwr_run(processes, "flwr-run-async", SLOW_APP, scenario, tmp_path / "async.db", env)
+    store, stored = _flwr_wait(*_flwr_start(processes, "flwr-run-async", SLOW_APP, scenario,
+                                            tmp_path / "async.db", async_federation.env), _logs(processes, fleet))
 
     # Assert: two steps of two replies in wall time; a step was applied while the slow node trained,
     # and its reply, when it came, was folded in stale with the weight 1 / sqrt(1 + staleness)
@@ -186,40 +200,146 @@ def test_fedbuff_in_wall_time_on_a_superlink_steps_past_a_slow_supernode(process
     assert rows[-1].server_accuracy is not None
 
 
-def _federation(processes: Processes, tmp_path: Path, suffix: str,
-                node_configs: list[str]) -> tuple[dict[str, str], list[Started]]:
-    """A SuperLink and one SuperNode per node config, on loopback, once all are up: the env and the nodes."""
-    link_port, *node_ports = free_ports(1 + len(node_configs))
-    env = {**FLOWER_ENV, "FLWR_HOME": str(_flower_home(tmp_path, link_port))}
-    link = processes.start(f"superlink{suffix}", [
-        str(VENV_BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(link_port),
-        "--disable-runtime-dependency-installation"], env)
-    _wait_healthy(link, link_port, processes)
-    nodes = [processes.start(f"supernode{suffix}-{i}", [
-        str(VENV_BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{link_port}",
-        "--port", str(port), "--node-config", config], env)
-        for i, (port, config) in enumerate(zip(node_ports, node_configs, strict=True))]
-    for node in nodes:
-        _wait_for_log(node, "SuperNode ID:", processes)
-    return env, nodes
+@dataclass
+class Federation:
+    """One SuperLink of the fleet and its SuperNodes; ``env`` is what ``flwr run`` against it needs."""
+
+    link: Started
+    port: int
+    env: dict[str, str]
+    nodes: list[Started] = field(default_factory=list)
 
 
-def _flwr_run(processes: Processes, name: str, app: Path, scenario: Path, db_path: Path,
-              env: dict[str, str], *extra: str) -> tuple[RunStore, Run]:
-    """``flwr run APP --stream`` on the SuperLink; the one run it stored, once it ended."""
+@dataclass
+class Fleet:
+    """The module's SuperLinks and SuperNodes: started once, all at the same time, stopped at its end."""
+
+    procs: Processes
+    federations: dict[str, Federation] = field(default_factory=dict)
+
+    def logs(self) -> str:
+        return self.procs.logs()
+
+    def launch(self, names: list[str]) -> None:
+        """Start the named federations' SuperLinks together, then each one's SuperNodes once it is healthy."""
+        names = [n for n in names if n not in self.federations]
+        ports = iter(free_ports(sum(1 + len(FLEET[n] or ()) for n in names)))
+        for name in names:
+            port = next(ports)
+            env = {**FLOWER_ENV, "FLWR_HOME": str(_flower_home(self.procs.workdir / name, port))}
+            mode = ["--simulation"] if FLEET[name] is None else []
+            if FLEET[name] is None:
+                env["RAY_USAGE_STATS_ENABLED"] = "0"
+            link = self.procs.start(f"superlink-{name}", [
+                str(VENV_BIN / "flower-superlink"), *mode, "--insecure", "--host", "127.0.0.1", "--port", str(port),
+                "--disable-runtime-dependency-installation"], env)
+            self.federations[name] = Federation(link, port, env)
+        for name in names:
+            fed = self.federations[name]
+            _wait_healthy(fed.link, fed.port, self.logs)
+            fed.nodes.extend(self.procs.start(f"supernode-{name}-{i}", [
+                str(VENV_BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{fed.port}",
+                "--port", str(next(ports)), "--node-config", config], fed.env)
+                for i, config in enumerate(FLEET[name] or ()))
+
+    def ready(self, name: str) -> Federation:
+        """The federation once its SuperLink is healthy and every SuperNode has its id."""
+        self.launch([name])
+        fed = self.federations[name]
+        for node in fed.nodes:
+            _wait_for_log(node, "SuperNode ID:", self.logs)
+        return fed
+
+
+@pytest.fixture(scope="module")
+def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """Every federation a selected test of this module asks for, started at once; nothing outlives it."""
+    wanted = {name for item in request.session.items if getattr(item, "module", None) is request.module
+              for name in getattr(item, "fixturenames", ()) if name in FLEET}
+    if importlib.util.find_spec("ray") is None:
+        wanted.discard("simulation_link")
+    the_fleet = Fleet(Processes(workdir=tmp_path_factory.mktemp("fleet")))
+    try:
+        the_fleet.launch([name for name in FLEET if name in wanted])
+        yield the_fleet
+    finally:
+        the_fleet.procs.stop_all()
+        left = the_fleet.procs.alive()
+        assert not left, f"processes outlived the module's fleet:\n{describe(left)}"
+
+
+@pytest.fixture(scope="module")
+def sync_federation(fleet: Fleet) -> Federation:
+    return fleet.ready("sync_federation")
+
+
+@pytest.fixture(scope="module")
+def async_federation(fleet: Fleet) -> Federation:
+    return fleet.ready("async_federation")
+
+
+@pytest.fixture(scope="module")
+def simulation_link(fleet: Fleet) -> Federation:
+    pytest.importorskip("ray", reason="Flower's simulation runtime needs quorum[simulation]")
+    return fleet.ready("simulation_link")
+
+
+@pytest.fixture(scope="module")
+def quorum_app(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Quorum's Flower App (the repository root) without what its FAB leaves out anyway.
+
+    ``flwr run`` walks and resolves every file under the app before it applies
+    ``.gitignore``: in a checkout with its virtual environment that is some
+    60,000 files (seconds of CPU, a minute on a loaded machine) for a FAB of a
+    few hundred. The copy skips the folders Flower's own publish filter drops
+    (``.venv``, caches, build output); ``flwr run`` builds the same FAB from it.
+    """
+    from flwr.cli.utils import filter_paths_for_publish
+
+    dest = tmp_path_factory.mktemp("quorum-app")
+    gitignore = (REPO / ".gitignore").read_bytes() if (REPO / ".gitignore").exists() else b""
+
+    def dropped(folder: str) -> bool:
+        probe = f"{folder}/probe.py"
+        with warnings.catch_warnings():  # pathspec's deprecation of Flower's "gitwildmatch"
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return probe not in filter_paths_for_publish({".gitignore": gitignore, probe: b""})
+
+    for folder, subfolders, files in os.walk(REPO, followlinks=False):
+        rel = Path(folder).relative_to(REPO)
+        subfolders[:] = [d for d in subfolders if not dropped((rel / d).as_posix())]
+        (dest / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if not (Path(folder) / name).is_symlink():  # Flower skips symlinks too
+                shutil.copy2(Path(folder) / name, dest / rel / name)
+    return dest
+
+
+def _logs(processes: Processes, fleet: Fleet) -> Callable[[], str]:
+    """The test's processes' logs, then the fleet's: for a failure message."""
+    return lambda: f"{processes.logs()}\n\n{fleet.logs()}"
+
+
+def _flwr_start(processes: Processes, name: str, app: Path, scenario: Path, db_path: Path,
+                env: dict[str, str], *extra: str) -> tuple[Started, str]:
+    """``flwr run APP --stream`` on the SuperLink, started: the process and its store's URL."""
     _require_run_config_keys(app)
     db = f"sqlite:///{db_path}"
-    run = processes.start(name, [
+    return processes.start(name, [
         str(VENV_BIN / "flwr"), "run", str(app), "local-test", "--stream",
-        "--run-config", f'scenario="{scenario}" db="{db}"', *extra], env)
+        "--run-config", f'scenario="{scenario}" db="{db}"', *extra], env), db
+
+
+def _flwr_wait(run: Started, db: str, logs: Callable[[], str]) -> tuple[RunStore, Run]:
+    """The one run ``flwr run`` stored, once it ended."""
     try:
         rc = run.popen.wait(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"{name} did not finish in {RUN_TIMEOUT_S:g} s\n{processes.logs()}")
-    assert rc == 0, f"{name} failed (rc {rc})\n{processes.logs()}"
+        pytest.fail(f"{run.name} did not finish in {RUN_TIMEOUT_S:g} s\n{logs()}")
+    assert rc == 0, f"{run.name} failed (rc {rc})\n{logs()}"
     store = RunStore(db)
     runs = store.list_runs()
-    assert len(runs) == 1, f"expected one run in the store, found {len(runs)}\n{processes.logs()}"
+    assert len(runs) == 1, f"expected one run in the store, found {len(runs)}\n{logs()}"
     return store, _wait_finished(store, runs[0].id)
 
 
@@ -235,34 +355,34 @@ def _require_run_config_keys(app: Path) -> None:
 
 def _flower_home(tmp_path: Path, port: int) -> Path:
     home = tmp_path / "flwr-home"
-    home.mkdir()
+    home.mkdir(parents=True)
     (home / "config.toml").write_text(
         '[superlink]\ndefault = "local-test"\n\n'
         f'[superlink.local-test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
     return home
 
 
-def _wait_healthy(link: Started, port: int, processes: Processes) -> None:
+def _wait_healthy(link: Started, port: int, logs: Callable[[], str]) -> None:
     """Until the SuperLink answers ``/health`` (an open port is not enough: start-up continues)."""
     def healthy() -> bool:
         if link.popen.poll() is not None:
-            pytest.fail(f"the SuperLink exited with rc {link.popen.returncode}\n{processes.logs()}")
+            pytest.fail(f"the SuperLink exited with rc {link.popen.returncode}\n{logs()}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
                 return reply.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
 
-    wait_for(healthy, START_TIMEOUT_S, lambda: f"the SuperLink to be healthy\n{processes.logs()}", poll_s=0.2)
+    wait_for(healthy, START_TIMEOUT_S, lambda: f"the SuperLink to be healthy\n{logs()}", poll_s=0.2)
 
 
-def _wait_for_log(started: Started, text: str, processes: Processes) -> None:
+def _wait_for_log(started: Started, text: str, logs: Callable[[], str]) -> None:
     def logged() -> bool:
         if started.popen.poll() is not None:
-            pytest.fail(f"{started.name} exited with rc {started.popen.returncode}\n{processes.logs()}")
+            pytest.fail(f"{started.name} exited with rc {started.popen.returncode}\n{logs()}")
         return text in started.log.read_text(errors="replace")
 
-    wait_for(logged, START_TIMEOUT_S, lambda: f"{started.name} to log {text!r}\n{processes.logs()}", poll_s=0.2)
+    wait_for(logged, START_TIMEOUT_S, lambda: f"{started.name} to log {text!r}\n{logs()}", poll_s=0.2)
 
 
 def _wait_finished(store: RunStore, run_id: str, timeout_s: float = 30.0) -> Run:

@@ -202,6 +202,7 @@ ORPHAN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_workers_exit_when_the_aggregator_is_killed() -> None:
     # Prepare: an aggregator process with two forked workers, each of which has served a call
     proc = subprocess.Popen([sys.executable, "-c", ORPHAN], cwd=REPO, stdout=subprocess.PIPE, text=True)

@@ -26,25 +26,31 @@ from runtimes.simulation import simulate
 from tests.conftest import REPO, tiny_scenario, wait_for
 from tests.runtimes.processes import VENV_BIN, Processes, free_ports
 
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]  # real processes (docs/testing.md)
+
 pytest.importorskip("ray", reason="the Ray engine needs quorum[simulation]")
 
 SCENARIO = {"federation": {"clients": 4, "fraction": 1.0, "min_clients": 2, "deadline_s": 60.0}}
 
+# Imports first (while the cluster starts), then the run once the second node has joined; the
+# cluster's nodes are read from inside the run (Flower's own connection), as it starts.
 DRIVER = textwrap.dedent("""
-    import json, sys, time
+    import json, pathlib, sys, time
     import ray
-    address = sys.argv[3]
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    deadline = time.monotonic() + 60
-    while sum(1 for n in ray.nodes() if n["Alive"]) < 2 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    print("NODES " + json.dumps([n["Resources"].get("CPU", 0) for n in nodes]), flush=True)
-    ray.shutdown()
     from runtimes.simulation import simulate
     from tests.conftest import tiny_scenario
+    address, node_log = sys.argv[3], pathlib.Path(sys.argv[4])
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (
+            node_log.exists() and "Ray runtime started" in node_log.read_text(errors="replace")):
+        time.sleep(0.1)
+
+    def nodes(run_id):
+        alive = [n for n in ray.nodes() if n["Alive"]]
+        print("NODES " + json.dumps([n["Resources"].get("CPU", 0) for n in alive]), flush=True)
+
     summary = simulate(tiny_scenario(**json.loads(sys.argv[1])), db_url=sys.argv[2], engine="ray",
-                       ray_address=address)
+                       ray_address=address, on_start=nodes)
     print("SUMMARY " + json.dumps(summary.to_json()), flush=True)
 """)
 
@@ -68,21 +74,23 @@ def test_a_run_joins_a_two_node_ray_cluster_and_computes_what_inprocess_computes
     common = ["--block", "--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
     head = processes.start("ray-head", [ray, "start", "--head", f"--port={port}", "--include-dashboard=false",
                                         f"--temp-dir={ray_temp}", *common])
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    node_log = tmp_path / "ray-node.log"
+    driver = processes.start("ray-driver", [sys.executable, "-c", DRIVER, json.dumps(SCENARIO), db, address,
+                                            str(node_log)], cwd=REPO)  # imports while the cluster starts
     wait_for(lambda: "Ray runtime started" in head.text() or head.popen.poll() is not None, 90,
              lambda: f"the Ray head\n{processes.logs()}")
-    processes.start("ray-node", [ray, "start", f"--address={address}", *common])
-    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    assert processes.start("ray-node", [ray, "start", f"--address={address}", *common]).log == node_log
+    local_db = f"sqlite:///{tmp_path / 'local.db'}"  # in-process, in a store of its own, while Ray runs
+    local = simulate(tiny_scenario(**SCENARIO), db_url=local_db, engine="inprocess", workers=1)
 
     # Execute
-    driver = processes.start("ray-driver", [sys.executable, "-c", DRIVER, json.dumps(SCENARIO), db, address],
-                             cwd=REPO)
     try:
         rc = driver.popen.wait(timeout=240)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the run on the cluster did not finish in 240 s\n{processes.logs()}")
     finally:
         processes.stop_all(grace_s=3.0)  # nothing of the cluster is worth 15 s of graceful shutdown
-    local = simulate(tiny_scenario(**SCENARIO), db_url=db, engine="inprocess", workers=1)
 
     # Assert: the cluster had two nodes of one CPU; the run finished there, every client answering
     assert rc == 0, f"the run on the cluster failed (rc {rc})\n{processes.logs()}"
@@ -97,7 +105,7 @@ def test_a_run_joins_a_two_node_ray_cluster_and_computes_what_inprocess_computes
         assert sorted(int(c.client) for c in store.client_results(run.id, r.round) if c.outcome == "ok") == [1, 2, 3, 4]
 
     # Assert: the same numbers as in-process for the same seed (sums differ only in order)
-    for a, b in zip(store.rounds(run.id), store.rounds(local.run_id), strict=True):
+    for a, b in zip(store.rounds(run.id), RunStore(local_db).rounds(local.run_id), strict=True):
         assert a.server_loss == pytest.approx(b.server_loss, rel=1e-5)
         assert a.train_loss == pytest.approx(b.train_loss, rel=1e-5)
         assert a.fed_loss == pytest.approx(b.fed_loss, rel=1e-5)

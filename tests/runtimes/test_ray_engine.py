@@ -21,6 +21,8 @@ from runtimes.simulation import simulate
 from tests.conftest import REPO, tiny_scenario
 from tests.runtimes.processes import Processes, describe
 
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]  # real processes (docs/testing.md)
+
 pytest.importorskip("ray", reason="the Ray engine needs quorum[simulation]")
 
 SCENARIO = {"federation": {"clients": 4, "fraction": 1.0, "min_clients": 2, "deadline_s": 60.0}}
@@ -43,13 +45,14 @@ def test_ray_engine_runs_every_round_computes_what_inprocess_computes_and_cleans
     # Execute
     argv = [sys.executable, "-c", RUN_ON_RAY, json.dumps(SCENARIO), db]
     child = processes.start("ray-driver", argv, cwd=REPO)
+    local_db = f"sqlite:///{tmp_path / 'local.db'}"  # in-process, in a store of its own, while Ray runs
+    local = simulate(tiny_scenario(**SCENARIO), db_url=local_db, engine="inprocess", workers=1)
     try:
         rc = child.popen.wait(timeout=150)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the Ray run did not finish in 150 s\n{processes.logs()}")
     wall_s = time.monotonic() - started_at
     leftovers = processes.alive()  # before teardown: run_on_ray must clean up by itself
-    local = simulate(tiny_scenario(**SCENARIO), db_url=db, engine="inprocess")
 
     # Assert: the run is stored, round by round, and Ray is gone
     assert rc == 0, f"the Ray run failed (rc {rc})\n{processes.logs()}"
@@ -68,7 +71,7 @@ def test_ray_engine_runs_every_round_computes_what_inprocess_computes_and_cleans
         assert answered == [1, 2, 3, 4], [(c.client, c.outcome, c.reason) for c in results]
 
     # Assert: same clients, same seeds, same numbers as in-process (sums differ only in order)
-    for a, b in zip(rounds, store.rounds(local.run_id), strict=True):
+    for a, b in zip(rounds, RunStore(local_db).rounds(local.run_id), strict=True):
         assert a.server_accuracy == pytest.approx(b.server_accuracy, abs=1e-6)
         assert a.server_loss == pytest.approx(b.server_loss, rel=1e-5)
         assert a.fed_loss == pytest.approx(b.fed_loss, rel=1e-5)

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from aggregator.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 from tests.conftest import REPO
 
+# Whole shipped scenarios run to a published figure: end to end, so in the second tier (docs/testing.md)
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]
+
 SCENARIOS = REPO / "scenarios"
 
 
 def test_quickstart_reaches_90_percent(db_url: str) -> None:
-    summary = simulate(load_scenario(SCENARIOS / "quickstart.toml"), db_url=db_url)
-    assert summary.status == "finished" and summary.rounds == 10
+    # The shipped 10 rounds give server accuracy 0.427, 0.730, 0.864, 0.908, 0.892, 0.902, 0.928, 0.938,
+    # 0.944, 0.948: past 90% from round 6 on and rising. The first 7 rounds (the same rounds: the seed
+    # fixes data, sampling and training) already show the claim with a 2.8-point margin, at 7/10 the cost.
+    shipped = load_scenario(SCENARIOS / "quickstart.toml")
+    assert shipped.rounds == 10
+    summary = simulate(shipped.with_overrides(rounds=7), db_url=db_url)
+    assert summary.status == "finished" and summary.rounds == 7
     assert summary.final_accuracy >= 0.90, summary
 
 
@@ -32,7 +42,10 @@ def test_fedprox_has_lower_training_loss_than_fedavg_on_synthetic(db_url: str) -
 
 
 def test_dropouts_scenario_completes_every_round(db_url: str, tmp_path: Path) -> None:
-    scenario = load_scenario(SCENARIOS / "dropouts.toml").with_overrides(rounds=3)
+    # The fault plan (who vanishes, who straggles) is the shipped one; what the clients train does not
+    # matter to it, so logistic regression stands in for the CNN.
+    shipped = load_scenario(SCENARIOS / "dropouts.toml")
+    scenario = shipped.with_overrides(rounds=3, model={**shipped.to_dict()["model"], "name": "logreg"})
     summary = simulate(scenario, db_url=db_url)
     rounds = RunStore(db_url).rounds(summary.run_id)
     assert summary.status == "finished" and len(rounds) == 3

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # real processes (docs/testing.md)
+
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "dp_tradeoff.py"
 
 

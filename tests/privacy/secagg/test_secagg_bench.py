@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # real processes (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[3]
 KEYS = {"complete_round_s", "kregular_round_s", "speedup_vs_flower_secagg",
         "speedup_vs_flower_secaggplus", "upload_ratio", "max_abs_error",

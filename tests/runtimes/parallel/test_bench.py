@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 from parallel_support import ROOT
+
+pytestmark = pytest.mark.e2e  # real processes (docs/testing.md)
 
 
 def test_quick_bench_prints_throughput_against_ddp_and_traffic():

@@ -107,6 +107,7 @@ def test_an_empty_batch_still_joins_the_step_and_moves_nothing(one_rank_group):
     np.testing.assert_array_equal(get_flat(model), before)
 
 
+@pytest.mark.e2e
 def test_two_rank_fp16_hook_tracks_sgd_on_concatenated_batches(start_job, scenario_file, db_url):
     # Prepare: uneven shards (3 clients over 2 ranks), so the W / B weighting matters
     path = scenario_file(clients=3, rounds=2, momentum=0.5, federated="false")

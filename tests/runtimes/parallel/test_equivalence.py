@@ -9,6 +9,7 @@ strategy). Both runs are real two-process gloo jobs.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from parallel_support import reference_sync
 
@@ -16,6 +17,8 @@ from aggregator.store import RunStore
 from learning.federation import build_federation
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
+
+pytestmark = pytest.mark.e2e  # real processes (docs/testing.md)
 
 JOB_TIMEOUT = 120
 

@@ -14,10 +14,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from parallel_support import reference_sync, wait_for
 
 from aggregator.store import RunStore
 from scenarios.schema import load_scenario
+
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]  # real processes (docs/testing.md)
 
 STARTUP = 90  # seconds for the launcher and both workers to import, load data and commit round 1
 
