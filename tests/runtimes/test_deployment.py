@@ -126,10 +126,9 @@ def test_a_round_on_a_superlink_with_two_supernodes(processes: Processes, fleet:
     # Execute: Quorum's app, then a user's stock Flower ClientApp under Quorum's ServerApp (one after the
     # other: at the same time, a node's second message waits out the first's ClientApp process, which
     # on a loaded machine pushes it past the 90 s deadline)
-    quorum = _flwr_wait(*_flwr_start(processes, "flwr-run", quorum_app, scenario, tmp_path / "quorum.db", env), logs)
+    quorum = _flwr_run(processes, "flwr-run", quorum_app, scenario, tmp_path / "quorum.db", env, logs)
     t_quorum = time.monotonic()
-    stock = _flwr_wait(*_flwr_start(processes, "flwr-run-stock", STOCK_APP, scenario, tmp_path / "stock.db", env),
-                       logs)
+    stock = _flwr_run(processes, "flwr-run-stock", STOCK_APP, scenario, tmp_path / "stock.db", env, logs)
     t_done = time.monotonic()
 
     # Assert: both finished the round with every client's update, to the same accuracy
@@ -159,9 +158,8 @@ def test_a_stock_flower_clientapp_runs_on_flowers_ray_simulation_under_quorums_s
     scenario.write_text(SCENARIO)
 
     # Execute: the user's app, two virtual SuperNodes on Ray
-    store, stored = _flwr_wait(*_flwr_start(processes, "flwr-run-ray", STOCK_APP, scenario, tmp_path / "ray.db",
-                                            simulation_link.env, "--federation-config", "num-supernodes=2"),
-                               _logs(processes, fleet))
+    store, stored = _flwr_run(processes, "flwr-run-ray", STOCK_APP, scenario, tmp_path / "ray.db",
+                              simulation_link.env, _logs(processes, fleet), "--federation-config", "num-supernodes=2")
 
     # Assert: every client's update in both rounds; the model learned
     assert (stored.status, stored.rounds_done) == ("finished", 2), f"{stored.status}: {stored.error}"
@@ -179,8 +177,8 @@ def test_fedbuff_in_wall_time_on_a_superlink_steps_past_a_slow_supernode(
     slow_id = re.search(r"SuperNode ID: (\d+)", async_federation.nodes[2].text())[1]
 
     # Execute
-    store, stored = _flwr_wait(*_flwr_start(processes, "flwr-run-async", SLOW_APP, scenario,
-                                            tmp_path / "async.db", async_federation.env), _logs(processes, fleet))
+    store, stored = _flwr_run(processes, "flwr-run-async", SLOW_APP, scenario, tmp_path / "async.db",
+                              async_federation.env, _logs(processes, fleet))
 
     # Assert: two steps of two replies in wall time; a step was applied while the slow node trained,
     # and its reply, when it came, was folded in stale with the weight 1 / sqrt(1 + staleness)
@@ -320,18 +318,14 @@ def _logs(processes: Processes, fleet: Fleet) -> Callable[[], str]:
     return lambda: f"{processes.logs()}\n\n{fleet.logs()}"
 
 
-def _flwr_start(processes: Processes, name: str, app: Path, scenario: Path, db_path: Path,
-                env: dict[str, str], *extra: str) -> tuple[Started, str]:
-    """``flwr run APP --stream`` on the SuperLink, started: the process and its store's URL."""
+def _flwr_run(processes: Processes, name: str, app: Path, scenario: Path, db_path: Path, env: dict[str, str],
+              logs: Callable[[], str], *extra: str) -> tuple[RunStore, Run]:
+    """``flwr run APP --stream`` on the SuperLink; the one run it stored, once it ended."""
     _require_run_config_keys(app)
     db = f"sqlite:///{db_path}"
-    return processes.start(name, [
+    run = processes.start(name, [
         str(VENV_BIN / "flwr"), "run", str(app), "local-test", "--stream",
-        "--run-config", f'scenario="{scenario}" db="{db}"', *extra], env), db
-
-
-def _flwr_wait(run: Started, db: str, logs: Callable[[], str]) -> tuple[RunStore, Run]:
-    """The one run ``flwr run`` stored, once it ended."""
+        "--run-config", f'scenario="{scenario}" db="{db}"', *extra], env)
     try:
         rc = run.popen.wait(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
