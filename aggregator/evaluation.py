@@ -15,6 +15,7 @@ from aggregator.collect import collect, push
 from core.errors import UpdateRejected
 from core.layouts import ParamLayout
 from core.messages import TrainConfig, evaluate_instruction, parse_eval_reply, wire_bytes
+from core.outcomes import FAILED, error_outcome
 from core.weighting import WeightPolicy
 from learning.task import Metrics, TaskModel
 
@@ -31,6 +32,7 @@ class EvalSummary:
     per_client: dict[int, tuple[float, float | None, int]]
     metrics: dict[str, float] = field(default_factory=dict)  # the task's named figures (mae, r2, ...)
     rejected: dict[int, str] = field(default_factory=dict)  # node -> why its reply was refused (a NaN loss, ...)
+    failed: dict[int, str] = field(default_factory=dict)  # node -> the error its evaluate task raised
     bytes_in: int = 0  # the replies, as serialised on Flower's wire
     bytes_out: int = 0  # the instructions sent
 
@@ -43,7 +45,8 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     client's example count is capped at 3x the median (:class:`WeightPolicy`),
     so no client that claims a huge test set decides the federated score. A
     refused reply (a NaN loss, an accuracy of 2) counts for nothing, and its
-    reason is kept in :attr:`EvalSummary.rejected`.
+    reason is kept in :attr:`EvalSummary.rejected`; the error of a task that
+    raised, in :attr:`EvalSummary.failed` (a node that is gone is not asked again).
     """
     instruction = evaluate_instruction(params, config, layout)  # one message content for every node
     content = {n: instruction for n in nodes}
@@ -52,9 +55,13 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     named: dict[int, dict[str, int | float]] = {}
     train: list[tuple[float, int]] = []
     rejected: dict[int, str] = {}
+    failed: dict[int, str] = {}
 
     def on_reply(node: int, reply: Message) -> None:
         if reply.has_error():
+            outcome, reason = error_outcome(reply.error)
+            if outcome == FAILED:
+                failed[node] = reason
             return
         traffic["in"] += wire_bytes(reply.content)
         try:
@@ -69,7 +76,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
 
     collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
     summary = _summarise(results, named, train, traffic["in"], wire_bytes(instruction) * len(nodes))
-    return replace(summary, rejected=rejected)
+    return replace(summary, rejected=rejected, failed=failed)
 
 
 def _summarise(results: dict[int, tuple[float, float | None, int]], named: dict[int, dict[str, int | float]],

@@ -50,6 +50,7 @@ from core.errors import UpdateRejected
 from core.fit import accumulate
 from core.layouts import ParamLayout
 from core.messages import broadcast_of, parse_train_reply, train_instruction, wire_bytes
+from core.outcomes import error_outcome
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState, Strategy
 from core.weighting import WeightPolicy
@@ -197,9 +198,9 @@ class BufferedLoop:
         if item.reply is None:
             return ClientRecord(client=label, outcome="dropped", stage="train", reason="no reply",
                                 metrics=base), 0, None
-        if item.reply.has_error():
-            return ClientRecord(client=label, outcome="error", stage="train", reason=str(item.reply.error.reason),
-                                metrics=base), 0, None
+        if item.reply.has_error():  # a node that is gone (dropped), or a task that raised (failed)
+            outcome, reason = error_outcome(item.reply.error)
+            return ClientRecord(client=label, outcome=outcome, stage="train", reason=reason, metrics=base), 0, None
         nbytes = wire_bytes(item.reply.content)
         if staleness > spec.max_staleness:
             why = f"staleness {staleness} exceeds async.max_staleness = {spec.max_staleness}"

@@ -24,6 +24,7 @@ from core.errors import UpdateRejected
 from core.fit import FitOutcome, FitRequest, accumulate
 from core.layouts import ParamLayout
 from core.messages import broadcast_of, parse_train_reply, train_instruction, wire_bytes
+from core.outcomes import error_outcome
 from core.records import ClientRecord
 from core.strategy import Strategy
 from core.weighting import WeightPolicy
@@ -103,9 +104,10 @@ class _FoldEachReply:
 
     def __call__(self, node: int, reply: Message) -> None:
         elapsed = time.monotonic() - self.started
-        if reply.has_error():
-            self.outcome.clients.append(ClientRecord(client=_label(node), outcome="error", stage="train",
-                                                     reason=str(reply.error.reason), duration_s=elapsed))
+        if reply.has_error():  # a node that is gone (dropped), or a task that raised (failed)
+            outcome, reason = error_outcome(reply.error)
+            self.outcome.clients.append(ClientRecord(client=_label(node), outcome=outcome, stage="train",
+                                                     reason=reason, duration_s=elapsed))
             return
         nbytes = wire_bytes(reply.content)
         self.outcome.bytes_in += nbytes

@@ -44,7 +44,7 @@ def run_summary(store: RunStore, run_id: str) -> dict[str, Any]:
             "round": r.round, "train_loss": r.train_loss, "fed_loss": r.fed_loss,
             "fed_accuracy": r.fed_accuracy, "server_loss": r.server_loss,
             "server_accuracy": r.server_accuracy, "sampled": r.sampled, "answered": r.answered,
-            "dropped": r.dropped, "rejected": r.rejected, "duration_s": r.duration_s,
+            "dropped": r.dropped, "rejected": r.rejected, "failed": r.failed or 0, "duration_s": r.duration_s,
             "bytes_in": r.bytes_in, "bytes_out": r.bytes_out,
             "epsilon": r.epsilon, "metrics": numeric_metrics(r.metrics)} for r in rounds],
         "final_metrics": numeric_metrics(rounds[-1].metrics) if rounds else {},
@@ -71,7 +71,7 @@ def write_report(store: RunStore, run_id: str, out_dir: str | Path) -> list[Path
     _plot_accuracy_loss(plt, summary["scenario"], rows, x, paths[1])
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key in ("sampled", "answered", "dropped", "rejected"):
+    for key in ("sampled", "answered", "dropped", "rejected", "failed"):
         ax.plot(x, [r[key] for r in rows], marker="o", label=key)
     ax.set(title="clients per round", xlabel="round", ylabel="clients")
     ax.grid(alpha=0.3)

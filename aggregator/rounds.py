@@ -17,13 +17,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 from flwr.serverapp import Grid
 
-from aggregator.evaluation import ServerEvaluator, federated_evaluate, task_round_metrics
+from aggregator.evaluation import EvalSummary, ServerEvaluator, federated_evaluate, task_round_metrics
 from aggregator.step import SKIPPED, advance, train_config
 from aggregator.store import RunStore
 from core.aggregate import step_problem
 from core.fit import FitOutcome, FitRequest, FitWorkflow, marked_clients
 from core.layouts import ParamLayout
 from core.messages import TrainConfig
+from core.outcomes import FAILED, OK, REJECTED
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState, Strategy
 from learning.standardize import Standardization
@@ -136,7 +137,7 @@ class RoundLoop:
                 # federated evaluation's traffic: beside the training traffic that bytes_in / bytes_out hold
                 fed_metrics.update({"eval-bytes-in": summary.bytes_in, "eval-bytes-out": summary.bytes_out})
                 train_loss = summary.train_loss if summary.train_loss is not None else train_loss
-                clients = _with_rejected_evals([_with_eval(c, summary.per_client) for c in clients], summary.rejected)
+                clients = _with_refused_evals([_with_eval(c, summary.per_client) for c in clients], summary)
             if ev.server and self.server_eval is not None:
                 scores = self.server_eval.score(state.params)
                 srv_loss, srv_acc, task_metrics = scores["loss"], scores.get("accuracy"), task_round_metrics(scores)
@@ -160,16 +161,17 @@ def _with_eval(record: ClientRecord, per_client: dict[int, tuple[float, float | 
     return replace(record, eval_loss=result[0], eval_accuracy=result[1])
 
 
-def _with_rejected_evals(records: list[ClientRecord], rejected: dict[int, str]) -> list[ClientRecord]:
-    """Mark each client whose evaluate reply was refused ``rejected`` at stage ``evaluate``, with the reason
-    (one that was asked to evaluate only, ``evaluation.clients = "all"``, gets a record of its own). A client
-    whose training reply was already refused keeps that first reason."""
-    reasons = {str(node): f"eval reply rejected: {why}" for node, why in rejected.items()}
-    marked = [replace(r, outcome="rejected", stage="evaluate", reason=reasons[r.client])
-              if r.client in reasons and r.outcome == "ok" else r for r in records]
+def _with_refused_evals(records: list[ClientRecord], summary: EvalSummary) -> list[ClientRecord]:
+    """Mark each client whose evaluate reply was refused ``rejected`` (or whose evaluate task raised ``failed``)
+    at stage ``evaluate``, with the reason (one that was asked to evaluate only, ``evaluation.clients = "all"``,
+    gets a record of its own). A client whose training reply was already refused keeps that first reason."""
+    marks = {str(node): (REJECTED, f"eval reply rejected: {why}") for node, why in summary.rejected.items()}
+    marks.update({str(node): (FAILED, why) for node, why in summary.failed.items()})
+    marked = [replace(r, outcome=marks[r.client][0], stage="evaluate", reason=marks[r.client][1])
+              if r.client in marks and r.outcome == OK else r for r in records]
     known = {r.client for r in records}
-    return marked + [ClientRecord(client=c, outcome="rejected", stage="evaluate", reason=why)
-                     for c, why in sorted(reasons.items()) if c not in known]
+    return marked + [ClientRecord(client=c, outcome=outcome, stage="evaluate", reason=why)
+                     for c, (outcome, why) in sorted(marks.items()) if c not in known]
 
 
 def _epsilon(strategy: Strategy, state: ServerState) -> float | None:

@@ -16,17 +16,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
+from sqlalchemy import select
 
+from aggregator.errors import ResumeRefused
 from aggregator.evaluation import ServerEvaluator
 from aggregator.fedbuff import BufferedLoop
 from aggregator.fit import PlainFit
+from aggregator.lease import Heartbeat
+from aggregator.resume import check_same_scenario, has_ended, scenario_difference, start_state
 from aggregator.rounds import LoopResult, RoundLoop
 from aggregator.standardize import standardize_run
-from aggregator.store import RunStore, default_db_url
+from aggregator.store import ClientResult, Run, RunStore, default_db_url
 from aggregator.strategies import (
     CenteredClipping,
+    FedAdagrad,
     FedAdam,
     FedAvg,
     FedAvgM,
@@ -35,11 +41,14 @@ from aggregator.strategies import (
     FedTrimmedMean,
     FedYogi,
     Krum,
+    Scaffold,
     Strategy,
 )
 from core.fit import FitWorkflow
 from core.layouts import ParamLayout
+from core.outcomes import run_problems
 from core.records import RoundRecord
+from core.strategy import ServerState
 from core.weighting import WeightPolicy
 from learning.models import layout_of
 from learning.standardize import Standardization
@@ -50,7 +59,7 @@ from scenarios.errors import ScenarioError
 from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario
 
-__all__ = ["app", "build_strategy", "build_fit", "run_federation", "RunHandle", "final_status"]
+__all__ = ["app", "build_strategy", "build_fit", "run_federation", "fork_run", "RunHandle", "final_status"]
 
 
 def build_strategy(scenario: Scenario) -> Strategy:
@@ -62,6 +71,8 @@ def build_strategy(scenario: Scenario) -> Strategy:
         "fedavgm": lambda: FedAvgM(server_lr=s.server_lr, momentum=s.momentum),
         "fedadam": lambda: FedAdam(server_lr=s.server_lr, beta1=s.beta1, beta2=s.beta2, tau=s.tau),
         "fedyogi": lambda: FedYogi(server_lr=s.server_lr, beta1=s.beta1, beta2=s.beta2, tau=s.tau),
+        "fedadagrad": lambda: FedAdagrad(server_lr=s.server_lr, beta1=s.beta1, tau=s.tau),
+        "scaffold": lambda: Scaffold(server_lr=s.server_lr, population=scenario.federation.clients),
         "centered_clipping": lambda: CenteredClipping(clip_radius=s.clip_radius, bucket_size=s.bucket_size,
                                                       momentum=s.momentum, server_lr=s.server_lr),
         "median": lambda: FedMedian(server_lr=s.server_lr),
@@ -110,7 +121,7 @@ def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: st
     """Create a run (or reopen ``resume_id``); returns (run_id, state, model factory, test set)."""
     factory, test = _model_factory(scenario)
     if resume_id is not None:
-        state = store.load_state(resume_id)
+        state = start_state(store, store.get_run(resume_id), strategy)
         store.set_status(resume_id, "running")
         store.log(resume_id, f"resumed after round {state.round if state else 0}")
         if state is not None:
@@ -132,15 +143,25 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     Configuration errors of the strategy or the fit workflow surface (as
     :class:`ScenarioError`) before a run row exists; anything that fails once it
     exists marks the run ``failed`` with the message, so no row stays ``running``.
+    While it runs, this process renews the run's lease (:class:`~aggregator.lease.Heartbeat`).
+
+    ``resume_id`` continues that run with its own scenario only (another raises
+    :class:`~aggregator.errors.ResumeRefused` and leaves the run as it was); a run
+    that already ended is returned as it is, untouched.
     """
-    try:
-        strategy, fit = build_strategy(scenario), build_fit(scenario)
-    except ValueError as exc:  # SecAggConfigError, DPConfigError: a setting the schema let through
-        raise ScenarioError(f"{scenario.name}: {exc}") from None
+    strategy, fit = _build(scenario)
     if scenario.asynchronous.enabled and scenario.asynchronous.clock == "virtual" and engine != "inprocess":
         raise ScenarioError(f"{scenario.name}: async.clock = \"virtual\" simulates device speeds on the in-process "
                             f"engine only (engine {engine!r}); set async.clock = \"wall\" to run in real time")
+    if resume_id is not None:
+        stored = store.get_run(resume_id)
+        check_same_scenario(stored, scenario)
+        if has_ended(stored):
+            state = store.load_state(stored.id) or ServerState(params=np.zeros(0, np.float32))
+            return stored.id, LoopResult(state, stored.status, None)
+        resume_id = stored.id
     run_id, state, factory, test = open_run(store, scenario, strategy, engine, resume_id)
+    heartbeat = Heartbeat(store, run_id).start()  # this process drives the run: it renews the run's lease
     try:
         if on_start is not None:
             on_start(run_id)
@@ -158,14 +179,77 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
                              server_eval=evaluator, on_round=on_round, layout=layout, standardization=standardization)
             result = loop.run(grid, state)
     except BaseException as exc:
+        heartbeat.stop()
         store.set_status(run_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
                          error=f"{type(exc).__name__}: {exc}")
         raise
-    status, error = final_status(store, run_id, result.status)
-    if scenario.asynchronous.enabled and result.status == "failed":
-        error = buffered.failure
-    store.set_status(run_id, status, error=error)
+    try:
+        status, error = final_status(store, run_id, result.status)
+        if scenario.asynchronous.enabled and result.status == "failed":
+            error = buffered.failure
+        store.set_status(run_id, status, error=error)
+    finally:
+        heartbeat.stop()
     return run_id, replace(result, status=status)
+
+
+def _build(scenario: Scenario) -> tuple[Strategy, FitWorkflow]:
+    try:
+        return build_strategy(scenario), build_fit(scenario)
+    except ValueError as exc:  # SecAggConfigError, DPConfigError: a setting the schema let through
+        raise ScenarioError(f"{scenario.name}: {exc}") from None
+
+
+def fork_run(store: RunStore, parent_id: str, server_round: int | None, scenario: Scenario,
+             engine: str = "inprocess") -> str:
+    """A new run of ``scenario`` that starts from round ``server_round`` (default: the last) of run
+    ``parent_id`` (``quorum resume --from``); the parent is recorded in ``info["parent"]``.
+
+    The new run's rounds go on from ``server_round + 1`` to ``scenario.rounds``;
+    it keeps the parent's optimiser and privacy state when the strategy is the
+    same. Run it with ``run_federation(..., resume_id=<the new id>)``.
+
+    Raises
+    ------
+    ResumeRefused
+        The parent has no such round, the scenario has no round after it, or
+        the scenario's model does not fit the checkpoint; no run is created.
+    """
+    parent = store.get_run(parent_id)
+    server_round = _start_round(store, parent.id, server_round, scenario)
+    strategy, _ = _build(scenario)  # a bad setting fails here, before a run exists
+    size = _fitting_size(store, parent, server_round, scenario)
+    return store.create_run(name=scenario.name, scenario=scenario.to_dict(), seed=scenario.seed,
+                            strategy=strategy.describe()["name"], rounds=scenario.rounds, engine=engine,
+                            num_params=size, rounds_done=server_round,
+                            info={"strategy": strategy.describe(), "parent": {"run": parent.id,
+                                                                                "round": server_round}})
+
+
+def _start_round(store: RunStore, parent_id: str, server_round: int | None, scenario: Scenario) -> int:
+    """The committed round of ``parent_id`` a new run starts from (default: its last)."""
+    committed = [r.round for r in store.rounds(parent_id)]
+    start = committed[-1] if server_round is None and committed else server_round
+    if start is None or start not in committed:
+        held = f"rounds {committed[0]} to {committed[-1]}" if committed else "no round"
+        raise ResumeRefused(f"run {parent_id} has no round {start} to start from (it holds {held})")
+    if scenario.rounds <= start:
+        raise ResumeRefused(f"{scenario.name}: rounds = {scenario.rounds} leaves none to run after round "
+                            f"{start}; set rounds above {start}")
+    return start
+
+
+def _fitting_size(store: RunStore, parent: Run, server_round: int, scenario: Scenario) -> int:
+    """The scenario's model size, which must be that of the parent's checkpoint."""
+    state = store.load_state(parent.id, server_round)
+    size = int(TaskModel.build(load_task(scenario), scenario.seed).get_flat().size)
+    if state is None or state.params.size != size:
+        what = scenario_difference({k: v for k, v in parent.scenario.items() if k in ("model", "task")},
+                                   {k: v for k, v in scenario.to_dict().items() if k in ("model", "task")})
+        raise ResumeRefused(f"the scenario's model does not fit round {server_round} of run {parent.id} "
+                            f"({state.params.size if state else 0:,} parameters there, {size:,} here"
+                            + (f"; {what})" if what else ")"))
+    return size
 
 
 def _prepare(grid: Grid, scenario: Scenario, store: RunStore, run_id: str, factory: Callable[[], TaskModel],
@@ -186,22 +270,38 @@ def final_status(store: RunStore, run_id: str, loop_status: str) -> tuple[str, s
     """How a run that ran to its end really ended: ``finished``, ``degraded`` or ``failed``.
 
     ``failed`` when no committed round took a client update into the model
-    (all skipped, rejected or empty); ``degraded``, with the count, when some
-    did not; ``finished`` when every round did. Other endings (a spent privacy
-    budget) are kept as the loop reported them.
+    (all skipped, rejected or empty); ``degraded``, with the reasons, when some
+    round did not, when a client failed or was rejected in some round, or when a
+    sampled client never contributed (unless the scenario injects dropouts);
+    ``finished`` otherwise. Other endings (a spent privacy budget) are kept as
+    the loop reported them.
     """
     if loop_status != "finished":
         return loop_status, None
     statuses = [(r.round, (r.metrics or {}).get("status", "ok"), (r.metrics or {}).get("reason"))
                 for r in store.rounds(run_id)]
     idle = [(n, status, reason) for n, status, reason in statuses if status in NOT_LEARNED]
-    if not statuses or not idle:
-        return "finished", None
-    last, status, reason = idle[-1]
-    why = f"round {last} {status}" + (f": {reason}" if reason else "")
-    if len(idle) == len(statuses):
-        return "failed", f"no round changed the model: all {len(statuses)} rounds skipped or rejected ({why})"
-    return "degraded", f"{len(idle)} of {len(statuses)} rounds skipped or rejected ({why})"
+    problems = []
+    if idle:
+        last, status, reason = idle[-1]
+        why = f"round {last} {status}" + (f": {reason}" if reason else "")
+        if len(idle) == len(statuses):
+            return "failed", f"no round changed the model: all {len(statuses)} rounds skipped or rejected ({why})"
+        problems.append(f"{len(idle)} of {len(statuses)} rounds skipped or rejected ({why})")
+    run = store.get_run(run_id)
+    names = {str(k): str(v) for k, v in ((run.info or {}).get("devices") or {}).items()}
+    with store.session() as s:  # four columns, not a row object per client and round (10,000 x 100 of them)
+        results = s.execute(select(ClientResult.client, ClientResult.outcome, ClientResult.reason,
+                                   ClientResult.round).where(ClientResult.run_id == run_id)).all()
+    problems += run_problems(results, names, drops_expected=_injects_drops(run.scenario))
+    return ("degraded", "; ".join(problems)) if problems else ("finished", None)
+
+
+def _injects_drops(scenario: dict | None) -> bool:
+    """Whether a stored scenario makes clients miss rounds on purpose (``[faults]`` dropouts or stragglers)."""
+    faults = (scenario or {}).get("faults") or {}
+    dropouts = faults.get("dropouts") or {}
+    return any(v > 0 for v in dropouts.values()) or (faults.get("stragglers") or 0) > 0
 
 
 def wait_for_nodes(grid: Grid, expected: int, timeout_s: float, poll_s: float = 0.5) -> int:

@@ -35,7 +35,7 @@ def train_config(scenario: Scenario, strategy: Strategy | None, server_round: in
     """
     t = scenario.training
     config = TrainConfig(round=server_round, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
-                         momentum=t.momentum, seed=scenario.seed)
+                         momentum=t.momentum, seed=scenario.seed, steps=t.steps)
     down = scenario.compression.downlink_bits
     if strategy is None:  # an evaluation: the broadcast's precision only
         return replace(config, extra={DOWNLINK_BITS: down}) if down != 32 else config

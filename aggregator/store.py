@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +23,17 @@ from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, create_en
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.sql import ColumnElement, and_, or_, update
 
+from aggregator.lease import INTERRUPTED, lease_expired, lease_seconds
 from core.errors import RunNotFound, StoreError
 from core.messages import MAX_EXAMPLES, clean_metrics
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState
 
 __all__ = ["RunStore", "Run", "Round", "ClientResult", "Event", "RoundRecord", "ClientRecord",
-           "default_db_url"]
+           "default_db_url", "status_is", "as_shown"]
 
 
 class Base(DeclarativeBase):
@@ -54,6 +57,10 @@ class Run(Base):
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     info: Mapped[dict] = mapped_column(JSON, default=dict)
+    # The owner's lease (aggregator/lease.py): when it last renewed ("last seen"), and until when
+    # the run counts as alive; a running run past ``lease_until`` reads ``interrupted``.
+    heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    lease_until: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Round(Base):
@@ -66,6 +73,7 @@ class Round(Base):
     answered: Mapped[int] = mapped_column(Integer)
     dropped: Mapped[int] = mapped_column(Integer)
     rejected: Mapped[int] = mapped_column(Integer)
+    failed: Mapped[int] = mapped_column(Integer, default=0)  # clients whose task raised (core/outcomes.py)
     train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     fed_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     fed_accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -110,7 +118,9 @@ class Event(Base):
 
 #: Columns added after a store's first release: (table, column, SQL type and default). A store
 #: written by an earlier version gets them on open, so its runs stay readable.
-_ADDED_COLUMNS = (("client_results", "bytes_out", "INTEGER DEFAULT 0"),)
+_ADDED_COLUMNS = (("client_results", "bytes_out", "INTEGER DEFAULT 0"), ("runs", "heartbeat_at", "FLOAT"),
+                  ("runs", "lease_until", "FLOAT"),
+                  ("rounds", "failed", "INTEGER DEFAULT 0"))
 
 
 def _add_missing_columns(engine: Engine) -> None:
@@ -152,11 +162,34 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-class RunStore:
-    """Read and write runs; checkpoints live in ``checkpoint_dir``."""
+def status_is(status: str, now: float) -> ColumnElement[bool]:
+    """The runs that read ``status`` at ``now`` (a running run whose lease expired reads ``interrupted``),
+    in plain SQL that SQLite and PostgreSQL both run."""
+    expired = and_(Run.status == "running", Run.lease_until < now)
+    if status == INTERRUPTED:
+        return or_(Run.status == INTERRUPTED, expired)
+    if status == "running":
+        return and_(Run.status == "running", or_(Run.lease_until.is_(None), Run.lease_until >= now))
+    return Run.status == status
 
-    def __init__(self, url: str, checkpoint_dir: str | Path | None = None) -> None:
-        self.url = url
+
+def as_shown(run: Run, now: float) -> Run:
+    """``run`` (read, detached) with the status a reader shows at ``now``; the row is not changed."""
+    if lease_expired(run.status, run.lease_until, now):
+        set_committed_value(run, "status", INTERRUPTED)
+    return run
+
+
+class RunStore:
+    """Read and write runs; checkpoints live in ``checkpoint_dir``.
+
+    ``clock`` (seconds since the epoch) dates leases and decides which have
+    expired: tests pass their own instead of waiting.
+    """
+
+    def __init__(self, url: str, checkpoint_dir: str | Path | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.url, self.clock = url, clock
         self.engine = make_engine(url)
         Base.metadata.create_all(self.engine)
         _add_missing_columns(self.engine)
@@ -170,13 +203,17 @@ class RunStore:
 
     # -- runs -------------------------------------------------------------
     def create_run(self, *, name: str, scenario: dict, seed: int, strategy: str, rounds: int,
-                   engine: str = "inprocess", num_params: int = 0, info: dict | None = None) -> str:
+                   engine: str = "inprocess", num_params: int = 0, info: dict | None = None,
+                   rounds_done: int = 0) -> str:
+        """A new ``running`` run, with a first lease (its owner's :class:`~aggregator.lease.Heartbeat`
+        renews it); ``rounds_done`` is above 0 for a run that starts from another's checkpoint."""
         run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-        now = time.time()
+        now = self.clock()
         with self.session() as s, s.begin():
             s.add(Run(id=run_id, name=name, scenario=scenario, seed=seed, status="running",
-                      engine=engine, strategy=strategy, rounds_total=rounds, rounds_done=0,
-                      num_params=num_params, started_at=now, updated_at=now, info=info or {}))
+                      engine=engine, strategy=strategy, rounds_total=rounds, rounds_done=rounds_done,
+                      num_params=num_params, started_at=now, updated_at=now, info=info or {},
+                      heartbeat_at=now, lease_until=now + lease_seconds()))
         return run_id
 
     def get_run(self, run_id: str) -> Run:
@@ -186,7 +223,8 @@ class RunStore:
         compared literally, in Python (``%`` and ``_`` are no SQL wildcards,
         and case matters), so ``20261202-1`` names a run only if it is the one
         run of the store whose id starts so; the random tail of an id
-        (``a3f9c2``) names it as well.
+        (``a3f9c2``) names it as well. Its status is the one shown: a running
+        run whose lease has expired reads ``interrupted``.
 
         Raises
         ------
@@ -198,22 +236,35 @@ class RunStore:
             run = s.get(Run, run_id) or s.get(Run, _unique_match(run_id, list(s.scalars(select(Run.id))), self.url))
             if run is None:  # deleted between the two reads
                 raise RunNotFound(f"no run {run_id!r} in {self.url}")
-            return run
+            return as_shown(run, self.clock())
 
     def list_runs(self, status: str | None = None) -> list[Run]:
+        """Runs newest first (only those that read ``status``), each with the status shown."""
+        now = self.clock()
         with self.session() as s:
             query = select(Run).order_by(Run.started_at.desc())
             if status:
-                query = query.where(Run.status == status)
-            return list(s.scalars(query).all())
+                query = query.where(status_is(status, now))
+            return [as_shown(run, now) for run in s.scalars(query).all()]
 
     def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
+        """Change a run's status; ``running`` grants a fresh lease, any other ends it."""
         with self.session() as s, s.begin():
             run = s.get(Run, run_id)
             if run is None:
                 raise RunNotFound(f"no run {run_id!r} in {self.url}")
             run.status, run.error, run.updated_at = status, error, time.time()
             run.finished_at = time.time() if status != "running" else None
+            run.heartbeat_at = now = self.clock()
+            run.lease_until = now + lease_seconds() if status == "running" else None
+
+    def renew_lease(self, run_id: str, lease_s: float) -> None:
+        """Note that the run's owner is alive, until ``lease_s`` from now (a running run only: a run
+        that ended stays ended). ``updated_at`` is left alone: nothing a page shows has changed."""
+        now = self.clock()
+        with self.session() as s, s.begin():
+            s.execute(update(Run).where(Run.id == run_id, Run.status == "running")
+                      .values(heartbeat_at=now, lease_until=now + lease_s))
 
     def update_info(self, run_id: str, **info: Any) -> None:
         with self.session() as s, s.begin():
@@ -325,8 +376,9 @@ def _real(value: Any) -> float | None:
 
 def _round_row(run_id: str, r: RoundRecord, checkpoint: str) -> Round:
     return Round(run_id=run_id, round=r.round, started_at=r.started_at, duration_s=r.duration_s,
-                 sampled=r.sampled, answered=r.count("ok"), dropped=r.count("dropped"),
-                 rejected=r.count("rejected") + r.count("error"), train_loss=_real(r.train_loss),
+                 sampled=r.sampled, answered=r.count("ok"), dropped=r.count("dropped") + r.count("late"),
+                 rejected=r.count("rejected"), failed=r.count("failed") + r.count("error"),
+                 train_loss=_real(r.train_loss),
                  fed_loss=_real(r.fed_loss), fed_accuracy=_real(r.fed_accuracy), server_loss=_real(r.server_loss),
                  server_accuracy=_real(r.server_accuracy), bytes_in=r.bytes_in, bytes_out=r.bytes_out,
                  epsilon=_real(r.epsilon), secagg=r.secagg, metrics=r.metrics or {}, checkpoint=checkpoint)

@@ -28,6 +28,7 @@ from core.messages import (
     Instruction,
     TrainConfig,
     client_seed,
+    control_of,
     eval_reply,
     parse_instruction,
     read_instruction,
@@ -35,6 +36,7 @@ from core.messages import (
 )
 from learning.federation import cached_federation
 from learning.models import layout_of
+from learning.scaffold import control_update, corrected_gradients
 from learning.standardize import (
     LIMIT_KEY,
     MEAN_KEY,
@@ -206,8 +208,8 @@ def train_handler(message: Message, context: Context) -> Message:
     runtime = _standardized(runtime, config)
     started = time.monotonic()
     runtime.model.set_flat(params)
-    result, sgd_metrics = _train(runtime, config, client_seed(config.seed, config.round, context.node_id))
-    delta = runtime.model.get_flat() - params
+    delta, result, sgd_metrics = _trained(runtime, config, client_seed(config.seed, config.round, context.node_id),
+                                          params, context)
     _keep_buffers(runtime, context)
     metrics = {"train-loss": result["loss"], "duration-s": time.monotonic() - started,
                **_named("train-", result), **sgd_metrics}
@@ -292,8 +294,40 @@ def _read(message: Message, runtime: _Runtime) -> Instruction:
     the settings it does not send are the scenario's)."""
     t, seed = runtime.scenario.training, runtime.scenario.seed
     defaults = TrainConfig(round=0, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
-                           seed=seed)
+                           seed=seed, steps=t.steps)
     return read_instruction(message.content, layout_of(runtime.model.model, runtime.model.names), defaults)
+
+
+#: Where a node keeps its SCAFFOLD control variate ``c_i`` between rounds (``context.state``; ``lr * c_i``).
+CONTROL_KEY = "quorum.scaffold"
+
+
+def _trained(runtime: _Runtime, config: TrainConfig, seed: int, params: np.ndarray,
+             context: Context) -> tuple[np.ndarray, Metrics, dict[str, float]]:
+    """Train from ``params``; the update, the task's metrics and DP-SGD's.
+
+    When the round carries SCAFFOLD's server control variate (``[strategy]
+    name = "scaffold"``, :mod:`learning.scaffold`) every gradient is corrected
+    by it and the node's own, which stays in the node's state (as the
+    compression residual), and the update is the model delta followed by the
+    control delta.
+    """
+    try:
+        control = control_of(config, params.size)
+    except ValueError as exc:
+        raise UpdateRejected(str(exc)) from None
+    if control is None:
+        result, extra = _train(runtime, config, seed)
+        return runtime.model.get_flat() - params, result, extra
+    kept = context.state.get(CONTROL_KEY)
+    own = kept["c"].numpy() if isinstance(kept, ArrayRecord) and "c" in kept else np.zeros_like(params)
+    own = own if own.shape == params.shape else np.zeros_like(params)  # another model's: start again
+    with corrected_gradients(runtime.model.model, runtime.model.names, (control - own) / config.lr) as count:
+        result, extra = _train(runtime, config, seed)
+    delta = runtime.model.get_flat() - params
+    own, control_delta = control_update(own, control, delta, count.steps)
+    context.state[CONTROL_KEY] = ArrayRecord({"c": Array(own)})
+    return np.concatenate([delta, control_delta]), result, extra
 
 
 def _train(runtime: _Runtime, config: TrainConfig, seed: int) -> tuple[Metrics, dict[str, float]]:

@@ -4,7 +4,7 @@ Every error Quorum raises on purpose derives from :class:`QuorumError`; each
 package keeps its own in one flat ``errors.py`` and derives them from here:
 
 - ``core``: :class:`UpdateRejected`, :class:`RunNotFound`, :class:`StoreError`;
-- ``scenarios.errors.ScenarioError``; ``learning.errors.DataError``;
+- ``scenarios.errors.ScenarioError``; ``learning.errors.DataError``; ``aggregator.errors.ResumeRefused``;
 - ``privacy.dp.errors.DPError`` and ``privacy.secagg.errors.SecAggError`` (with their subclasses);
 - ``runtimes.parallel.errors.ParallelError``; ``deploy.errors.DeployError``;
   ``dashboard.errors.DashboardError``.

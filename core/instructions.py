@@ -27,7 +27,8 @@ from core.layouts import ParamLayout, encode_named, gather, npy_view
 
 __all__ = [
     "TrainConfig", "Wire", "Instruction", "QUORUM_WIRE", "DOWNLINK_BITS", "client_seed", "broadcast_of",
-    "train_instruction", "evaluate_instruction", "parse_instruction", "read_instruction",
+    "train_instruction", "evaluate_instruction", "parse_instruction", "read_instruction", "SCAFFOLD_CONTROL",
+    "with_control", "control_of",
 ]
 
 
@@ -40,7 +41,11 @@ def client_seed(seed: int, server_round: int, node: int) -> int:
 @dataclass(frozen=True)
 class TrainConfig:
     """What a client needs to train one round (``seed`` is the run's seed;
-    each client derives its own with :func:`client_seed`)."""
+    each client derives its own with :func:`client_seed`).
+
+    ``steps > 0`` asks for that many local optimiser steps (mini-batches,
+    cycling the data) instead of ``epochs`` passes (``[training] local_steps``).
+    """
 
     round: int
     epochs: int
@@ -49,7 +54,8 @@ class TrainConfig:
     seed: int
     momentum: float = 0.0
     proximal_mu: float = 0.0
-    extra: dict[str, float | int | bool | str | list[float]] = field(default_factory=dict)
+    extra: dict[str, float | int | bool | str | bytes | list[float]] = field(default_factory=dict)
+    steps: int = 0
 
     def to_record(self) -> ConfigRecord:
         data: dict[str, Any] = {k: v for k, v in asdict(self).items() if k != "extra"}
@@ -85,6 +91,8 @@ class TrainConfig:
                     wanted is float or float(value).is_integer()) or not 0 <= value < 1e9:
                 raise ValueError(f"config {alias!r} = {value!r} is not a usable {wanted.__name__}")
             changes[key] = wanted(value)
+        if "epochs" in changes:  # the server asked for epochs: that replaces the scenario's local steps
+            changes["steps"] = 0
         return replace(self, **changes)
 
 
@@ -92,6 +100,9 @@ class TrainConfig:
 QUORUM_WIRE = "quorum-wire"
 #: ``TrainConfig.extra`` key: the precision the global model travels in (``[compression] downlink_bits``).
 DOWNLINK_BITS = "dl-bits"
+#: ``TrainConfig.extra`` key: SCAFFOLD's server control variate, float32 bytes in the units of one local step
+#: (``lr * c``; Karimireddy et al., ICML 2020).
+SCAFFOLD_CONTROL = "scaffold-c"
 #: Flower's names for Quorum's settings, sent beside them (alias -> TrainConfig field).
 _FLOWER_ALIASES = {"server-round": "round", "local-epochs": "epochs"}
 
@@ -132,6 +143,31 @@ def _instruction(params: np.ndarray, config: TrainConfig, layout: ParamLayout | 
     settings = config.to_record()
     return RecordDict({"arrays": arrays, "config": settings,
                        f"{legacy}.parameters": arrays, f"{legacy}.config": settings})
+
+
+def with_control(config: TrainConfig, control: np.ndarray) -> TrainConfig:
+    """``config`` carrying SCAFFOLD's server control variate ``control`` (float32, one value per parameter)."""
+    payload = np.ascontiguousarray(control, dtype=np.float32).tobytes()
+    return replace(config, extra={**config.extra, SCAFFOLD_CONTROL: payload})
+
+
+def control_of(config: TrainConfig, size: int) -> np.ndarray | None:
+    """SCAFFOLD's server control variate in ``config`` (a new writable array), or ``None`` when the round has none.
+
+    Raises
+    ------
+    ValueError
+        Not ``size`` finite float32 values.
+    """
+    payload = config.extra.get(SCAFFOLD_CONTROL)
+    if payload is None:
+        return None
+    if not isinstance(payload, bytes) or len(payload) != 4 * size:
+        raise ValueError(f"the round's SCAFFOLD control variate is not {size} float32 values")
+    control = np.frombuffer(payload, dtype=np.float32).copy()
+    if not all_finite(control):
+        raise ValueError("the round's SCAFFOLD control variate holds NaN or Inf values")
+    return control
 
 
 def broadcast_of(config: TrainConfig) -> Broadcast:

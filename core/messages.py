@@ -31,15 +31,18 @@ from __future__ import annotations
 from core.instructions import (
     DOWNLINK_BITS,
     QUORUM_WIRE,
+    SCAFFOLD_CONTROL,
     Instruction,
     TrainConfig,
     Wire,
     broadcast_of,
     client_seed,
+    control_of,
     evaluate_instruction,
     parse_instruction,
     read_instruction,
     train_instruction,
+    with_control,
 )
 from core.replies import (
     MAX_EXAMPLES,
@@ -64,7 +67,7 @@ __all__ = [
     "train_instruction", "parse_instruction", "train_reply", "parse_train_reply",
     "eval_reply", "parse_eval_reply", "content_bytes", "wire_bytes", "DOWNLINK_BITS", "broadcast_of", "client_seed",
     "clean_metrics", "MAX_EXAMPLES", "MAX_LOSS", "Wire", "Instruction", "read_instruction", "evaluate_instruction",
-    "QUORUM_WIRE",
+    "QUORUM_WIRE", "SCAFFOLD_CONTROL", "with_control", "control_of",
     # the bounds on a reply's metrics (core.replies, with the rest of the reply code)
     "MAX_METRICS", "MAX_METRIC_VALUE", "MAX_KEY_CHARS",
 ]

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from fastapi.sse import ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from dashboard.queries import TERMINAL, Reader
+from dashboard.queries import TERMINAL, Reader, changed_at
 from dashboard.views import round_data, round_display, run_data, run_display
 
 __all__ = ["run_events", "runs_events", "POLL_S"]
@@ -55,10 +55,10 @@ async def runs_events(reader: Reader, since: float | None, poll_s: float = RUNS_
         since = await run_in_threadpool(reader.last_update)
     while True:
         changed = await run_in_threadpool(reader.changed_runs, since)
-        for run, stats in sorted(changed, key=lambda pair: pair[0].updated_at):
+        for run, stats in sorted(changed, key=lambda pair: changed_at(pair[0])):
             data = run_data(run, stats)
             yield ServerSentEvent(event="run", retry=RETRY_MS, data={"run": data, "display": run_display(data)})
-            since = max(since, run.updated_at)
+            since = max(since, changed_at(run))
         if changed:
             counts = await run_in_threadpool(reader.status_counts)
             yield ServerSentEvent(event="counts", retry=RETRY_MS,

@@ -25,7 +25,8 @@ _COUNTERS = (  # (name, help, RunStats field)
     ("quorum_run_rounds_completed", "Rounds committed to the store.", "rounds"),
     ("quorum_run_clients_answered", "Client updates accepted, summed over rounds.", "answered"),
     ("quorum_run_clients_dropped", "Clients that dropped or were late, summed over rounds.", "dropped"),
-    ("quorum_run_clients_rejected", "Client updates rejected or failed, summed over rounds.", "rejected"),
+    ("quorum_run_clients_rejected", "Client replies rejected, summed over rounds.", "rejected"),
+    ("quorum_run_clients_failed", "Client tasks that raised, summed over rounds.", "failed"),
     ("quorum_run_bytes_in", "Bytes received from clients.", "bytes_in"),
     ("quorum_run_bytes_out", "Bytes sent to clients.", "bytes_out"),
 )

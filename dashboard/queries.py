@@ -17,9 +17,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from aggregator.store import ClientResult, Event, Round, Run, RunStore
+from aggregator.lease import INTERRUPTED, lease_expired
+from aggregator.store import ClientResult, Event, Round, Run, RunStore, as_shown, status_is
 
-__all__ = ["Reader", "RunStats", "RunHead", "ClientSummary", "Participation", "TERMINAL"]
+__all__ = ["Reader", "RunStats", "RunHead", "ClientSummary", "Participation", "TERMINAL", "changed_at"]
 
 # Accuracy of a round: the server's held-out score when it has one, else the federated one.
 ACCURACY = func.coalesce(Round.server_accuracy, Round.fed_accuracy)
@@ -41,6 +42,7 @@ class RunStats:
     answered: int = 0
     dropped: int = 0
     rejected: int = 0
+    failed: int = 0
     duration_sum: float = 0.0
     last_duration: float | None = None
 
@@ -73,7 +75,15 @@ class ClientSummary:
     runs: int
     examples: int
     last_seen: float
+    failed: int = 0
     recent: list[Participation] = field(default_factory=list)  # newest first
+
+
+def changed_at(run: Run) -> float:
+    """When a run (as :class:`Reader` returns it) last changed for a reader: its last write, or the
+    moment its lease expired (a run that reads ``interrupted`` without a write)."""
+    lapsed = run.lease_until if run.status == INTERRUPTED and run.lease_until is not None else 0.0
+    return max(run.updated_at, lapsed)
 
 
 class Reader:
@@ -90,16 +100,21 @@ class Reader:
     # -- runs ---------------------------------------------------------------
     def runs(self, status: str | None = None, limit: int | None = None,
              offset: int = 0) -> list[tuple[Run, RunStats]]:
-        """Runs newest first, optionally one status only and one page (``limit`` from ``offset``)."""
+        """Runs newest first, optionally one status only and one page (``limit`` from ``offset``).
+
+        Every run here (and from :meth:`run`, :meth:`changed_runs`, :meth:`head`) carries the
+        status a reader shows: a running run whose lease expired reads ``interrupted``.
+        """
+        now = self.store.clock()
         with self._session() as s:
             query = select(Run).order_by(Run.started_at.desc(), Run.id)
             if status:
-                query = query.where(Run.status == status)
+                query = query.where(status_is(status, now))
             if limit is not None:
                 query = query.limit(limit)
             if offset:
                 query = query.offset(offset)
-            runs = list(s.scalars(query).all())
+            runs = [as_shown(r, now) for r in s.scalars(query).all()]
             whole = status is None and limit is None and not offset
             stats = _stats(s, None if whole else [r.id for r in runs])
         return [(r, stats.get(r.id, RunStats())) for r in runs]
@@ -109,12 +124,15 @@ class Reader:
             run = s.get(Run, run_id)
             if run is None:
                 return None
-            return run, _stats(s, [run_id]).get(run_id, RunStats())
+            return as_shown(run, self.store.clock()), _stats(s, [run_id]).get(run_id, RunStats())
 
     def changed_runs(self, since: float) -> list[tuple[Run, RunStats]]:
-        """Runs whose row changed after ``since`` (new, new round, new status)."""
+        """Runs whose row changed after ``since`` (new, new round, new status), and running runs whose
+        lease expired after ``since`` (they now read ``interrupted``; :func:`changed_at` dates both)."""
+        now = self.store.clock()
+        lapsed = and_(Run.status == "running", Run.lease_until > since, Run.lease_until < now)
         with self._session() as s:
-            runs = list(s.scalars(select(Run).where(Run.updated_at > since)).all())
+            runs = [as_shown(r, now) for r in s.scalars(select(Run).where(or_(Run.updated_at > since, lapsed)))]
             stats = _stats(s, [r.id for r in runs]) if runs else {}
         return [(r, stats.get(r.id, RunStats())) for r in runs]
 
@@ -123,17 +141,26 @@ class Reader:
             return s.scalar(select(func.max(Run.updated_at))) or 0.0
 
     def status_counts(self) -> dict[str, int]:
+        """Runs per status shown (running runs whose lease expired count as ``interrupted``)."""
+        now = self.store.clock()
         with self._session() as s:
             rows = s.execute(select(Run.status, func.count()).group_by(Run.status)).all()
-        return {status: count for status, count in rows}
+            lapsed = s.scalar(select(func.count()).select_from(Run).where(Run.status == "running",
+                                                                          Run.lease_until < now)) or 0
+        counts = {status: count for status, count in rows}
+        if lapsed:
+            counts["running"] -= lapsed
+            counts[INTERRUPTED] = counts.get(INTERRUPTED, 0) + lapsed
+        return {status: count for status, count in counts.items() if count}
 
     def head(self, run_id: str) -> RunHead | None:
         with self._session() as s:
-            row = s.execute(select(Run.status, Run.updated_at).where(Run.id == run_id)).first()
+            row = s.execute(select(Run.status, Run.updated_at, Run.lease_until).where(Run.id == run_id)).first()
             if row is None:
                 return None
             last = s.scalar(select(func.max(Round.round)).where(Round.run_id == run_id))
-        return RunHead(status=row.status, last_round=last or 0, updated_at=row.updated_at)
+        status = INTERRUPTED if lease_expired(row.status, row.lease_until, self.store.clock()) else row.status
+        return RunHead(status=status, last_round=last or 0, updated_at=row.updated_at)
 
     # -- rounds -------------------------------------------------------------
     def rounds(self, run_id: str, after: int = 0) -> list[Round]:
@@ -188,7 +215,7 @@ class Reader:
             history.setdefault(row.client, []).append(
                 Participation(row.run_id, row.round, row.outcome, row.stage, row.reason))
         return [ClientSummary(client=r.client, rounds=r.rounds, ok=r.ok or 0, dropped=r.dropped or 0,
-                              rejected=r.rejected or 0, runs=r.runs, examples=r.examples or 0,
+                              rejected=r.rejected or 0, failed=r.failed or 0, runs=r.runs, examples=r.examples or 0,
                               last_seen=r.last_seen, recent=history.get(r.client, []))
                 for r in totals]
 
@@ -232,7 +259,8 @@ def _stats(s: Session, run_ids: Sequence[str] | None) -> dict[str, RunStats]:
         out[r.run_id] = RunStats(
             rounds=r.rounds, best_accuracy=r.best, last_round=r.last_round or 0, epsilon=r.epsilon,
             bytes_in=r.bytes_in or 0, bytes_out=r.bytes_out or 0, answered=r.answered or 0,
-            dropped=r.dropped or 0, rejected=r.rejected or 0, duration_sum=r.duration_sum or 0.0,
+            dropped=r.dropped or 0, rejected=r.rejected or 0, failed=r.failed or 0,
+            duration_sum=r.duration_sum or 0.0,
             last_accuracy=None if tail is None else tail.accuracy,
             last_duration=None if tail is None else tail.duration_s)
     return out
@@ -243,7 +271,7 @@ def _totals(run_ids: Sequence[str] | None) -> Select:
                    func.max(Round.round).label("last_round"), func.max(Round.epsilon).label("epsilon"),
                    func.sum(Round.bytes_in).label("bytes_in"), func.sum(Round.bytes_out).label("bytes_out"),
                    func.sum(Round.answered).label("answered"), func.sum(Round.dropped).label("dropped"),
-                   func.sum(Round.rejected).label("rejected"),
+                   func.sum(Round.rejected).label("rejected"), func.sum(Round.failed).label("failed"),
                    func.sum(Round.duration_s).label("duration_sum")).group_by(Round.run_id)
     return query if run_ids is None else query.where(Round.run_id.in_(run_ids))
 
@@ -287,7 +315,8 @@ def _client_totals(runs: list[str] | None) -> Select:
     query = select(ClientResult.client, func.count().label("rounds"),
                    _count_if(ClientResult.outcome == "ok").label("ok"),
                    _count_if(ClientResult.outcome.in_(("dropped", "late"))).label("dropped"),
-                   _count_if(ClientResult.outcome.in_(("rejected", "error"))).label("rejected"),
+                   _count_if(ClientResult.outcome == "rejected").label("rejected"),
+                   _count_if(ClientResult.outcome.in_(("failed", "error"))).label("failed"),
                    func.count(ClientResult.run_id.distinct()).label("runs"),
                    func.sum(ClientResult.num_examples).label("examples"),
                    func.max(ClientResult.finished_at).label("last_seen")).group_by(ClientResult.client)

@@ -13,7 +13,8 @@ __all__ = ["RunOut", "RunDetailOut", "RoundOut", "ClientResultOut", "ClientSumma
 class RunOut(BaseModel):
     id: str
     name: str = Field(description="The scenario's name.")
-    status: str = Field(description="running | finished | degraded | failed | stopped_budget | interrupted")
+    status: str = Field(description="running | finished | degraded | failed | stopped_budget | interrupted "
+                                    "(a running run whose process stopped renewing its lease reads interrupted)")
     strategy: str
     engine: str
     seed: int
@@ -30,6 +31,8 @@ class RunOut(BaseModel):
     finished_at: float | None
     duration_s: float
     error: str | None
+    last_seen: float | None = Field(None, description="Unix time the run's process last renewed its lease "
+                                                      "(when an interrupted run was last seen alive).")
 
 
 class RunDetailOut(RunOut):
@@ -44,7 +47,8 @@ class RoundOut(BaseModel):
     sampled: int
     answered: int
     dropped: int
-    rejected: int = Field(description="Rejected updates and client errors.")
+    rejected: int = Field(description="Clients whose reply was refused (with the reason).")
+    failed: int = Field(0, description="Clients whose task raised (with the error).")
     train_loss: float | None
     fed_loss: float | None
     fed_accuracy: float | None
@@ -62,7 +66,7 @@ class ClientResultOut(BaseModel):
     run_id: str
     round: int
     client: str
-    outcome: str = Field(description="ok | dropped | rejected | error | late")
+    outcome: str = Field(description="ok | dropped | rejected | failed | late (error: failed, in older stores)")
     stage: str | None
     reason: str | None
     description: str = Field(description="The outcome in words, e.g. 'dropped at train'.")
@@ -89,7 +93,8 @@ class ClientSummaryOut(BaseModel):
     rounds: int = Field(description="Rounds the client was sampled in.")
     ok: int
     dropped: int = Field(description="Dropped or late.")
-    rejected: int = Field(description="Rejected or failed with an error.")
+    rejected: int = Field(description="Replies refused.")
+    failed: int = Field(0, description="Tasks that raised.")
     runs: int
     examples: int
     last_seen: float

@@ -23,7 +23,7 @@ __all__ = ["run_data", "run_display", "round_data", "round_display", "client_res
            "ROUND_CSV_FIELDS"]
 
 DASH = "\u2014"
-ROUND_CSV_FIELDS = ("round", "started_at", "duration_s", "sampled", "answered", "dropped", "rejected",
+ROUND_CSV_FIELDS = ("round", "started_at", "duration_s", "sampled", "answered", "dropped", "rejected", "failed",
                     "train_loss", "fed_loss", "fed_accuracy", "server_loss", "server_accuracy",
                     "bytes_in", "bytes_out", "epsilon")
 # Client metrics that already have a column of their own.
@@ -75,7 +75,9 @@ def _clean(x: float | None) -> float | None:
 
 # -- runs -----------------------------------------------------------------
 def run_data(run: Run, stats: RunStats, now: float | None = None) -> dict[str, Any]:
-    end = run.finished_at or ((now or time.time()) if run.status == "running" else run.updated_at)
+    """``last_seen``: when the run's process last renewed its lease (an ``interrupted`` run ended there)."""
+    end = run.finished_at or ((now or time.time()) if run.status == "running"
+                              else max(run.updated_at, run.heartbeat_at or 0.0))
     return {
         "id": run.id, "name": run.name, "status": run.status, "strategy": run.strategy,
         "engine": run.engine, "seed": run.seed, "rounds_total": run.rounds_total,
@@ -83,7 +85,7 @@ def run_data(run: Run, stats: RunStats, now: float | None = None) -> dict[str, A
         "best_accuracy": _clean(stats.best_accuracy), "last_accuracy": _clean(stats.last_accuracy),
         "epsilon": _clean(stats.epsilon), "bytes_in": stats.bytes_in, "bytes_out": stats.bytes_out,
         "started_at": run.started_at, "updated_at": run.updated_at, "finished_at": run.finished_at,
-        "duration_s": max(0.0, end - run.started_at), "error": run.error,
+        "duration_s": max(0.0, end - run.started_at), "error": run.error, "last_seen": run.heartbeat_at,
     }
 
 
@@ -94,6 +96,7 @@ def run_display(d: Mapping[str, Any]) -> dict[str, str]:
         "epsilon": fmt_num(d["epsilon"], 3), "started_at": fmt_time(d["started_at"]),
         "finished_at": fmt_time(d["finished_at"]), "duration": fmt_duration(d["duration_s"]),
         "traffic": fmt_bytes(d["bytes_in"] + d["bytes_out"]), "params": f"{d['num_params']:,}",
+        "last_seen": fmt_time(d["last_seen"]),
     }
 
 
@@ -103,6 +106,7 @@ def round_data(r: Round) -> dict[str, Any]:
     return {
         "round": r.round, "started_at": r.started_at, "duration_s": r.duration_s,
         "sampled": r.sampled, "answered": r.answered, "dropped": r.dropped, "rejected": r.rejected,
+        "failed": r.failed or 0,
         "train_loss": _clean(r.train_loss), "fed_loss": _clean(r.fed_loss),
         "fed_accuracy": _clean(r.fed_accuracy), "server_loss": _clean(r.server_loss),
         "server_accuracy": _clean(r.server_accuracy), "accuracy": _clean(accuracy),
@@ -117,6 +121,7 @@ def round_display(d: Mapping[str, Any]) -> dict[str, str]:
         "duration": fmt_duration(d["duration_s"]),
         "clients": f"{d['answered']} / {d['sampled']}", "sampled": str(d["sampled"]),
         "answered": str(d["answered"]), "dropped": str(d["dropped"]), "rejected": str(d["rejected"]),
+        "failed": str(d["failed"]),
         "accuracy": fmt_pct(d["accuracy"]), "server_accuracy": fmt_pct(d["server_accuracy"]),
         "fed_accuracy": fmt_pct(d["fed_accuracy"]), "train_loss": fmt_num(d["train_loss"]),
         "fed_loss": fmt_num(d["fed_loss"]), "server_loss": fmt_num(d["server_loss"]),
@@ -176,6 +181,7 @@ def client_summary_data(c: ClientSummary) -> dict[str, Any]:
     last = c.recent[0] if c.recent else None
     return {
         "client": c.client, "rounds": c.rounds, "ok": c.ok, "dropped": c.dropped, "rejected": c.rejected,
+        "failed": c.failed,
         "runs": c.runs, "examples": c.examples, "last_seen": c.last_seen,
         "last_run": last.run_id if last else None, "last_round": last.round if last else None,
         "recent": [{"run_id": p.run_id, "round": p.round, "outcome": p.outcome,

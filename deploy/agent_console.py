@@ -29,13 +29,21 @@ PROBE_EVERY_S = 10.0
 #: How often a connected agent marks its session as alive (``WORKDIR/session``'s mtime).
 SESSION_TOUCH_S = 10.0
 
-_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.~-]*[/\\])+[\w.-]*")
+#: A file path in an error message: absolute (``/home/...``, ``C:\\...``), from home or ``.``, or relative
+#: with a file name (``data/local.csv``). Not a cell's text such as ``n/a`` or ``km/h``: no path starts
+#: inside a word, and a relative one needs a file name's extension.
+_PATH = re.compile(r"(?<![\w.~/\\-])(?:[A-Za-z]:[/\\]+|~?/(?=[\w.~-])|\.{1,2}[/\\]+"
+                   r"|(?=[\w.~-]+[/\\][\w.~/\\-]*\.[A-Za-z]\w*))[\w.~/\\-]*")
+#: The data file an error message starts with, once its folders are hidden (or when it had none).
+_LEADING_FILE = re.compile(r"^(?:<path>|[\w.~-]+\.[A-Za-z]\w*): ")
 
 
 def public_reason(exc: BaseException, limit: int = 200) -> str:
     """What a failed task tells the aggregator: the error's type and a short message, never the device's
-    file paths or its data's column lists (the device's own console and log keep the whole message)."""
-    text = _PATH.sub("<path>", str(exc))
+    file paths or its data's column lists (the device's own console and log keep the whole message).
+    The data file a message starts with (``<path>: line 5, ...``) is left out: the aggregator knows it
+    as this device's file."""
+    text = _LEADING_FILE.sub("", _PATH.sub("<path>", str(exc)))
     parts = text.split(",")
     if len(parts) > 6:
         text = ",".join(parts[:4]) + ", ..."
@@ -155,10 +163,12 @@ class AgentConsole:
         if fatal is not None:
             self.say(f"error: {fatal}")
             return 3
+        cause = f": {self.diagnosis.cause}" if role == "supernode" and self.diagnosis.cause else ""
         if max_restarts is not None and restarts > max_restarts:
-            self.say(f"{role} exited (rc {code}); giving up after {max_restarts} restarts")
+            self.say(f"{role} exited (rc {code}){cause}; giving up after {max_restarts} restarts")
             return 1
-        self.say(f"{role} exited (rc {code}); restarting in {backoff:.0f} s (see {self.logs / (role + '.log')})")
+        self.say(f"{role} exited (rc {code}){cause}; restarting in {backoff:.0f} s "
+                 f"(see {self.logs / (role + '.log')})")
         return None
 
 

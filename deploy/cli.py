@@ -6,8 +6,9 @@ import json
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -15,6 +16,9 @@ from rich.console import Console
 from core.errors import QuorumError
 from deploy.config import DeployConfig, load_config
 from scenarios.errors import ScenarioError
+
+if TYPE_CHECKING:
+    from scenarios.schema import Scenario
 
 __all__ = ["app", "ConfigOption"]
 
@@ -144,7 +148,8 @@ def run(
 
     First it checks that the scenario's federation.min_clients devices are online; if not, it waits with a
     count up to aggregator.wait_clients_s, then refuses with the numbers. With --wait it exits 0 when the run
-    finishes, 1 with the reason when it fails, degrades or never starts.
+    finishes (or its privacy budget stops it), 3 with the reasons when it degrades (a client failed or was
+    rejected, or never contributed), 1 with the reason when it fails or never starts.
     """
     from deploy.readiness import await_devices
     from deploy.submit import submit, submitted_scenario
@@ -152,21 +157,27 @@ def run(
     cfg = _load(config)
     overrides = {k: v for k, v in (("rounds", rounds), ("seed", seed)) if v is not None}
     try:
-        await_devices(cfg, submitted_scenario(cfg, scenario, resume), say=lambda m: console.print(m))
+        spec = submitted_scenario(cfg, scenario, resume)
+        await_devices(cfg, spec, say=lambda m: console.print(m))
         flower_run = submit(cfg, scenario, resume, overrides)
     except (QuorumError, ScenarioError) as exc:
         _fail(str(exc))
     print(f"submitted: Flower run {flower_run}", flush=True)
     if wait:
-        _follow(cfg, flower_run, timeout)
+        _follow(cfg, flower_run, timeout, spec)
 
 
-def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float) -> None:
+def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float, scenario: Scenario | None = None) -> None:
+    """Print each round as it commits; exit with the run's code: 0 finished, 3 degraded, 1 failed or
+    interrupted (``core.outcomes.exit_code``). Until the run opens, say how many devices are connected."""
     from aggregator.store import RunStore
+    from core.outcomes import exit_code
     from deploy.status import ServerAppWatch, find_stored_run
 
     store, deadline, shown = RunStore(cfg.db_url), time.monotonic() + timeout_s, 0
     watch = ServerAppWatch(cfg, flower_run)
+    waiting = DeviceWait(cfg, scenario) if scenario is not None else None
+    opened = False
     while time.monotonic() < deadline:
         run = find_stored_run(store, flower_run)
         if run is None:  # not opened yet: still waiting for devices, or its ServerApp died without a word
@@ -174,18 +185,64 @@ def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float) -> None:
             if why is not None:
                 print(f"Flower run {flower_run} failed: {why}", flush=True)
                 raise typer.Exit(1)
+            if waiting is not None:
+                waiting.poll()
         else:
+            if not opened and run.status == "running":
+                print(f"run {run.id} started: {run.rounds_total} rounds", flush=True)
+            opened = True
             for r in store.rounds(run.id)[shown:]:
-                acc = "" if r.server_accuracy is None else f", accuracy {r.server_accuracy:.3f}"
-                acc = acc or ("" if r.fed_accuracy is None else f", accuracy {r.fed_accuracy:.3f} (on the devices)")
-                print(f"run {run.id} round {r.round}: {r.answered}/{r.sampled} answered, "
-                      f"{r.dropped} dropped, {r.duration_s:.1f} s{acc}", flush=True)
+                print(f"run {run.id} round {r.round}: {_round_line(store, run, r)}", flush=True)
                 shown = r.round
             if run.status != "running":
                 print(f"run {run.id} {run.status}" + (f": {run.error}" if run.error else ""), flush=True)
-                raise typer.Exit(0 if run.status == "finished" else 1)
+                raise typer.Exit(exit_code(run.status))
         time.sleep(0.5)
     _fail(f"run did not end within {timeout_s:g} s")
+
+
+#: While a submitted run has not opened: how often the connected devices are counted again (each count
+#: is one ``flwr supernode list``, a second or two).
+WAIT_COUNT_S = 10.0
+
+
+@dataclass
+class DeviceWait:
+    """Says how many devices are connected out of how many the run waits for, whenever the count changes."""
+
+    config: DeployConfig
+    scenario: Scenario
+    said: int = -1
+    next_at: float = 0.0
+
+    def poll(self, now: float | None = None) -> None:
+        from deploy.readiness import fleet
+
+        now = time.monotonic() if now is None else now
+        if now < self.next_at:
+            return
+        self.next_at = now + WAIT_COUNT_S
+        try:
+            online = fleet(self.config).online
+        except QuorumError:  # the SuperLink busy or restarting: count again next time
+            return
+        if len(online) != self.said:
+            self.said = len(online)
+            fed = self.scenario.federation
+            print(f"waiting for devices: {len(online)} of {fed.clients} connected ({', '.join(online) or 'none'}); "
+                  f"the run starts once {fed.clients} are, or with at least {fed.min_clients} after "
+                  f"aggregator.wait_clients_s = {self.config.aggregator.wait_clients_s:g} s", flush=True)
+
+
+def _round_line(store, run, r) -> str:
+    """``2/3 answered, 1 failed: device-3 DataError: no label column 'label', 14.0 s, accuracy 0.741``."""
+    from core.outcomes import count, round_line
+
+    names = {str(k): str(v) for k, v in ((run.info or {}).get("devices") or {}).items()}
+    acc = "" if r.server_accuracy is None else f", accuracy {r.server_accuracy:.3f}"
+    acc = acc or ("" if r.fed_accuracy is None else f", accuracy {r.fed_accuracy:.3f} (on the devices)")
+    clients = round_line(r.sampled, count(store.client_results(run.id, r.round), names))
+    return f"{clients}, {r.duration_s:.1f} s{acc}"
 
 
 @app.command()

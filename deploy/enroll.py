@@ -38,7 +38,8 @@ from deploy.flower import register_key, unregister_node
 from deploy.pki import load_public_key, make_node_key, public_key_fingerprint
 from privacy.secagg.identity import IdentityDirectory, write_identity
 
-__all__ = ["Device", "Enrolled", "enroll", "revoke", "load_registry", "device_names", "directory_path"]
+__all__ = ["Device", "Enrolled", "enroll", "revoke", "load_registry", "device_names", "directory_path",
+           "revoked_devices"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -64,6 +65,18 @@ class Enrolled:
 def directory_path(config: DeployConfig) -> Path:
     """The published secure-aggregation enrolment directory (``node id -> hex public key``)."""
     return config.state.registry.parent / "secagg-directory.json"
+
+
+def _revoked_path(config: DeployConfig) -> Path:
+    return config.state.registry.parent / "revoked.json"
+
+
+def revoked_devices(config: DeployConfig) -> dict[int, str]:
+    """node id -> name of each device revoked here (the SuperLink lists their nodes as ``unregistered``)."""
+    path = _revoked_path(config)
+    if not path.exists():
+        return {}
+    return {int(node): str(entry["name"]) for node, entry in json.loads(path.read_text()).items()}
 
 
 def load_registry(config: DeployConfig) -> dict[str, Device]:
@@ -153,6 +166,10 @@ def revoke(config: DeployConfig, name: str) -> Device:
     unregister_node(config, device.node_id)
     del devices[name]
     _save(config, devices)
+    path = _revoked_path(config)
+    revoked: dict[str, dict[str, object]] = json.loads(path.read_text()) if path.exists() else {}
+    revoked[str(device.node_id)] = {"name": name, "revoked_at": time.time()}
+    _replace(path, json.dumps(revoked, indent=2))
     for path in (config.state.keys / f"{name}.key", config.state.keys / f"{name}.key.pub",
                  config.state.keys / f"{name}.secagg.key"):
         path.unlink(missing_ok=True)

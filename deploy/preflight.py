@@ -20,9 +20,9 @@ refusal: a task of the user's own may read it differently.
 
 from __future__ import annotations
 
-import csv
 import fcntl
 import os
+import re
 import socket
 import ssl
 import time
@@ -33,9 +33,11 @@ from typing import IO
 import numpy as np
 
 from deploy.errors import DeployError
+from learning.datasets import csv_header, read_csv
+from learning.errors import DataError
 
 __all__ = ["PreflightError", "check_data", "lock_workdir", "agent_running", "free_port", "check_port", "check_ca",
-           "SupernodeDiagnosis", "ACTIVATION_GRACE_S"]
+           "SupernodeDiagnosis", "ACTIVATION_GRACE_S", "last_error"]
 
 #: A device restarted right after a crash is refused until the SuperLink drops its old session
 #: (two missed 30 s heartbeats, docs/deploy.md); refusals for longer mean the key itself is refused.
@@ -155,6 +157,7 @@ class SupernodeDiagnosis:
     grace_s: float = ACTIVATION_GRACE_S
     offset: int = 0
     refused_since: float | None = field(default=None)
+    cause: str = ""  # why it exited this time, when its log says (shown with the restart)
 
     def after_exit(self, now: float | None = None, recent_session: bool = True) -> str | None:
         """The fatal reason in what the SuperNode logged since its last exit, or ``None`` to restart it.
@@ -171,6 +174,7 @@ class SupernodeDiagnosis:
                 self.offset = handle.tell()
         except OSError:
             return None
+        self.cause = last_error(text)
         if "address already in use" in text.lower():
             return ("a local port of the SuperNode is in use (another client agent on this machine?): "
                     "pick another --runtime-port, or leave it unset for a free one")
@@ -181,6 +185,9 @@ class SupernodeDiagnosis:
             return None
         self.refused_since = self.refused_since if self.refused_since is not None else now
         if recent_session and now - self.refused_since < self.grace_s:
+            left = self.grace_s - (now - self.refused_since)
+            self.cause = (f"the aggregator refused this device's key (revoked or not enrolled, or this device's "
+                          f"previous session is still open: trying {left:.0f} s more before giving up)")
             return None
         who = self.name or "NAME"
         waited = f" (for {now - self.refused_since:.0f} s)" if recent_session else ""
@@ -190,6 +197,22 @@ class SupernodeDiagnosis:
                 "<this key's .pub>; a revoked device needs a new key first (quorum client keygen NEW.key)")
 
 
+#: A log line that says why a process ended: its level, or an exception's ``Name: message``.
+_ERROR_LINE = re.compile(r"\b(?:ERROR|CRITICAL)\b|\b\w*(?:Error|Exception)\b:")
+#: What precedes a log line's message: a timestamp and a level (``2026-01-02 10:00:00 ERROR : ``).
+_LOG_PREFIX = re.compile(r"^.*?\b(?:ERROR|CRITICAL|WARNING|INFO|DEBUG)\b\s*:?\s*")
+
+
+def last_error(text: str, limit: int = 160) -> str:
+    """The last line of ``text`` (a process's log since it started) that says what went wrong, without its
+    timestamp and level; ``""`` when none does."""
+    lines = [line.strip() for line in text.splitlines() if _ERROR_LINE.search(line)]
+    if not lines:
+        return ""
+    line = _LOG_PREFIX.sub("", lines[-1]) if re.search(r"\b(?:ERROR|CRITICAL)\b", lines[-1]) else lines[-1]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 #: A feature beyond this magnitude is almost certainly unscaled (raw 0-255 pixels, raw incomes, ...).
 UNSCALED_ABOVE = 50.0
 
@@ -197,38 +220,50 @@ UNSCALED_ABOVE = 50.0
 def check_data(path: Path, label_column: str = "label", sample_rows: int = 2000) -> list[str]:
     """Warnings about a device's data file that the built-in tasks would trip on, each naming the fix.
 
-    Looks at a CSV's header and first ``sample_rows`` rows, or an NPZ's arrays;
-    text (a ``.txt`` file or a folder) is left to its task. Never fatal: a task
-    of the user's own may read other columns.
+    A CSV is read as its task reads it (:func:`learning.datasets.read_csv`), so
+    a bad cell is located here exactly as the task's error will locate it (the
+    line as an editor numbers it, the column by name); an NPZ's first
+    ``sample_rows`` examples are looked at. Text (a ``.txt`` file or a folder)
+    is left to its task. Never fatal: a task of the user's own may read other columns.
     """
     suffix = path.suffix.lower()
     if path.is_dir() or suffix not in (".csv", ".npz"):
         return []
-    try:
-        if suffix == ".npz":
+    if suffix == ".npz":
+        try:
             with np.load(path, allow_pickle=False) as arrays:
                 if "x" not in arrays or "y" not in arrays:
                     return [f"--data {path}: an NPZ needs arrays 'x' and 'y' (has: {', '.join(arrays.files)[:80]})"]
-                features = np.asarray(arrays["x"][:sample_rows], dtype=np.float64).reshape(-1)
-            return _scale_warning(path, features, "x")
-        with path.open(encoding="utf-8") as handle:
-            header = next(csv.reader([handle.readline()]), [])
-            rows = np.loadtxt(handle, delimiter=",", max_rows=sample_rows, ndmin=2)
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        return [f"--data {path}: cannot be read as {suffix[1:].upper()} ({str(exc)[:120]})"]
-    names = [h.strip() for h in header]
-    if label_column not in names:
+                features = np.asarray(arrays["x"][:sample_rows], dtype=np.float64)
+        except (OSError, ValueError, EOFError) as exc:
+            return [f"--data {path}: cannot be read as NPZ ({str(exc)[:120]})"]
+        return _scale_warning(path, features.reshape(len(features), -1), None)
+    names = csv_header(path)
+    if names and label_column not in names:
         shown = ", ".join(names[:5]) + (f", ... ({len(names)} columns)" if len(names) > 5 else "")
         return [f"--data {path}: no '{label_column}' column (it has {shown}): name the label column "
                 f"'{label_column}', or set [data] label_column in the scenario"]
-    keep = [i for i, n in enumerate(names) if n != label_column and i < rows.shape[1]]
-    return _scale_warning(path, rows[:, keep].reshape(-1), "features")
+    try:
+        features_named, x, _ = read_csv(path, label_column)
+    except DataError as exc:  # the task's own words: "<path>: line 5, column 'mean_radius': 'n/a' is not a number..."
+        return [f"--data {exc}"]
+    return _scale_warning(path, x, features_named)
 
 
-def _scale_warning(path: Path, values: np.ndarray, what: str) -> list[str]:
-    finite = values[np.isfinite(values)]
-    if finite.size and float(np.abs(finite).max()) > UNSCALED_ABOVE:
-        return [f"--data {path}: {what} reach {float(np.abs(finite).max()):g}: the scenario must standardise them "
-                "([data] standardize = \"federated\", as scenarios/devices.toml does), or scale them to about unit "
-                "size (divide pixels by 255), or training diverges"]
-    return []
+def _scale_warning(path: Path, x: np.ndarray, names: list[str] | None) -> list[str]:
+    """The feature of largest magnitude, when it is beyond :data:`UNSCALED_ABOVE`: its name and range."""
+    if not x.size:
+        return []
+    with np.errstate(invalid="ignore"):
+        top = np.nanmax(np.where(np.isfinite(x), np.abs(x), np.nan), axis=0)
+    unscaled = np.flatnonzero(np.nan_to_num(top) > UNSCALED_ABOVE)
+    if not unscaled.size:
+        return []
+    worst = int(unscaled[np.argmax(top[unscaled])])
+    column = x[:, worst][np.isfinite(x[:, worst])]
+    what = f"feature {names[worst]!r}" if names else f"x[..., {worst}]"
+    others = unscaled.size - 1
+    more = f" (and {others} more feature{'s' if others > 1 else ''} beyond ±{UNSCALED_ABOVE:g})" if others else ""
+    return [f"--data {path}: {what} ranges from {float(column.min()):g} to {float(column.max()):g}{more}: unscaled "
+            "features make training diverge; set [data] standardize = \"federated\" in the scenario (as "
+            "scenarios/devices.toml does), or scale every feature to about unit size"]

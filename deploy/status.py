@@ -15,7 +15,7 @@ from rich.table import Table
 
 from aggregator.store import Run, RunStore
 from deploy.config import DeployConfig
-from deploy.enroll import load_registry
+from deploy.enroll import load_registry, revoked_devices
 from deploy.errors import DeployError
 from deploy.flower import list_nodes
 
@@ -166,17 +166,24 @@ def collect_status(config: DeployConfig) -> dict[str, Any]:
     if up is not None and not _alive(int(up["pid"])):
         up = None
     names = {d.node_id: d.name for d in load_registry(config).values()}
+    revoked = revoked_devices(config)  # the SuperLink keeps their nodes, as "unregistered"
     nodes: list[dict[str, Any]] = []
     if up is not None:
         try:
-            nodes = [{"node_id": int(n["node-id"]), "name": names.get(int(n["node-id"]), ""),
-                      "status": n.get("status", "")} for n in list_nodes(config)]
+            nodes = [_node(int(n["node-id"]), str(n.get("status", "")), names, revoked) for n in list_nodes(config)]
         except DeployError as exc:
             up["error"] = str(exc)
     enrolled_ids = {n["node_id"] for n in nodes}
     nodes += [{"node_id": i, "name": n, "status": "unknown"} for i, n in names.items() if i not in enrolled_ids]
     return {"running": up is not None, "aggregator": up, "clients": nodes,
             "connected": sum(1 for n in nodes if n["status"] == "online"), "run": _current_run(config)}
+
+
+def _node(node_id: int, status: str, names: dict[int, str], revoked: dict[int, str]) -> dict[str, Any]:
+    """One node as ``status`` lists it: a device revoked here is ``revoked``, under its name."""
+    if node_id not in names and node_id in revoked:
+        return {"node_id": node_id, "name": revoked[node_id], "status": "revoked"}
+    return {"node_id": node_id, "name": names.get(node_id, ""), "status": status}
 
 
 def render_status(info: dict[str, Any]) -> None:

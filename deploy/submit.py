@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aggregator.store import RunStore
+from aggregator.errors import ResumeRefused
+from aggregator.resume import check_same_scenario, has_ended
+from aggregator.store import Run, RunStore
 from deploy.config import DeployConfig
 from deploy.enroll import device_names
 from deploy.errors import DeployError
@@ -30,9 +32,10 @@ def submitted_scenario(config: DeployConfig, scenario: Path | None = None, resum
 def run_config(config: DeployConfig, scenario: Path | None = None, resume: str | None = None,
                overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ServerApp's run_config: the scenario inline (the ServerApp may run elsewhere than
-    the file), the store, and who is who."""
+    the file), the store, and who is who. A resumed run continues with its own scenario only."""
     if resume:
         stored = RunStore(config.db_url).get_run(resume)
+        _check_resumable(stored, scenario, overrides)
         spec, resume = stored.scenario, stored.id
     elif scenario is not None:
         spec = load_scenario(scenario).to_dict()
@@ -43,6 +46,15 @@ def run_config(config: DeployConfig, scenario: Path | None = None, resume: str |
             "wait-clients-s": float(config.aggregator.wait_clients_s),
             "devices": json.dumps({str(k): v for k, v in device_names(config).items()}),
             "state-dir": str(config.state.root)}
+
+
+def _check_resumable(run: Run, scenario: Path | None, overrides: Mapping[str, Any] | None) -> None:
+    """Refuse, before a submission, to resume a run that ended or with another scenario (a file, or overrides)."""
+    asked = scenario_from_dict(run.scenario, source=f"run {run.id}") if scenario is None else load_scenario(scenario)
+    check_same_scenario(run, asked.with_overrides(**overrides) if overrides else asked)
+    if has_ended(run):
+        raise ResumeRefused(f"run {run.id} already ended ({run.status}, {run.rounds_done}/{run.rounds_total} rounds): "
+                            "nothing to resume, the run is left as it was")
 
 
 def submit(config: DeployConfig, scenario: Path | None = None, resume: str | None = None,

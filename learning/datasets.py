@@ -22,7 +22,7 @@ from learning.errors import DataError
 
 __all__ = [
     "ArrayDataset", "ClientData", "Federation", "load_mnist", "load_digits",
-    "synthetic_devices", "load_file", "load_client_data", "split_train_test",
+    "synthetic_devices", "load_file", "read_csv", "csv_header", "load_client_data", "split_train_test",
 ]
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -173,7 +173,7 @@ def load_file(path: str | Path, label_column: str = "label") -> ArrayDataset:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        x, y = _read_csv(path, label_column)
+        _, x, y = read_csv(path, label_column)
     elif suffix == ".npz":
         x, y = _read_npz(path)
     else:
@@ -181,7 +181,16 @@ def load_file(path: str | Path, label_column: str = "label") -> ArrayDataset:
     return ArrayDataset(x.astype(np.float32), _labels(path, y))
 
 
-def _read_csv(path: Path, label_column: str) -> tuple[np.ndarray, np.ndarray]:
+def read_csv(path: str | Path, label_column: str = "label") -> tuple[list[str], np.ndarray, np.ndarray]:
+    """A CSV data file's feature names, features ``(N, F)`` (float64) and labels, as :func:`load_file` reads it.
+
+    Raises
+    ------
+    DataError
+        One line naming the file, the line (as an editor numbers it) and the
+        column of the first problem, and the fix.
+    """
+    path = Path(path)
     lines, rows = _csv_rows(path)
     if not rows:
         raise DataError(f"{path}: file is empty")
@@ -194,10 +203,31 @@ def _read_csv(path: Path, label_column: str) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{path}: no data rows after the header")
     for line, row in zip(lines[1:], rows[1:], strict=True):
         if len(row) != len(header):
-            raise DataError(f"{path}: line {line} has {len(row)} values, the header has {len(header)}")
+            raise DataError(f"{path}: line {line} has {len(row)} values, the header has {len(header)}: "
+                            f"{_ragged(header, row)}")
     table = _numeric_table(path, header, lines[1:], rows[1:])
     label = header.index(label_column)
-    return np.delete(table, label, axis=1), table[:, label]
+    return [h for h in header if h != label_column], np.delete(table, label, axis=1), table[:, label]
+
+
+def _ragged(header: list[str], row: list[str]) -> str:
+    """Which column a row with the wrong number of values lacks, or what it holds beyond the header."""
+    if len(row) < len(header):
+        return (f"column {header[len(row)]!r}" + (" and the ones after it are" if len(row) < len(header) - 1
+                                                  else " is") + " empty there; fill them in, or remove the row")
+    return (f"{len(row) - len(header)} value(s) after the last column {header[-1]!r} ({row[len(header)][:20]!r}) "
+            "have no column; give that column a name in the header, or remove the values")
+
+
+def csv_header(path: str | Path) -> list[str]:
+    """A CSV file's column names (its first non-blank row); ``[]`` when it has none or cannot be read."""
+    path = Path(path)
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            return next(([cell.strip() for cell in row] for row in csv.reader(_capped_lines(handle, path)) if row),
+                        [])
+    except (OSError, UnicodeDecodeError, csv.Error, DataError):
+        return []
 
 
 #: The largest CSV data file read (counted while reading: ``/dev/zero`` has no size to trust).
@@ -235,11 +265,13 @@ def _numeric_table(path: Path, header: list[str], lines: list[int], rows: list[l
         table = np.array(rows, dtype=np.float64)
     except ValueError:
         line, column, cell = _first_non_numeric(lines, rows)
-        raise DataError(f"{path}: line {line}, column {header[column]!r}: {cell!r} is not a number") from None
+        raise DataError(f"{path}: line {line}, column {header[column]!r}: {cell!r} is not a number; write a number "
+                        "there, or remove the row") from None
     bad = np.argwhere(~np.isfinite(table))
     if len(bad):
         row, column = bad[0]
-        raise DataError(f"{path}: line {lines[row]}, column {header[column]!r}: value is NaN or infinite")
+        raise DataError(f"{path}: line {lines[row]}, column {header[column]!r}: value is NaN or infinite; write a "
+                        "finite number there, or remove the row")
     return table
 
 

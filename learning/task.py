@@ -89,6 +89,9 @@ class Task(ABC):
     Options: ClassVar[type] = NoOptions
     #: Whether ``[dp] local_dp_sgd`` may replace :meth:`train` (DP-SGD is a cross-entropy loop on ``x``/``y``).
     supports_dp_sgd: ClassVar[bool] = False
+    #: Whether :meth:`train` takes ``config.steps`` optimiser steps when it is > 0 (``[training] local_steps``);
+    #: a scenario that sets local steps for a task that does not say so is refused, not silently run by epochs.
+    supports_local_steps: ClassVar[bool] = False
 
     def __init__(self, options: Any, scenario: Scenario) -> None:
         self.options = options
@@ -128,8 +131,11 @@ class Task(ABC):
         """Train ``model`` in place on ``data`` (a :class:`LocalData` ``train`` part) for one round.
 
         ``config`` carries the round's ``epochs``, ``batch_size``, ``lr``,
-        ``momentum`` and ``proximal_mu`` (FedProx); ``seed`` is this client's
-        seed for the round. Return at least ``loss`` and ``num_examples``.
+        ``momentum`` and ``proximal_mu`` (FedProx), and ``steps``: when > 0,
+        take that many optimiser steps (mini-batches, cycling the data)
+        instead of ``epochs`` passes, and set ``supports_local_steps = True``.
+        ``seed`` is this client's seed for the round. Return at least ``loss``
+        and ``num_examples``.
         """
 
     @abstractmethod
@@ -235,6 +241,10 @@ def _instantiate(scenario: Scenario) -> Task:
     if scenario.dp.local_dp_sgd and not getattr(cls, "supports_dp_sgd", False):
         raise ScenarioError(f"{spec.source or scenario.name}: dp.local_dp_sgd = true: DP-SGD replaces the "
                             f"task's training loop, and {cls.__name__} does not allow it (supports_dp_sgd)")
+    if scenario.training.local_steps is not None and not getattr(cls, "supports_local_steps", False):
+        raise ScenarioError(f"{spec.source or scenario.name}: training.local_steps = {scenario.training.local_steps}: "
+                            f"{cls.__name__}.train does not say it takes config.steps (supports_local_steps); "
+                            "use training.local_epochs, or honour config.steps and set supports_local_steps = True")
     return cls(options, scenario)
 
 

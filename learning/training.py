@@ -1,5 +1,9 @@
 """Local training and evaluation: plain mini-batch SGD with an optional FedProx term.
 
+A round's local work is ``epochs`` passes over the data, or exactly ``steps``
+mini-batches (``[training] local_steps``): passes in fresh random orders,
+cycled until that many batches were taken, the last pass cut short.
+
 Data are turned into tensors once per call (``torch.from_numpy``, no copy);
 each epoch gathers the shuffled examples once and takes batches as views, so
 there is no DataLoader overhead. Shuffling uses a ``torch.Generator`` seeded
@@ -29,7 +33,8 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class TrainResult:
-    """Mean cross-entropy over the last epoch (without the proximal term), examples, SGD steps."""
+    """Mean cross-entropy over the last epoch, or over every step when trained by ``steps``
+    (without the proximal term); examples; SGD steps taken."""
 
     loss: float
     num_examples: int
@@ -56,6 +61,7 @@ def train(
     proximal_mu: float = 0.0,
     seed: int,
     loss_fn: LossFn = F.cross_entropy,
+    steps: int = 0,
 ) -> TrainResult:
     """Train ``model`` in place with mini-batch SGD on cross-entropy (or ``loss_fn``).
 
@@ -82,6 +88,10 @@ def train(
         Seed of the shuffle order.
     loss_fn : callable
         The batch's mean loss from the model's output and the targets.
+    steps : int
+        When > 0, take exactly this many SGD steps instead of ``epochs``
+        passes: each pass over the data draws a fresh order, a small data set
+        is cycled, and the pass that reaches ``steps`` stops there.
 
     References
     ----------
@@ -90,12 +100,17 @@ def train(
     "Federated Optimization in Heterogeneous Networks", MLSys 2020, Algorithm 2.
     """
     _check_args(data, epochs, batch_size, lr, momentum, proximal_mu)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
     x, y = _tensors(data)
     params = [p for p in model.parameters() if p.requires_grad]
     anchor = [p.detach().clone() for p in params] if proximal_mu > 0 else None
     step = _Step(model, torch.optim.SGD(params, lr=lr, momentum=momentum), params, anchor, proximal_mu, loss_fn)
     generator = torch.Generator().manual_seed(operator.index(seed))  # numpy ints too, not floats
     model.train()
+    if steps:
+        return TrainResult(loss=_steps(step, x, y, batch_size, generator, steps), num_examples=len(data),
+                           steps=steps)
     loss = 0.0
     for _ in range(epochs):
         loss = _epoch(step, x, y, batch_size, generator)
@@ -136,6 +151,21 @@ def _epoch(
     xs, ys = x[order], y[order]  # one gather per epoch, then batches are views
     total = sum(step(xs[i:i + batch_size], ys[i:i + batch_size]) for i in range(0, len(ys), batch_size))
     return total / len(ys)
+
+
+def _steps(step: _Step, x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator,
+           steps: int) -> float:
+    """``steps`` batches, pass after pass in fresh random orders (as :func:`_epoch` draws them);
+    returns the example-weighted mean loss over every step."""
+    total, seen, left = 0.0, 0, steps
+    while left:
+        order = torch.randperm(len(y), generator=generator)
+        xs, ys = x[order], y[order]
+        starts = range(0, len(ys), batch_size)[:left]
+        total += sum(step(xs[i:i + batch_size], ys[i:i + batch_size]) for i in starts)
+        seen += sum(len(ys[i:i + batch_size]) for i in starts)
+        left -= len(starts)
+    return total / seen
 
 
 def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 1024) -> EvalResult:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 import scenarios
-from aggregator.store import RunStore, default_db_url
+from aggregator.store import Run, RunStore, default_db_url
 from core.errors import QuorumError
 from dashboard.cli import app as dashboard_command
 from deploy.agent_cli import app as client_app
@@ -65,53 +66,96 @@ def simulate(
 
     if ray_address and engine != "ray":
         _fail(f"--ray-address {ray_address} needs --engine ray (the engine is {engine})")
+    started: list[str] = []  # the run's id once it is stored: an error after that is the run failing
     try:
         spec = load_scenario(scenario)
         overrides = {k: v for k, v in (("rounds", rounds), ("seed", seed)) if v is not None}
         if overrides:
             spec = spec.with_overrides(**overrides)
         with RoundDisplay(spec, enabled=not json_out) as display:
-            summary = run(spec, db_url=db, engine=engine, on_round=display.update, on_start=display.start,
+
+            def on_start(run_id: str) -> None:
+                started.append(run_id)
+                display.start(run_id)
+
+            summary = run(spec, db_url=db, engine=engine, on_round=display.update, on_start=on_start,
                           workers=workers, ray_address=ray_address)
     except (ScenarioError, QuorumError) as exc:
+        if started:  # stored as failed, with this reason (run_federation): exit 1, as for any failed run
+            console.print(f"failed: run {started[0]}: {exc}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
         _fail(str(exc))
     _print_summary(summary, json_out)
 
 
 @app.command()
 def resume(
-    run_id: Annotated[str, typer.Argument(help="The run to continue (its id, or a unique prefix of it).")],
+    run_id: Annotated[str | None, typer.Argument(
+        help="The run to continue (its id, or a unique prefix of it); with --from: the new run's scenario file.",
+        show_default=False)] = None,
+    scenario: Annotated[Path | None, typer.Argument(
+        help="The run's scenario file, checked against the stored one (default: the stored one).",
+        show_default=False)] = None,
+    from_run: Annotated[str | None, typer.Option("--from", help="Start a NEW run from a round of this run, "
+                                                 "with its scenario or the one given.")] = None,
+    from_round: Annotated[int | None, typer.Option("--round", min=1, help="With --from: the round whose checkpoint "
+                                                   "the new run starts from (default: the last committed).")] = None,
     db: DbOption = DEFAULT_DB,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     workers: Annotated[int | None, typer.Option(
         min=1, max=1024, help="In-process engine: worker processes (default: one per core).")] = None,
 ) -> None:
-    """Continue a run whose process died, from its last committed round."""
-    from quorum.progress import RoundDisplay
-    from runtimes.simulation import simulate as run
-    from scenarios.schema import scenario_from_dict
+    """Continue an interrupted run (its process died) from its last committed round, with its own scenario.
 
+    Another scenario is refused (exit 2), naming what differs; a run that already ended is left untouched
+    (its summary is printed, with its exit code). `quorum resume --from RUN --round N [SCENARIO]` starts a
+    new run from round N of RUN instead; the new run records its parent.
+    """
+    from quorum.progress import RoundDisplay
+    from quorum.resume import plan_fork, plan_resume
+    from runtimes.simulation import simulate as run
+    from runtimes.simulation import summarize
+
+    if from_run is None and (from_round is not None or run_id is None):
+        _fail("name the run to continue (quorum resume RUN), or start a new run from one of its rounds "
+              "(quorum resume --from RUN --round N [SCENARIO])")
+    if from_run is not None and scenario is not None:
+        _fail(f"--from {from_run} takes one argument at most, the new run's scenario file (got {run_id} and "
+              f"{scenario})")
     try:
         store = RunStore(db)
-        stored = store.get_run(run_id)
-        spec = scenario_from_dict(stored.scenario, source=f"run {stored.id}")
-        with RoundDisplay(spec, enabled=not json_out, done=stored.rounds_done) as display:
-            summary = run(spec, db_url=db, engine=stored.engine if stored.engine == "ray" else "inprocess",
-                          resume_id=stored.id, on_round=display.update, workers=workers)
+        plan = (plan_resume(store, str(run_id), scenario) if from_run is None
+                else plan_fork(store, from_run, from_round, Path(run_id) if run_id else None))
+        if plan.note:
+            console.print(plan.note, markup=False, highlight=False, soft_wrap=True)
+        if plan.ended:
+            summary = summarize(store, plan.run_id, 0.0)
+        else:
+            with RoundDisplay(plan.scenario, enabled=not json_out, done=plan.done) as display:
+                summary = run(plan.scenario, db_url=db, engine=plan.engine, resume_id=plan.run_id,
+                              on_round=display.update, workers=workers)
     except (ScenarioError, QuorumError) as exc:
         _fail(str(exc))
     _print_summary(summary, json_out)
 
 
 def _print_summary(summary, json_out: bool) -> None:
+    """The run's ending, then exit with its code: 0 finished, 3 degraded, 1 failed (``core.outcomes``)."""
+    from core.outcomes import exit_code
+
+    code = exit_code(summary.status)
     if json_out:
-        sys.stdout.write(json.dumps(summary.to_json()) + "\n")
-        return
+        sys.stdout.write(json.dumps({**summary.to_json(), "exit_code": code}) + "\n")
+        raise typer.Exit(code)
     acc = "n/a" if summary.final_accuracy is None else f"{summary.final_accuracy:.2%}"
-    console.print(f"[bold green]{summary.status}[/]: run [bold]{summary.run_id}[/] ({summary.scenario}, "
+    colour = {0: "green", 3: "yellow"}.get(code, "red")
+    console.print(f"[bold {colour}]{summary.status}[/]: run [bold]{summary.run_id}[/] ({summary.scenario}, "
                   f"{summary.rounds} rounds, accuracy {acc}, {summary.wall_s:.1f} s)")
+    if summary.error:  # one line, the client's own words unmarked
+        console.print(f"  {summary.status}: {summary.error}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"  store:  {summary.db}")
     console.print(f"  report: quorum report {summary.run_id} --db {summary.db}")
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -119,7 +163,11 @@ def runs(
     db: DbOption = DEFAULT_DB,
     status: Annotated[str | None, typer.Option(help="Only runs with this status.")] = None,
 ) -> None:
-    """List the runs in the store, newest first."""
+    """List the runs in the store, newest first.
+
+    A run whose process stopped renewing its lease (killed, or its machine lost power) reads
+    `interrupted`, with the time it was last seen; `quorum resume RUN` continues it.
+    """
     from aggregator.report import run_summary
 
     store = RunStore(db)
@@ -128,9 +176,16 @@ def runs(
         table.add_column(col)
     for run in store.list_runs(status):
         best = run_summary(store, run.id)["best_accuracy"]
-        table.add_row(run.id, run.name, run.status, f"{run.rounds_done}/{run.rounds_total}",
+        table.add_row(run.id, run.name, _status_text(run), f"{run.rounds_done}/{run.rounds_total}",
                       "" if best is None else f"{best:.2%}", run.strategy)
     Console().print(table)
+
+
+def _status_text(run: Run) -> str:
+    """The status column: an interrupted run says when its process was last seen."""
+    if run.status != "interrupted" or run.heartbeat_at is None:
+        return run.status
+    return f"interrupted (last seen {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(run.heartbeat_at))})"
 
 
 @app.command()

@@ -1,19 +1,26 @@
 """Use the trained model: export a run's global model, and load it back as a torch module.
 
-``quorum export RUN [--round N] --out DIR`` writes two files:
+``quorum export RUN [--round N] --out DIR`` writes:
 
 - ``model.safetensors``: the whole ``state_dict`` of the task's serving
   module (``Task.serving_module``: the model, wrapped with the task's
   preprocessing as buffers when it has any; trained tensors from the run's
   checkpoint, frozen ones as the task builds them), never a pickle;
-- ``quorum-model.json``: the manifest: which run and round, the task
-  reference (``entry``, ``path``, options) and the scenario, how to rebuild
-  the module (the built-in models need no data set: name, input shape,
-  classes, seed), the declared input shape, what the outputs are, each
-  tensor's shape and the weights' SHA-256. A run with ``[data] standardize =
-  "federated"`` exports the model behind its standardisation (``standardize``:
-  the feature count; the mean and std are buffers in the weights), so the
-  export takes raw features, as the devices hold them.
+- ``quorum-model.json``: the manifest: which run and round, the task's
+  headline metric and the round's scores (``metric``, ``metrics``), the task
+  reference (``entry``, class name, ``path``, its options in full) and the
+  scenario (without the ``[data]`` / ``[model]`` a task of one's own never
+  read), how to rebuild the module (the built-in models need no data set:
+  name, input shape, classes, seed), the input shape (declared, or read from
+  the task's data whatever its form: :func:`example_shape`) and the feature
+  names when the task has them, what the outputs are, each tensor's shape and
+  the weights' SHA-256. A run with ``[data] standardize = "federated"``
+  exports the model behind its standardisation (``standardize``: the feature
+  count; the mean and std are buffers in the weights), so the export takes
+  raw features, as the devices hold them;
+- ``source/``: for a task of one's own, a copy of its modules
+  (:mod:`quorum.task_source`), from which :func:`load_model` imports it: the
+  export loads and serves after the task's folder is gone.
 
 A language-model run (``learning.tasks.language``) exports its LoRA adapters
 instead, in peft's layout (``adapter_model.safetensors`` and
@@ -29,10 +36,13 @@ predictions with it (:mod:`quorum.serve`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 import time
+from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +51,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 from aggregator.store import RunStore
 from learning.errors import TaskError
@@ -51,10 +62,12 @@ from learning.task import BUILTIN_ENTRY, Task, TaskModel, load_task
 from learning.tasks.classification import ClassificationTask
 from learning.tasks.language import LanguageModelTask
 from quorum.errors import ExportError
+from quorum.task_source import imported_from, task_sources, write_sources
 from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario, scenario_from_dict
 
-__all__ = ["export_run", "load_model", "load_export", "ExportedModel", "MANIFEST", "WEIGHTS", "FORMAT"]
+__all__ = ["export_run", "load_model", "load_export", "ExportedModel", "example_shape", "MANIFEST", "WEIGHTS",
+           "FORMAT"]
 
 MANIFEST, WEIGHTS, FORMAT = "quorum-model.json", "model.safetensors", "quorum-model/1"
 
@@ -116,6 +129,9 @@ def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None
                                                             "round": str(state.round)}, merged, standardization))
     if isinstance(task, LanguageModelTask):
         manifest.pop("model", None)
+    sources = task_sources(scenario.task.entry or BUILTIN_ENTRY, scenario.task.path)
+    if sources:  # a user's task: its modules travel with the export, so it loads without the task's folder
+        manifest["source"] = write_sources(sources, out)
     manifest["sha256"] = _sha256(out / manifest["weights"])
     path = out / MANIFEST
     path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -142,17 +158,22 @@ def _manifest(scenario: Scenario, task: Task, module: nn.Module, run: Any, serve
     spec = scenario.task
     shape = _input_shape(task)
     classes = _classes(task)
+    scores = _round_scores(row)
     manifest: dict[str, Any] = {
         "format": FORMAT, "weights": WEIGHTS, "exported_at": time.time(),
-        "run": {"id": run.id, "name": run.name, "round": server_round, "status": run.status,
-                "server_accuracy": getattr(row, "server_accuracy", None),
-                "server_loss": getattr(row, "server_loss", None)},
-        "task": {"entry": spec.entry or BUILTIN_ENTRY, "path": spec.path, "options": dict(spec.options)},
+        "run": {"id": run.id, "name": run.name, "round": server_round, "status": run.status},
+        "metric": _headline(task, scores),
+        "metrics": scores,
+        "task": {"entry": spec.entry or BUILTIN_ENTRY, "name": type(task).__name__, "path": spec.path,
+                 "options": _options(task, spec.options)},
         "input_shape": list(shape),
         "output": {"kind": "classes", "classes": classes} if classes else {"kind": "values"},
         "seed": scenario.seed,
-        "scenario": scenario.to_dict(),
+        "scenario": _scenario_record(scenario, task),
     }
+    features = _features(task, shape)
+    if features is not None:
+        manifest["features"] = features
     # rebuilt without the data set, unless the task wraps its model for serving (then the task rebuilds it)
     if isinstance(task, ClassificationTask) and type(task).serving_module is Task.serving_module:
         manifest["model"] = {"builder": "learning.models.build_model", "name": scenario.model.name,
@@ -160,17 +181,110 @@ def _manifest(scenario: Scenario, task: Task, module: nn.Module, run: Any, serve
     return manifest
 
 
+def _options(task: Task, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The task's options in full (its ``Options`` with every default), as JSON values; else those given."""
+    options = getattr(task, "options", None)
+    if not dataclasses.is_dataclass(options) or isinstance(options, type):
+        return dict(given)
+    return json.loads(json.dumps(dataclasses.asdict(options), default=str))
+
+
+def _scenario_record(scenario: Scenario, task: Task) -> dict[str, Any]:
+    """The run's scenario, without ``[data]`` and ``[model]`` when the task reads neither and they are the defaults:
+    a user's task is not described as Quorum's default MNIST CNN it never used (the built-in classifier reads them)."""
+    record = scenario.to_dict()
+    if not isinstance(task, ClassificationTask):
+        for key in ("data", "model"):
+            if getattr(scenario, key) == type(getattr(scenario, key))():
+                record.pop(key)
+    return record
+
+
+def _round_scores(row: Any) -> dict[str, dict[str, float]]:
+    """The exported round's scores as the run stored them, by where they were taken (``server``: the
+    aggregator's held-out set; ``federated``: the clients' test splits), each in the task's own names."""
+    scores: dict[str, dict[str, float]] = {}
+    for split, column, prefix in (("server", "server", "server-"), ("federated", "fed", "fed-")):
+        named = {"accuracy": getattr(row, f"{column}_accuracy", None)}
+        named.update({k[len(prefix):]: v for k, v in (getattr(row, "metrics", None) or {}).items()
+                      if k.startswith(prefix)})
+        named["loss"] = getattr(row, f"{column}_loss", None)
+        values = {k: float(v) for k, v in named.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        if values:
+            scores[split] = values
+    return scores
+
+
+def _headline(task: Task, scores: dict[str, dict[str, float]]) -> dict[str, Any] | None:
+    """The task's headline metric for this round: the one the task declares (``headline_metric``), else
+    ``accuracy`` when the run has one, else the first metric its evaluation returned, else ``loss``; taken
+    from the server's scores when there are any, else the federated ones. ``None`` when the round has none."""
+    declared = _declared_metric(task)
+    for split, values in scores.items():
+        others = [k for k in values if k != "loss"]
+        name = declared or ("accuracy" if "accuracy" in values else others[0] if others else "loss")
+        if name in values:
+            return {"name": name, "value": values[name], "split": split}
+    return None
+
+
+def _declared_metric(task: Task) -> str | None:
+    """The metric the task names as its headline (``headline_metric = "c_index"``, or ``("c_index", "up")``)."""
+    declared = getattr(task, "headline_metric", None)
+    if isinstance(declared, (tuple, list)) and declared:
+        declared = declared[0]
+    return declared if isinstance(declared, str) and declared else None
+
+
 def _input_shape(task: Task) -> tuple[int, ...]:
-    """The shape of one example: the task's ``input_shape`` if it declares one, else its data's."""
+    """The shape of one example: the task's ``input_shape`` if it declares one, else its data's (the server's
+    held-out set, else the first client's training part), whatever form the data takes (:func:`example_shape`)."""
     declared = getattr(task, "input_shape", None)
     if declared is not None:
         return tuple(int(d) for d in declared)
-    data = task.server_data()
-    if data is None or not hasattr(data, "x"):
-        data = getattr(task.partition(0), "train", None)
-    if data is None or not hasattr(data, "x"):
-        raise ExportError(f"{type(task).__name__} declares no input_shape and its data has no 'x' to read it from")
-    return tuple(int(d) for d in data.x.shape[1:])
+    shape = example_shape(task.server_data())
+    if shape is None:
+        shape = example_shape(getattr(task.partition(0), "train", None))
+    if shape is None:
+        raise ExportError(f"{type(task).__name__} declares no input_shape, and the shape of one example cannot be "
+                          "read from its data (an object with x, a dict with 'x', an (x, y) tuple, a torch "
+                          "DataLoader or Dataset); declare input_shape = (...) on the task")
+    return shape
+
+
+def example_shape(data: Any) -> tuple[int, ...] | None:
+    """The shape of one example of ``data``: of ``x`` without its batch dimension for an object with ``x``, a
+    mapping with ``"x"`` or an ``(x, y)`` tuple or list; of a torch ``DataLoader``'s first batch; of a torch
+    ``Dataset``'s first item (``(x, y)`` or ``x``, which has no batch dimension). ``None`` when it cannot be read."""
+    if data is None:
+        return None
+    if isinstance(data, DataLoader):
+        return example_shape(next(iter(data), None))
+    if isinstance(data, Dataset):
+        try:
+            item = data[0]
+        except (IndexError, KeyError, TypeError):
+            return None
+        first = item[0] if isinstance(item, (tuple, list)) and item else item
+        shape = getattr(first, "shape", None)
+        return tuple(int(d) for d in shape) if shape is not None and len(shape) else None
+    batch = data.x if hasattr(data, "x") else data.get("x") if isinstance(data, Mapping) else \
+        data[0] if isinstance(data, (tuple, list)) and data else None
+    shape = getattr(batch, "shape", None)
+    return tuple(int(d) for d in shape[1:]) if shape is not None and len(shape) >= 2 else None
+
+
+def _features(task: Task, shape: tuple[int, ...]) -> list[str] | None:
+    """The task's ``feature_names`` (one per input value, in the flattened order), checked; ``None`` if it has none."""
+    declared = getattr(task, "feature_names", None)
+    if declared is None:
+        return None
+    names = list(declared) if isinstance(declared, (list, tuple)) else None
+    if names is None or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names) \
+            or len(names) != math.prod(shape):
+        raise ExportError(f"{type(task).__name__}.feature_names = {declared!r}: expected {math.prod(shape)} "
+                          f"distinct names, one per value of an input of shape {list(shape)}")
+    return names
 
 
 def _classes(task: Task) -> int | None:
@@ -204,7 +318,7 @@ def load_export(directory: str | Path) -> ExportedModel:
     weights = folder / name
     if not weights.is_file() or _sha256(weights) != manifest.get("sha256"):
         raise ExportError(f"{weights}: missing, or not the weights the manifest names (SHA-256 differs)")
-    module, task = _rebuild(manifest)
+    module, task = _rebuild(manifest, folder)
     try:
         if isinstance(task, LanguageModelTask) and _kind(manifest) == "text":
             _same_base(task, manifest, folder)
@@ -256,9 +370,9 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
-def _rebuild(manifest: dict[str, Any]) -> tuple[nn.Module, Task | None]:
+def _rebuild(manifest: dict[str, Any], folder: Path) -> tuple[nn.Module, Task | None]:
     """The module, freshly built, and its task: by the built-in builder (no data set, no task) or by the task."""
-    module, task = _rebuild_model(manifest)
+    module, task = _rebuild_model(manifest, folder)
     features = manifest.get("standardize")
     if features is None:
         return module, task
@@ -267,7 +381,7 @@ def _rebuild(manifest: dict[str, Any]) -> tuple[nn.Module, Task | None]:
     return nn.Sequential(StandardizeInputs(features), module), task
 
 
-def _rebuild_model(manifest: dict[str, Any]) -> tuple[nn.Module, Task | None]:
+def _rebuild_model(manifest: dict[str, Any], folder: Path) -> tuple[nn.Module, Task | None]:
     seed = int(manifest.get("seed", 0))
     spec = manifest.get("model")
     with torch.random.fork_rng(devices=[]):
@@ -276,9 +390,20 @@ def _rebuild_model(manifest: dict[str, Any]) -> tuple[nn.Module, Task | None]:
                 return build_model(str(spec["name"]), spec["input_shape"], int(spec["num_classes"]), seed=seed), None
             except (KeyError, TypeError, ValueError) as exc:
                 raise ExportError(f"manifest model {spec!r} cannot be built: {exc}") from None
-        try:
-            scenario = scenario_from_dict(manifest["scenario"], source="export manifest")
+        return _rebuild_task(manifest, seed, folder)
+
+
+def _rebuild_task(manifest: dict[str, Any], seed: int, folder: Path) -> tuple[nn.Module, Task]:
+    """The serving module, rebuilt by the task: imported from the export's copy of its source when it has one
+    (``quorum.task_source``), else from its entry (a built-in task, or one installed here)."""
+    try:
+        raw = dict(manifest["scenario"])
+        source = manifest.get("source")
+        if source is not None:  # the copy, not the task's folder: that may be gone
+            raw["task"] = {**raw.get("task", {}), "path": ""}
+        scenario = scenario_from_dict(raw, source="export manifest")
+        with imported_from(folder, source) if source is not None else nullcontext():
             task = load_task(scenario)
             return task.serving_module(TaskModel.build(task, seed).model), task
-        except (KeyError, ScenarioError, TaskError) as exc:
-            raise ExportError(f"the export's task {manifest.get('task')!r} cannot be loaded: {exc}") from None
+    except (KeyError, TypeError, ScenarioError, TaskError) as exc:
+        raise ExportError(f"the export's task {manifest.get('task')!r} cannot be loaded: {exc}") from None

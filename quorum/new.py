@@ -75,6 +75,7 @@ class MyTask(Task):
     """Handwritten digits (8x8, 10 classes) with a one-hidden-layer MLP: replace with your own."""
 
     Options = Options
+    num_classes = 10  # quorum serve answers class probabilities; the input shape is read from the data
 
     # -- the model ------------------------------------------------------------
     def build_model(self, seed: int) -> nn.Module:
@@ -189,6 +190,8 @@ A Quorum project: your own model, data and training loop, federated.
 quorum simulate {name}/scenario.toml       # run it on this machine, every round stored
 quorum dashboard                           # watch the rounds, the task's metrics included
 quorum report RUN_ID                       # PNG plots and a JSON summary
+quorum export RUN_ID --out model/          # the trained model, with a copy of task.py: loads without this folder
+quorum serve model/                        # POST /predict on http://127.0.0.1:8080
 ```
 
 Start from `task.py`: replace `_examples` with your data and `build_model`

@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from core.outcomes import count, round_line
 from core.records import RoundRecord
 from scenarios.schema import Scenario
 
@@ -47,9 +48,8 @@ class RoundDisplay:
             eps += f"  virtual {clock:.1f}s, staleness max {(record.metrics or {}).get('staleness-max', 0)}"
         kind = "step " if isinstance(clock, (int, float)) else "round"
         line = (f"{kind} {record.round:>3}  loss {_fmt(loss, '.4f')}  acc {_fmt(acc, '.2%')}  "
-                f"train-loss {_fmt(record.train_loss, '.4f')}  clients {record.count('ok')}/{record.sampled} ok, "
-                f"{record.count('dropped')} dropped, {record.count('rejected') + record.count('error')} rejected"
-                f"  {record.duration_s:.1f}s{eps}")
-        if self.enabled:
-            self.progress.console.print(line, highlight=False)
+                f"train-loss {_fmt(record.train_loss, '.4f')}  {record.duration_s:.1f}s{eps}  "
+                f"clients {round_line(record.sampled, count(record.clients))}")
+        if self.enabled:  # a client's reason is its own text: no rich markup in it
+            self.progress.console.print(line, highlight=False, markup=False)
         self.progress.advance(self.task)

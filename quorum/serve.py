@@ -4,11 +4,15 @@
 export's declared input shape (nested lists, or flattened to its size), at
 most ``max_batch`` of them, and answers ``{"predictions": [...]}`` plus
 ``probabilities`` (class outputs) or ``outputs`` (raw values, e.g. a
-regression). Anything else is refused before the model runs: a shape that
-does not fit (422, naming the expected shape), a batch too large or a body
-too large (413), non-finite values or a body that is not JSON (422).
-``GET /`` describes the model; ``GET /health`` answers ``ok``. The server
-binds loopback unless told otherwise.
+regression). When the task names its features (``feature_names``), an
+example may also be an object of them, ``{"age": 52, "bmi": 31.2, ...}``,
+every name once. Anything else is refused before the model runs: a shape that
+does not fit (422, naming the expected shape), a missing or unknown feature
+(422, naming it), a batch too large or a body too large (413), non-finite
+values or a body that is not JSON (422). ``GET /`` describes the model (the
+run, the task, the input shape and feature names, the output, the task's
+headline metric); ``GET /health`` answers ``ok``. The server binds loopback
+unless told otherwise.
 
 A language-model export (LoRA adapters) answers ``POST /generate`` instead:
 ``{"prompt": "...", "max_new_tokens": 32, "temperature": 0.0, "seed": 0}``
@@ -53,6 +57,8 @@ class Predictor:
         self.exported, self.max_batch = exported, max_batch
         self.shape = exported.input_shape
         self.size = math.prod(self.shape)
+        features = exported.manifest.get("features")
+        self.features: list[str] | None = list(features) if isinstance(features, list) else None
 
     def batch(self, payload: Any) -> np.ndarray:
         """The payload's ``inputs`` as one float32 array of shape ``(n, *input_shape)``.
@@ -67,7 +73,11 @@ class Predictor:
             raise HTTPException(422, 'expected a JSON object {"inputs": [example, ...]} with at least one example')
         if len(inputs) > self.max_batch:
             raise HTTPException(413, f"{len(inputs)} examples: at most {self.max_batch} per request")
-        expected = f"each example must have shape {list(self.shape)} (or be a flat list of {self.size} numbers)"
+        expected = f"each example must have shape {list(self.shape)} (or be a flat list of {self.size} numbers" + \
+            (", or an object of the features)" if self.features else ")")
+        features = self.features
+        if features is not None:
+            inputs = [_by_name(x, features, self.shape) if isinstance(x, dict) else x for x in inputs]
         try:
             array = np.asarray(inputs, dtype=np.float32)
         except (ValueError, TypeError):
@@ -90,6 +100,17 @@ class Predictor:
         values = outputs.reshape(len(array), -1)
         predictions = values[:, 0].tolist() if values.shape[1] == 1 else values.tolist()
         return {"predictions": predictions, "outputs": values.tolist()}
+
+
+def _by_name(example: dict[str, Any], features: list[str], shape: tuple[int, ...]) -> Any:
+    """An example given as an object of the task's features: its values in the features' order, as nested lists
+    of ``shape`` (422 naming a missing or unknown feature)."""
+    missing = [name for name in features if name not in example]
+    unknown = sorted(set(example) - set(features))
+    if missing or unknown:
+        which = f"missing feature {missing[0]!r}" if missing else f"unknown feature {unknown[0]!r}"
+        raise HTTPException(422, f"{which}; the features are {', '.join(features)}")
+    return np.asarray([example[name] for name in features], dtype=object).reshape(shape).tolist()
 
 
 class Generator:
@@ -159,7 +180,8 @@ def create_app(directory: str | Path, *, max_batch: int = DEFAULT_MAX_BATCH,
     manifest = exported.manifest
     text = isinstance(manifest.get("output"), dict) and manifest["output"].get("kind") == "text"
     info = {"run": manifest.get("run"), "task": manifest.get("task"), "input_shape": list(exported.input_shape),
-            "output": manifest.get("output"), "max_batch": max_batch}
+            "features": manifest.get("features"), "output": manifest.get("output"), "metric": manifest.get("metric"),
+            "max_batch": max_batch}
 
     @app.get("/")
     async def describe() -> dict[str, Any]:  # async: answered even while every worker thread generates

@@ -37,6 +37,7 @@ from typing import Any
 from flwr.app import Array, Context, Error, Message, RecordDict
 from flwr.app.message import make_message
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
 __all__ = ["WorkerPool", "default_workers", "call_app"]
 
@@ -59,7 +60,8 @@ def call_app(app: ClientApp, message: Message, context: Context) -> Message:
     try:
         return app(message, context)
     except Exception as exc:
-        return Message(Error(code=1, reason=f"{type(exc).__name__}: {exc}"), reply_to=message)
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc).__name__}: {exc}"),
+                       reply_to=message)
 
 
 def _serve(app: ClientApp, conn: Connection, threads: int, inherited: list[Connection]) -> None:
@@ -208,8 +210,10 @@ class WorkerPool:
             worker.process.join(_STOP_GRACE_S)
             code = worker.process.exitcode
             worker = self._replace(worker)
-            return Message(Error(code=1, reason=f"client worker process died (exit code {code})"),
-                           reply_to=message)
+            # the client's process is gone (killed, out of memory): a client that did not answer, as Flower's
+            # SuperNode reports a ClientApp process that died
+            return Message(Error(code=ErrorCode.CLIENT_APP_CRASHED,
+                                 reason=f"client worker process died (exit code {code})"), reply_to=message)
         finally:
             self._idle.put(worker)
         if state is not None:  # None: the reply could not be sent, and the node's state stays as it was

@@ -39,6 +39,8 @@ class RunSummary:
     final_train_loss: float | None
     wall_s: float
     db: str
+    error: str | None = None  # why the run failed or degraded, as stored with it
+    clients: dict[str, int] | None = None  # answered, dropped, rejected, failed: summed over the rounds
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -121,4 +123,6 @@ def summarize(store: RunStore, run_id: str, wall_s: float) -> RunSummary:
     return RunSummary(run_id=run.id, scenario=run.name, strategy=run.strategy, status=run.status,
                       rounds=len(rounds), final_accuracy=accuracy, final_loss=loss,
                       final_train_loss=last.train_loss if last else None, wall_s=round(wall_s, 3),
-                      db=store.url)
+                      db=store.url, error=run.error,
+                      clients={k: sum(getattr(r, k) or 0 for r in rounds)
+                               for k in ("answered", "dropped", "rejected", "failed")})

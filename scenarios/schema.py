@@ -102,6 +102,11 @@ class Scenario:
         attack = self.faults.byzantine_spec
         if attack.data == "iid":
             _check_iid_attackers(self)
+        if self.training.local_steps is not None and self.dp.local_dp_sgd:
+            raise Bad("training.local_steps", self.training.local_steps, "dp.local_dp_sgd = true: DP-SGD's "
+                       "accountant counts passes over the data (training.local_epochs); set one of the two")
+        if self.strategy.name == "scaffold":
+            check_scaffold(self)
         if attack.active and self.secagg.enabled:
             raise Bad("faults.byzantine.attack", attack.attack, "the attack harness forges plain train replies, "
                        "and [secagg] enabled = true masks them in protocol stages it does not drive; choose one")
@@ -111,8 +116,31 @@ class Scenario:
         return scenario_from_dict({**self.to_dict(), **changes}, source="<override>")
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        out = {**dataclasses.asdict(self), "training": self.training.to_table()}
         return {self.TOML_KEYS.get(k, k): v for k, v in out.items()}
+
+
+def check_scaffold(scenario: Scenario) -> None:
+    """What SCAFFOLD's control variates do not combine with, naming both keys.
+
+    Its clients send a control delta beside the model delta, in one vector;
+    secure aggregation sums that vector like any other, and a downlink codec
+    only rounds the model the clients start from, so both compose.
+    """
+    name = ("strategy.name", "scaffold")
+    dp, compression = scenario.dp, scenario.compression
+    culprit = (
+        ("[dp] enabled = true: DP-FedAvg clips and noises a model delta, and a SCAFFOLD client also releases "
+         "its control delta, which that calibration does not cover") if dp.enabled else
+        ("dp.local_dp_sgd = true: DP-SGD replaces the local SGD steps that SCAFFOLD corrects, and does not "
+         "add the correction") if dp.local_dp_sgd else
+        ("[compression] compresses the uplink: the control delta travels beside the model delta and is about "
+         "local-steps times smaller, so top-k drops it and a shared quantisation scale rounds it away; keep "
+         "downlink_bits only") if compression.uplink else
+        ("faults.byzantine: the attack harness forges model deltas without the control delta a SCAFFOLD "
+         "reply carries") if scenario.faults.byzantine_spec.active else None)
+    if culprit is not None:
+        raise Bad(*name, culprit)
 
 
 def _check_async(scenario: Scenario) -> None:
@@ -133,7 +161,11 @@ def _check_async(scenario: Scenario) -> None:
     if scenario.strategy.robust:
         raise Bad("async.enabled", True, f"strategy.name = {scenario.strategy.name!r} ranks or clips a round's "
                    "updates against each other, which a buffer of stale updates does not give; use fedavg, "
-                   "fedavgm, fedadam or fedyogi")
+                   "fedavgm, fedadam, fedyogi or fedadagrad")
+    if scenario.strategy.name == "scaffold":
+        raise Bad("async.enabled", True, "strategy.name = 'scaffold': its server control variate moves by a "
+                   "round's control deltas, which a buffer of stale replies made against older ones does not "
+                   "give; use fedavg, fedavgm, fedadam, fedyogi or fedadagrad")
     attack = scenario.faults.byzantine_spec
     if attack.active:
         raise Bad("async.enabled", True, "the attack harness needs a round's honest updates (faults.byzantine)")

@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from scenarios.parse import Bad, at_least, at_most, build, fraction, non_negative, positive
+from scenarios.parse import Bad, at_least, at_most, build, fraction, non_negative, positive, show
 
 __all__ = [
     "DataSpec", "ModelSpec", "FederationSpec", "TrainingSpec", "StrategySpec", "EvaluationSpec", "AsyncSpec",
-    "TaskSpec", "MAX_ROUNDS", "MAX_CLIENTS", "ROBUST_STRATEGIES", "TASK_KEYS",
+    "TaskSpec", "MAX_ROUNDS", "MAX_CLIENTS", "ROBUST_STRATEGIES", "TASK_KEYS", "MAX_LOCAL_STEPS",
 ]
 
 # Bounds that keep every count well inside a 64-bit store column and a sane run.
@@ -121,16 +121,47 @@ class FederationSpec:
         return max(1, round(self.fraction * self.clients))
 
 
+#: The most local steps a round may ask of a client.
+MAX_LOCAL_STEPS = 1_000_000
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
+    """``[training]``: each client's local work per round, ``local_epochs`` passes over its data or
+    ``local_steps`` mini-batches (cycling the data); a file sets one of the two, never both."""
+
     local_epochs: int = 1
     batch_size: int = 32
     lr: float = 0.05
     momentum: float = 0.0
+    local_steps: int | None = None
+
+    @classmethod
+    def from_table(cls, raw: Any, key: str) -> TrainingSpec:
+        """``[training]`` as written: ``local_steps`` and an explicit ``local_epochs`` exclude each other."""
+        spec: TrainingSpec = build(cls, raw, key + ".")
+        if spec.local_steps is not None and "local_epochs" in raw:
+            raise Bad(key + ".local_steps", spec.local_steps, f"{key}.local_epochs = {show(raw['local_epochs'])} is "
+                      "set too: a round's local work is local_steps mini-batches or local_epochs passes; keep one")
+        return spec
+
+    def to_table(self) -> dict[str, Any]:
+        """The section as :meth:`from_table` reads it back: without ``local_epochs`` when steps are set."""
+        table = dataclasses.asdict(self)
+        del table["local_epochs" if self.local_steps is not None else "local_steps"]
+        return table
+
+    @property
+    def steps(self) -> int:
+        """Local steps a round (0: ``local_epochs`` passes instead)."""
+        return self.local_steps or 0
 
     def _check(self) -> None:
         positive("local_epochs", self.local_epochs)
         at_most("local_epochs", self.local_epochs, 10_000)
+        if self.local_steps is not None:
+            positive("local_steps", self.local_steps)
+            at_most("local_steps", self.local_steps, MAX_LOCAL_STEPS)
         positive("batch_size", self.batch_size)
         at_most("batch_size", self.batch_size, 1_000_000)
         positive("lr", self.lr)
@@ -140,8 +171,9 @@ class TrainingSpec:
 
 @dataclass(frozen=True)
 class StrategySpec:
-    name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox",
+    name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold",
                   "centered_clipping", "median", "trimmed_mean", "krum"] = "fedavg"
+    # Every key, its default and the update rule of each strategy: docs/strategies.md.
     server_lr: float = 1.0
     momentum: float = 0.9
     beta1: float = 0.9

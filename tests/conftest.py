@@ -66,30 +66,89 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
 
 
-@pytest.fixture(autouse=True)
-def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Fail a test outside the e2e tier that starts a program or listens on a socket."""
-    if request.node.get_closest_marker("e2e") is not None:
-        yield
-        return
-    started: list[str] = []
+# --------------------------------------------------------------------------- the tier guard
+#
+# Installed once per session, it records into the test being run whatever starts a program or listens on
+# a socket, through any phase: a module- or session-scoped fixture is set up inside the setup of the
+# first test that needs it, so it is charged to that test. Python sockets are seen as they listen;
+# sockets opened in C (uvloop under uvicorn) are seen by asking the OS which listening sockets this
+# process holds after each phase.
+
+_charged: list[list[str]] = []  # the running test's record (empty outside a test)
+
+
+def _record(event: str) -> None:
+    if _charged:
+        _charged[-1].append(event[:200])
+
+
+def _listening() -> set[tuple[str, int]]:
+    import psutil
+
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN}
+
+
+def pytest_configure(config: pytest.Config) -> None:
     popen_init, listen = subprocess.Popen.__init__, socket.socket.listen
 
     def recording_popen(self: subprocess.Popen[bytes], args: Any, *rest: Any, **kwargs: Any) -> None:
-        started.append(f"a process: {args if isinstance(args, str) else ' '.join(map(str, args))}"[:200])
+        _record(f"a process: {args if isinstance(args, str) else ' '.join(map(str, args))}")
         popen_init(self, args, *rest, **kwargs)
 
     def recording_listen(self: socket.socket, *rest: Any) -> None:
-        started.append(f"a listening socket on {self.getsockname()}")
+        _record(f"a listening socket on {self.getsockname()}")
         listen(self, *rest)
 
-    monkeypatch.setattr(subprocess.Popen, "__init__", recording_popen)
-    monkeypatch.setattr(socket.socket, "listen", recording_listen)
-    yield
-    if started:
-        pytest.fail(f"{request.node.nodeid} is in the fast tier but started {started[0]}"
-                    f"{f' (and {len(started) - 1} more)' if len(started) > 1 else ''}: mark it "
-                    "pytest.mark.e2e (docs/testing.md)", pytrace=False)
+    subprocess.Popen.__init__ = recording_popen  # type: ignore[method-assign]
+    socket.socket.listen = recording_listen  # type: ignore[method-assign]
+
+
+def _guarded(item: pytest.Item) -> bool:
+    return item.get_closest_marker("e2e") is None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    if not _guarded(item):
+        return (yield)
+    item.stash[_EVENTS] = events = []
+    item.stash[_BEFORE] = _listening()
+    _charged.append(events)
+    try:
+        return (yield)
+    finally:
+        _charged.pop()
+        events.extend(f"a listening socket on {a}" for a in sorted(_listening() - item.stash[_BEFORE]))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if not _guarded(item) or _EVENTS not in item.stash:
+        return (yield)
+    events = item.stash[_EVENTS]
+    _charged.append(events)
+    try:
+        return (yield)
+    finally:
+        _charged.pop()
+        events.extend(f"a listening socket on {a}" for a in sorted(_listening() - item.stash[_BEFORE]))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    result = yield
+    events = item.stash.get(_EVENTS, [])
+    if _guarded(item) and events:
+        unique = list(dict.fromkeys(events))
+        pytest.fail(f"{item.nodeid} is in the fast tier but started {unique[0]}"
+                    f"{f' (and {len(unique) - 1} more)' if len(unique) > 1 else ''}: mark it "
+                    "pytest.mark.e2e, or its module if a shared fixture did it (docs/testing.md)", pytrace=False)
+    return result
+
+
+_EVENTS = pytest.StashKey[list[str]]()
+_BEFORE = pytest.StashKey[set[tuple[str, int]]]()
 
 
 @pytest.fixture

@@ -1,14 +1,16 @@
-"""Adaptive server optimisers FedAdam and FedYogi.
+"""Adaptive server optimisers FedAdagrad, FedAdam and FedYogi.
 
 Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2:
 the mean client delta is treated as a pseudo-gradient::
 
     m <- b1 * m + (1 - b1) * delta
+    v <- v + delta^2                                      (FedAdagrad)
     v <- b2 * v + (1 - b2) * delta^2                      (FedAdam)
     v <- v - (1 - b2) * delta^2 * sign(v - delta^2)       (FedYogi)
     x <- x + eta * m / (sqrt(v) + tau)
 
-with ``m_0 = 0`` and ``v_0 = tau^2`` (the paper requires ``v_{-1} >= tau^2``).
+with ``m_0 = 0`` and ``v_0 = tau^2`` (the paper requires ``v_{-1} >= tau^2``),
+and no bias correction (as the paper).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 
 from core.strategy import ServerState, Strategy
 
-__all__ = ["FedAdam", "FedYogi"]
+__all__ = ["FedAdagrad", "FedAdam", "FedYogi"]
 
 
 @dataclass(frozen=True)
@@ -67,3 +69,16 @@ class FedYogi(_FedOpt):
 
     def _second_moment(self, v: np.ndarray, delta_sq: np.ndarray) -> np.ndarray:
         return v - np.float32(1 - self.beta2) * delta_sq * np.sign(v - delta_sq)
+
+
+@dataclass(frozen=True)
+class FedAdagrad(_FedOpt):
+    """FedAdagrad: Adagrad's running sum of squares on the server (``beta2`` does not apply)."""
+
+    name: str = "fedadagrad"
+
+    def _second_moment(self, v: np.ndarray, delta_sq: np.ndarray) -> np.ndarray:
+        return v + delta_sq
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "server_lr": self.server_lr, "beta1": self.beta1, "tau": self.tau}

@@ -12,7 +12,7 @@
 
   const COLORS = {
     server: "#4f46e5", fed: "#0ea5e9", train: "#f59e0b", sampled: "#6b7280",
-    ok: "#22c55e", dropped: "#f59e0b", rejected: "#ef4444", in: "#6366f1", out: "#14b8a6",
+    ok: "#22c55e", dropped: "#f59e0b", rejected: "#ef4444", failed: "#991b1b", in: "#6366f1", out: "#14b8a6",
     duration: "#64748b", epsilon: "#a855f7",
   };
   const STAGE_COLORS = ["#4f46e5", "#0ea5e9", "#14b8a6", "#f59e0b", "#ef4444", "#a855f7", "#64748b"];
@@ -73,6 +73,7 @@
       }
       if (key === "dropped" && round.dropped) cell.classList.add("warn");
       if (key === "rejected" && round.rejected) cell.classList.add("bad");
+      if (key === "failed" && round.failed) cell.classList.add("bad");
       if (key === "server_accuracy") cell.classList.add("strong");
       row.appendChild(cell);
     }
@@ -123,6 +124,7 @@
       bar("answered", x, col("answered"), COLORS.ok),
       bar("dropped", x, col("dropped"), COLORS.dropped),
       bar("rejected", x, col("rejected"), COLORS.rejected),
+      bar("failed", x, col("failed"), COLORS.failed),
       line("sampled", x, col("sampled"), COLORS.sampled, { line: { dash: "dot", width: 2 } }),
     ], { barmode: "stack", legend: { traceorder: "normal" }, yaxis: { rangemode: "tozero", tickformat: "d" } });
     plot("chart-duration", [bar("round duration", x, col("duration_s"), COLORS.duration)],

@@ -15,7 +15,7 @@ import numpy as np
 from torch import nn
 
 from core.messages import TrainConfig
-from learning.datasets import ArrayDataset, ClientData, Federation, load_client_data
+from learning.datasets import ArrayDataset, ClientData, Federation, csv_header, load_client_data
 from learning.errors import DataError
 from learning.federation import cached_federation
 from learning.models import build_model
@@ -31,6 +31,7 @@ class ClassificationTask(Task):
 
     Options: ClassVar[type] = NoOptions
     supports_dp_sgd: ClassVar[bool] = True
+    supports_local_steps: ClassVar[bool] = True
 
     def __init__(self, options: Any, scenario: Scenario) -> None:
         super().__init__(options, scenario)
@@ -81,7 +82,7 @@ class ClassificationTask(Task):
         data = load_client_data(path, label_column=spec.label_column, test_fraction=spec.client_test_fraction,
                                 seed=self.scenario.seed)
         if self.devices_only:
-            _check_device_file(path, data, spec.features, spec.classes)
+            _check_device_file(path, data, spec.features, spec.classes, spec.label_column)
         elif spec.dataset == "file":
             self._device_shape = (tuple(data.train.x.shape[1:]), int(data.train.y.max()) + 1)
         return data
@@ -91,7 +92,7 @@ class ClassificationTask(Task):
 
     def train(self, model: nn.Module, data: ArrayDataset, config: TrainConfig, seed: int) -> Metrics:
         result = train(model, data, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
-                       momentum=config.momentum, proximal_mu=config.proximal_mu, seed=seed)
+                       momentum=config.momentum, proximal_mu=config.proximal_mu, seed=seed, steps=config.steps)
         return {"loss": float(result.loss), "num_examples": float(result.num_examples)}
 
     def evaluate(self, model: nn.Module, data: ArrayDataset) -> Metrics:
@@ -100,13 +101,36 @@ class ClassificationTask(Task):
                 "num_examples": float(result.num_examples)}
 
 
-def _check_device_file(path: str, data: ClientData, features: int, classes: int) -> None:
-    """A device's file against the scenario's ``data.features`` and ``data.classes``, naming the mismatch."""
+def _check_device_file(path: str, data: ClientData, features: int, classes: int,
+                       label_column: str = "label") -> None:
+    """A device's file against the scenario's ``data.features`` and ``data.classes``, naming the mismatch
+    (for a CSV, the columns too many or the ones it has)."""
     found = int(np.prod(data.train.x.shape[1:]))
     if found != features:
+        names = [n for n in csv_header(path) if n != label_column] if path.lower().endswith(".csv") else []
         raise DataError(f"{path}: {found} feature columns besides the label; the scenario expects "
-                        f"data.features = {features}")
+                        f"data.features = {features}{_columns_off(names, features)}")
     labels = np.concatenate([data.train.y, data.test.y])
     if labels.size and (labels.min() < 0 or labels.max() >= classes):
         raise DataError(f"{path}: labels run from {labels.min()} to {labels.max()}; the scenario expects "
                         f"0 .. {classes - 1} (data.classes = {classes})")
+
+
+#: Column names that are a row's number or id, not a feature (pandas writes "Unnamed: 0" for its index).
+_NOT_FEATURES = ("", "id", "index", "row", "#", "unnamed: 0")
+
+
+def _columns_off(names: list[str], features: int) -> str:
+    """Which columns a file has too many (the index-like ones, else its last), or what it has when it lacks some."""
+    if not names or len(names) == features:
+        return ""
+    if len(names) < features:
+        shown = ", ".join(repr(n) for n in names[:4]) + (f", ... {names[-1]!r}" if len(names) > 4 else "")
+        return f": {features - len(names)} missing (it has {shown}); add them, or set data.features"
+    extra = [n for n in names if n.strip().lower() in _NOT_FEATURES or n.lower().startswith("unnamed")]
+    extra = extra[: len(names) - features] or names[features:]
+    which = ", ".join(repr(n) for n in extra[:3]) + (", ..." if len(extra) > 3 else "")
+    if len(extra) == 1:
+        return f": column {which} is one too many; remove it from the file, or set data.features = {len(names)}"
+    return (f": columns {which} are {len(extra)} too many; remove them from the file, or set "
+            f"data.features = {len(names)}")

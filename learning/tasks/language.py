@@ -109,6 +109,7 @@ class LanguageModelTask(Task):
     """Causal-LM fine-tuning with LoRA; reports ``loss`` (mean token cross-entropy) and ``perplexity``."""
 
     Options: ClassVar[type] = LanguageOptions
+    supports_local_steps: ClassVar[bool] = True
 
     def __init__(self, options: LanguageOptions, scenario: Scenario) -> None:
         super().__init__(options, scenario)
@@ -119,6 +120,9 @@ class LanguageModelTask(Task):
         if scenario.training.momentum != 0:
             raise ScenarioError(f"{where}: training.momentum = {scenario.training.momentum}: the language-model "
                                 "task trains with AdamW (its own moments); leave momentum at 0")
+        if options.steps and scenario.training.local_steps is not None:
+            raise ScenarioError(f"{where}: task.steps = {options.steps} and training.local_steps = "
+                                f"{scenario.training.local_steps} both set the AdamW steps a round; keep one")
         if scenario.faults.byzantine_spec.fraction > 0 and scenario.faults.byzantine_spec.attack == "labelflip":
             raise ScenarioError(f"{where}: faults.byzantine.attack = \"labelflip\": text has no labels to flip; "
                                 "pick another attack")
@@ -209,11 +213,12 @@ class LanguageModelTask(Task):
     # -- training ----------------------------------------------------------------------------------------
 
     def train(self, model: nn.Module, data: TextData, config: TrainConfig, seed: int) -> Metrics:
-        """AdamW on the adapters for ``steps`` batches (or ``local_epochs`` passes), FedProx term when asked."""
+        """AdamW on the adapters for ``steps`` batches (``task.steps`` or ``training.local_steps``; else
+        ``local_epochs`` passes), FedProx term when asked."""
         if len(data) == 0:
             return {"loss": 0.0, "num_examples": 0.0}
         batch = max(1, min(config.batch_size, len(data)))
-        steps = self.options.steps or config.epochs * math.ceil(len(data) / batch)
+        steps = self.options.steps or config.steps or config.epochs * math.ceil(len(data) / batch)
         if steps == 0:  # local_epochs = 0 (a stock Flower server may ask): nothing to do
             return {"loss": 0.0, "num_examples": float(len(data)), "steps": 0.0}
         with torch.random.fork_rng(devices=[]):

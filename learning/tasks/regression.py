@@ -115,6 +115,7 @@ class RegressionTask(Task):
     """An MLP regressor (two hidden ReLU layers) trained with MSE; reports ``mae``, ``rmse``, ``r2``."""
 
     Options: ClassVar[type] = RegressionOptions
+    supports_local_steps: ClassVar[bool] = True
 
     def __init__(self, options: RegressionOptions, scenario: Scenario) -> None:
         super().__init__(options, scenario)
@@ -140,7 +141,8 @@ class RegressionTask(Task):
 
     def train(self, model: nn.Module, data: RegressionData, config: TrainConfig, seed: int) -> Metrics:
         result = train(model, data, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
-                       momentum=config.momentum, proximal_mu=config.proximal_mu, seed=seed, loss_fn=_mse)
+                       momentum=config.momentum, proximal_mu=config.proximal_mu, seed=seed, loss_fn=_mse,
+                       steps=config.steps)
         return {"loss": float(result.loss), "num_examples": float(result.num_examples)}
 
     def serving_module(self, model: nn.Module) -> nn.Module:

@@ -132,6 +132,8 @@ def _client_record(node: int, result: SecureSumResult, survivors: set[int]) -> C
     if failed is not None and node in failed.rejected:
         return ClientRecord(client=str(node), outcome="rejected", stage=stage,
                             reason=f"secure-aggregation stage {stage}: {failed.rejected[node]}")
+    if failed is not None and node in failed.failed:
+        return ClientRecord(client=str(node), outcome="failed", stage=stage, reason=failed.failed[node])
     return ClientRecord(client=str(node), outcome="dropped", stage=stage,
                         reason=f"no valid reply at secure-aggregation stage {stage}")
 

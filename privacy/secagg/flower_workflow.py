@@ -22,6 +22,7 @@ from flwr.serverapp import Grid
 
 from core.boundary import one_line
 from core.messages import clean_metrics, wire_bytes
+from core.outcomes import FAILED, error_outcome
 from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggCryptoError, SecAggProtocolError
 from privacy.secagg.flower_mod import METRICS_RECORD
@@ -48,6 +49,7 @@ class _Stage:
         self.wire_up: dict[int, int] = {}
         self.wire_down: dict[int, int] = {}
         self.rejected: dict[int, str] = {}
+        self.failed: dict[int, str] = {}
 
 
 def _messages(stage: Stage, round_id: int, requests: Mapping[int, Request],
@@ -66,8 +68,13 @@ def _accept(server: ServerRound, stage: Stage, round_id: int, node: int, reply: 
             book: _Stage, metrics: dict[int, dict[str, Any]] | None) -> None:
     if reply.has_content():
         book.wire_up[node] = wire_bytes(reply.content)
-    if reply.has_error() or reply.metadata.src_node_id != node:
-        return  # an error reply is this client dropping out
+    if reply.has_error():  # this client dropping out: gone, or its task raised (kept, with the error)
+        outcome, reason = error_outcome(reply.error)
+        if outcome == FAILED:
+            book.failed[node] = reason
+        return
+    if reply.metadata.src_node_id != node:
+        return
     book.up += content_bytes(reply.content)
     try:
         parsed = read_reply(stage, round_id, reply.content)
@@ -106,7 +113,8 @@ def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
         sleep(POLL_INTERVAL_S)
     book.server.run(server.close)
     return StageStats(stage, server.completed[stage], book.up, book.down,
-                      clock() - book.start, book.server.total, book.wire_up, book.wire_down, book.rejected)
+                      clock() - book.start, book.server.total, book.wire_up, book.wire_down, book.rejected,
+                      book.failed)
 
 
 def run_secagg(grid: Grid, node_ids: Sequence[int], train_content: RecordDict, config: SecAggConfig,

@@ -54,6 +54,9 @@ class StageStats:
         (``core.messages.wire_bytes``; the embedded global model included).
     rejected : Mapping[int, str]
         Per client whose reply the server refused at this stage: why, on one line.
+    failed : Mapping[int, str]
+        Per client whose task raised at this stage (an error reply that is not a
+        node gone): the error it reported, on one line.
     """
 
     stage: Stage
@@ -65,6 +68,7 @@ class StageStats:
     wire_up: Mapping[int, int] = field(default_factory=dict)
     wire_down: Mapping[int, int] = field(default_factory=dict)
     rejected: Mapping[int, str] = field(default_factory=dict)
+    failed: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)

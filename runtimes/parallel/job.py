@@ -119,6 +119,12 @@ def check_scenario(scenario: Scenario, mode: Mode, world: int) -> None:
     if scenario.secagg.enabled:
         raise ParallelError(f"{scenario.name}: secagg.enabled = true: secure aggregation protects clients from the "
                             "aggregator; inside one cluster there is no such boundary, turn it off to run parallel")
+    if scenario.strategy.name == "scaffold":
+        raise ParallelError(f"{scenario.name}: strategy.name = 'scaffold': its control variates live in the "
+                            "ClientApp's node state, which the data-parallel mode does not run; use quorum simulate")
+    if scenario.training.local_steps is not None and mode is Mode.SYNC:
+        raise ParallelError(f"{scenario.name}: training.local_steps = {scenario.training.local_steps}: a sync round "
+                            "is training.local_epochs passes over every rank's shard; use --mode localsgd")
     _check_compression(scenario, mode)
     _check_faults(scenario)
 

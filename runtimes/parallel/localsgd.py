@@ -128,8 +128,9 @@ def _train_client(model: nn.Module, data: ArrayDataset, config: TrainConfig, see
         return train_client(model, data, config, dp, seed=seed, rng=secure_rng())[0]
     common: dict[str, Any] = dict(batch_size=config.batch_size, lr=config.lr, momentum=config.momentum,
                                   proximal_mu=config.proximal_mu, seed=seed)
-    if local_steps:
-        return train_steps(model, data, steps=local_steps, **common)
+    steps = local_steps or config.steps  # the command line's --local-steps, else [training] local_steps
+    if steps:
+        return train_steps(model, data, steps=steps, **common)
     return train(model, data, epochs=config.epochs, **common)
 
 

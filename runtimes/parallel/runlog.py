@@ -4,7 +4,8 @@ A data-parallel run is stored with ``engine = "parallel"``; each round is
 committed (checkpoint + metrics + one client row per client or rank) exactly
 as the federated round loop commits its rounds, so the dashboard, ``quorum
 runs`` and ``quorum report`` show it, and a restarted job resumes from the
-last committed round.
+last committed round. Rank 0 renews the run's lease while it writes, so a job
+killed outright reads ``interrupted`` like any other run.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from aggregator.lease import Heartbeat
 from aggregator.store import RunStore
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState
@@ -45,12 +47,13 @@ def create_run(store: RunStore, scenario: Scenario, mode: Mode, num_params: int,
 
 
 class RunWriter:
-    """Opens (or resumes) one run and commits its rounds; only rank 0 has one."""
+    """Opens (or resumes) one run, holds its lease and commits its rounds; only rank 0 has one."""
 
     def __init__(self, store: RunStore, run_id: str) -> None:
         self.store, self.run_id = store, run_id
         self.resumed: ServerState | None = store.load_state(run_id)
         store.set_status(run_id, "running")
+        self.heartbeat = Heartbeat(store, run_id).start()
         if self.resumed is not None:
             store.log(run_id, f"parallel job resumed after round {self.resumed.round}")
 
@@ -58,6 +61,7 @@ class RunWriter:
         self.store.commit_round(self.run_id, record, state)
 
     def finish(self, status: str, error: str | None = None) -> None:
+        self.heartbeat.stop()
         self.store.set_status(self.run_id, status, error=error)
         if error:
             self.store.log(self.run_id, error, "error")

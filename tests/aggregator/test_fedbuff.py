@@ -82,7 +82,7 @@ def test_a_reply_staler_than_the_limit_is_rejected_with_the_reason(db_url: str) 
     store = RunStore(db_url)
     rejected = [c for r in store.rounds(summary.run_id) for c in store.client_results(summary.run_id, r.round)
                 if c.outcome == "rejected"]
-    assert summary.status == "finished" and rejected
+    assert summary.status == "degraded" and rejected  # every step ran; refused replies degrade the run
     assert all("exceeds async.max_staleness = 0" in c.reason and c.metrics["staleness"] > 0 for c in rejected)
     ok = [c for r in store.rounds(summary.run_id) for c in store.client_results(summary.run_id, r.round)
           if c.outcome == "ok"]

@@ -89,7 +89,8 @@ def test_a_token_error_header_rejects_that_client_and_the_run_finishes(db_url: s
     # Assert
     assert_only_node_4_rejected(store, run_id, "train")
     np.testing.assert_allclose(store.load_state(run_id).params, initial_params(scenario) + 0.002, atol=1e-7)
-    assert (result.status, store.get_run(run_id).status) == ("finished", "finished")
+    assert (result.status, store.get_run(run_id).status) == ("degraded", "degraded")  # it ran, with a refusal
+    assert store.get_run(run_id).error.startswith("client 4 rejected in 1 of 1 rounds")
 
 
 def test_a_token_error_in_a_flower_layout_reply_rejects_that_client_and_the_run_finishes(db_url: str) -> None:
@@ -97,7 +98,8 @@ def test_a_token_error_in_a_flower_layout_reply_rejects_that_client_and_the_run_
     store, run_id, result = run_with(flower_token_error, scenario, db_url)
     assert_only_node_4_rejected(store, run_id, "train")
     np.testing.assert_allclose(store.load_state(run_id).params, initial_params(scenario) + 0.002, atol=1e-7)
-    assert (result.status, store.get_run(run_id).status) == ("finished", "finished")
+    assert (result.status, store.get_run(run_id).status) == ("degraded", "degraded")  # it ran, with a refusal
+    assert store.get_run(run_id).error.startswith("client 4 rejected in 1 of 1 rounds")
 
 
 # -- secure aggregation: node 4's masked input is the junk ------------------------------------------
@@ -134,4 +136,5 @@ def test_a_token_error_masked_input_rejects_that_client_and_the_secure_round_fin
     assert_only_node_4_rejected(store, run_id, "masked_input")
     # secure aggregation quantises: the mean of 0.001, 0.002, 0.003 within its error bound
     np.testing.assert_allclose(store.load_state(run_id).params, initial_params(scenario) + 0.002, atol=1e-5)
-    assert (result.status, store.get_run(run_id).status) == ("finished", "finished")
+    assert (result.status, store.get_run(run_id).status) == ("degraded", "degraded")  # it ran, with a refusal
+    assert store.get_run(run_id).error.startswith("client 4 rejected in 1 of 1 rounds")

@@ -5,8 +5,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from aggregator.strategies import FedAdam, FedAvg, FedAvgM, FedProx, FedYogi
+from aggregator.serverapp import build_strategy
+from aggregator.strategies import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedProx, FedYogi
 from core.messages import TrainConfig
+from tests.conftest import tiny_scenario
 
 
 def vec(*values: float) -> np.ndarray:
@@ -47,6 +49,35 @@ def test_fedyogi_one_step() -> None:
     np.testing.assert_allclose(new.slots["v"], [v], rtol=1e-5)
 
 
+def test_fedadagrad_two_rounds_against_numpy() -> None:
+    # Prepare: Reddi et al. 2021, Algorithm 2 (FedAdagrad), worked out in float64
+    eta, beta1, tau = 0.1, 0.9, 1e-3
+    x, deltas = np.array([1.0, -2.0]), [np.array([0.5, -1.0]), np.array([-0.2, 0.4])]
+    m, v = np.zeros(2), np.full(2, tau**2)
+    for delta in deltas:
+        m = beta1 * m + (1 - beta1) * delta
+        v = v + delta**2
+        x = x + eta * m / (np.sqrt(v) + tau)
+    strategy = FedAdagrad(server_lr=eta, beta1=beta1, tau=tau)
+
+    # Execute
+    state = strategy.init_state(vec(1.0, -2.0))
+    for delta in deltas:
+        state = strategy.apply(state, delta.astype(np.float32))
+
+    # Assert: round 1 moves each coordinate by eta (1 - beta1) |d| / (|d| + tau) ~ 0.00998 toward the delta's sign
+    np.testing.assert_allclose(state.params, x, rtol=1e-6)
+    np.testing.assert_allclose(state.slots["v"], [tau**2 + 0.29, tau**2 + 1.16], rtol=1e-6)
+    assert state.round == 2
+
+
+def test_fedadagrad_from_a_scenario_takes_its_keys() -> None:
+    strategy = build_strategy(tiny_scenario(strategy={"name": "fedadagrad", "server_lr": 0.05, "beta1": 0.5,
+                                                      "tau": 0.01}))
+    assert strategy == FedAdagrad(server_lr=0.05, beta1=0.5, tau=0.01)
+    assert strategy.describe() == {"name": "fedadagrad", "server_lr": 0.05, "beta1": 0.5, "tau": 0.01}
+
+
 def test_fedprox_sends_mu_and_averages_like_fedavg() -> None:
     strategy = FedProx(mu=0.7)
     base = TrainConfig(round=3, epochs=1, batch_size=8, lr=0.1, seed=0)
@@ -56,7 +87,7 @@ def test_fedprox_sends_mu_and_averages_like_fedavg() -> None:
     np.testing.assert_allclose(new.params, [4])
 
 
-@pytest.mark.parametrize("cls", [FedAvg, FedAvgM, FedAdam, FedYogi, FedProx])
+@pytest.mark.parametrize("cls", [FedAvg, FedAvgM, FedAdam, FedYogi, FedAdagrad, FedProx])
 def test_strategies_are_immutable_and_state_is_new(cls: type) -> None:
     strategy = cls()
     state = strategy.init_state(vec(1, 2))

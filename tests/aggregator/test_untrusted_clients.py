@@ -106,7 +106,8 @@ def test_a_malformed_reply_is_rejected_and_the_run_goes_on(db_url: str, reply, r
     params = store.load_state(run_id).params
     assert np.isfinite(params).all()
     np.testing.assert_allclose(params, initial_params(scenario) + 0.002, atol=1e-7)
-    assert (result.status, store.get_run(run_id).status) == ("finished", "finished")
+    assert (result.status, store.get_run(run_id).status) == ("degraded", "degraded")  # it ran, with a refusal
+    assert store.get_run(run_id).error.startswith("client 4 rejected in 1 of 1 rounds")
 
 
 def test_an_eval_accuracy_of_a_million_is_not_stored(db_url: str) -> None:

@@ -252,3 +252,31 @@ def test_runs_stream_follows_changes_with_the_status_counts(tmp_path: Path) -> N
     assert {e.data["run"]["id"]: e.data["run"]["status"] for e in events[:2]} == {done: "finished",
                                                                                    live: "running"}
     assert events[2].data == {"counts": {"finished": 1, "running": 1}, "total": 2}
+
+
+def test_failed_clients_are_counted_apart_on_the_api_the_pages_and_metrics(tmp_path: Path) -> None:
+    # Prepare: one round in which a client answered, one dropped, one's reply was refused, one's task raised
+    url = f"sqlite:///{tmp_path / 'failed.db'}"
+    store = RunStore(url)
+    run_id = store.create_run(name="mixed", scenario={"name": "mixed"}, seed=0, strategy="fedavg", rounds=1)
+    clients = [ClientRecord("1", "ok", num_examples=5), ClientRecord("2", "dropped", stage="train"),
+               ClientRecord("3", "rejected", stage="train", reason="update holds NaN or Inf values"),
+               ClientRecord("4", "failed", stage="train", reason="DataError: no label column 'label'")]
+    store.commit_round(run_id, RoundRecord(round=1, started_at=0.0, duration_s=1.0, sampled=4, clients=clients),
+                       state(1))
+
+    # Execute
+    with TestClient(create_app(url), base_url="http://127.0.0.1") as client:
+        round_ = client.get(f"/api/runs/{run_id}/rounds/1").json()
+        by_client = {c["client"]: c for c in client.get("/api/clients").json()}
+        page = client.get(f"/runs/{run_id}/rounds/1").text
+        metrics = client.get("/metrics").text
+
+    # Assert: one count per outcome, each on the API, the round page and /metrics
+    assert [round_[k] for k in ("answered", "dropped", "rejected", "failed")] == [1, 1, 1, 1]
+    assert [(by_client[c]["rejected"], by_client[c]["failed"]) for c in "34"] == [(1, 0), (0, 1)]
+    assert "Failed" in page and "failed at train: DataError: no label column &#39;label&#39;" in page
+    samples = {(s.name, s.labels.get("run")): s.value for family in text_string_to_metric_families(metrics)
+               for s in family.samples}
+    assert samples[("quorum_run_clients_failed_total", run_id)] == 1
+    assert samples[("quorum_run_clients_rejected_total", run_id)] == 1

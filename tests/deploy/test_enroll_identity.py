@@ -10,6 +10,8 @@ taking the identity out of it.
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import stat
 from pathlib import Path
 
@@ -91,3 +93,29 @@ def test_revoking_a_device_takes_its_identity_out_of_the_directory(config: Deplo
     policy = policy_from_node_config({DIRECTORY_KEY: str(enrolling.directory_path(config))})
     assert policy.directory is not None and len(policy.directory) == 1 and a.device.node_id in policy.directory
     assert not (config.state.keys / "hospital-b.secagg.key").exists()
+
+
+def test_a_revoked_device_is_listed_as_revoked_under_its_name(config: DeployConfig,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: two devices, one revoked; the SuperLink lists the revoked one's node as "unregistered"
+    from deploy import status
+
+    a = enrolling.enroll(config, "hospital-a")
+    b = enrolling.enroll(config, "hospital-b")
+    enrolling.revoke(config, "hospital-b")
+    config.state.pidfile.parent.mkdir(parents=True, exist_ok=True)
+    config.state.pidfile.write_text(json.dumps({"pid": os.getpid(), "device_address": "127.0.0.1:9092"}))
+    monkeypatch.setattr(status, "list_nodes", lambda _c: [
+        {"node-id": a.device.node_id, "status": "online"}, {"node-id": b.device.node_id, "status": "unregistered"},
+        {"node-id": 77, "status": "online"}])
+
+    # Execute
+    info = status.collect_status(config)
+    status.render_status(info)
+
+    # Assert: revoked, by name; a node enrolled elsewhere is still "(not enrolled here)"
+    assert {(n["name"], n["status"]) for n in info["clients"]} == {
+        ("hospital-a", "online"), ("hospital-b", "revoked"), ("", "online")}
+    table = capsys.readouterr().out
+    assert "hospital-b" in table and "revoked" in table and "unregistered" not in table

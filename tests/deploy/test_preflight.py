@@ -211,23 +211,30 @@ def test_a_data_file_the_builtin_tasks_would_trip_on_is_named(tmp_path: Path) ->
     assert "no 'label' column (it has target, pixel0, pixel1, pixel2, pixel3, ... (785 columns))" in message
     assert "pixel700" not in message                          # never the whole column list
     raw = tmp_path / "raw.csv"
-    raw.write_text("label,a,b\n1,0,255\n0,12,3\n")
+    raw.write_text("label,a,b,c\n1,0,255,60\n0,12,3,-70\n")
     [message] = check_data(raw)
-    assert "features reach 255: the scenario must standardise them" in message and "divide pixels by 255" in message
+    assert message == (f"--data {raw}: feature 'b' ranges from 3 to 255 (and 1 more feature beyond ±50): unscaled "
+                       "features make training diverge; set [data] standardize = \"federated\" in the scenario (as "
+                       "scenarios/devices.toml does), or scale every feature to about unit size")
+    assert "pixels" not in message
     scaled = tmp_path / "scaled.csv"
     scaled.write_text("label,a,b\n1,0.1,-1.5\n0,2,3\n")
     assert check_data(scaled) == [] and check_data(tmp_path) == []  # a folder (text) is its task's business
     np.savez(tmp_path / "bad.npz", features=np.zeros((2, 2)))
     assert "needs arrays 'x' and 'y'" in check_data(tmp_path / "bad.npz")[0]
     (tmp_path / "bin.csv").write_bytes(b"label,a\n\xff\xfe,1\n")
-    assert "cannot be read as CSV" in check_data(tmp_path / "bin.csv")[0]
+    assert "not a readable CSV text file" in check_data(tmp_path / "bin.csv")[0]
 
 
 @pytest.mark.parametrize(("error", "public"), [
     (ValueError("/home/ana/ward7/local.csv: no column 'label' (columns: target, p0, p1, p2, p3, p4, p5, p6)"),
-     "ValueError: <path>: no column 'label' (columns: target, p0, p1, p2, ..."),
+     "ValueError: no column 'label' (columns: target, p0, p1, p2, ..."),
     (OSError("C:\\\\Users\\\\ana\\\\data.csv not found"), "OSError: <path> not found"),
     (KeyError("x"), "KeyError: 'x'"),
+    (ValueError("data/local.csv: line 5, column 'mean_radius': 'n/a' is not a number"),
+     "ValueError: line 5, column 'mean_radius': 'n/a' is not a number"),
+    (ValueError("speed in km/h, ./cache and ~/x.csv and /srv/a"),
+     "ValueError: speed in km/h, <path> and <path> and <path>"),
 ])
 def test_a_failed_task_tells_the_aggregator_no_paths_or_column_lists(error: Exception, public: str) -> None:
     from deploy.agent_console import public_reason
@@ -278,10 +285,48 @@ def test_the_console_marks_a_session_and_a_refusal_within_its_grace_waits(tmp_pa
     with (logs / "supernode.log").open("a") as out:
         out.write("ERROR: Failed to activate SuperNode.\n")  # a crash, then the old session still holds the key
     assert console.after_exit("supernode", 1, 1, None, 1.0) is None
-    assert said[-1].startswith("supernode exited (rc 1); restarting")
+    assert said[-1].startswith("supernode exited (rc 1): the aggregator refused this device's key (revoked or "
+                               "not enrolled, or this device's previous session is still open: trying 90 s more")
     old = time.time() - ACTIVATION_GRACE_S - 5                # the session ended long ago
     os.utime(tmp_path / "agent" / "session", (old, old))
     with (logs / "supernode.log").open("a") as out:
         out.write("ERROR: Failed to activate SuperNode.\n")
     assert console.after_exit("supernode", 1, 2, None, 1.0) == 3
     assert "quorum client enroll ward-7" in said[-1]
+
+
+def test_the_start_warning_and_the_task_error_locate_a_bad_cell_alike(tmp_path: Path) -> None:
+    # Prepare: an "n/a" cell on the file's line 5, in column 'mean_radius'
+    from deploy.agent_console import public_reason
+    from deploy.preflight import check_data
+    from learning.datasets import load_file
+    from learning.errors import DataError
+
+    data = tmp_path / "local.csv"
+    data.write_text("label,mean_radius,mean_area\n1,12.5,0.4\n0,13.1,0.2\n\n1,n/a,0.3\n")
+
+    # Execute
+    [warning] = check_data(data)
+    with pytest.raises(DataError) as task_error:
+        load_file(data)
+
+    # Assert: the same line and column, by name, with the fix; the aggregator sees the cell, not "<path>"
+    located = "line 5, column 'mean_radius': 'n/a' is not a number; write a number there, or remove the row"
+    assert warning == f"--data {data}: {located}"
+    assert public_reason(task_error.value) == f"DataError: {located}"
+
+
+def test_a_restart_says_what_the_supernode_logged_last(tmp_path: Path) -> None:
+    # Prepare: a SuperNode that died on an error of its own (no refused key)
+    logs = tmp_path / "agent" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "supernode.log").write_text("")
+    said: list[str] = []
+    console = AgentConsole(logs, "ward-7", said.append)
+    with (logs / "supernode.log").open("a") as out:
+        out.write("INFO :      Starting Flower SuperNode\n2026-01-02 10:00:00 ERROR :   Disk quota exceeded: "
+                  "/var/lib/x\nINFO :      bye\n")
+    # Execute
+    assert console.after_exit("supernode", 1, 1, None, 2.0) is None
+    # Assert
+    assert said[-1].startswith("supernode exited (rc 1): Disk quota exceeded: /var/lib/x; restarting in 2 s")

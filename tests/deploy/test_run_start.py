@@ -179,3 +179,55 @@ def test_the_wait_survives_a_superlink_that_cannot_list_devices_for_a_moment(mon
     said: list[str] = []
     assert await_devices(config(tmp_path, wait_s=30), SCENARIO, say=said.append, poll_s=0.0).online == ("a", "b", "c")
     assert any("asking again" in m for m in said)
+
+
+def test_wait_prints_each_round_with_who_failed_why_and_exits_3_for_a_degraded_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: a stored deployed run whose device-3 failed its round, already ended as the ServerApp ends it
+    import numpy as np
+
+    from aggregator.serverapp import final_status
+    from core.records import ClientRecord, RoundRecord
+    from core.strategy import ServerState
+
+    cfg = config(tmp_path)
+    store = RunStore(cfg.db_url)
+    run_id = store.create_run(name="five", scenario={}, seed=1, strategy="fedavg", rounds=1, engine="deployment",
+                              info={"flower_run_id": 78, "devices": {"1": "device-1", "2": "device-2",
+                                                                      "3": "device-3"}})
+    clients = [ClientRecord("1", "ok"), ClientRecord("2", "ok"),
+               ClientRecord("3", "failed", stage="train", reason="DataError: no label column 'label'")]
+    store.commit_round(run_id, RoundRecord(round=1, started_at=0.0, duration_s=2.5, sampled=3, clients=clients,
+                                           fed_accuracy=0.75, metrics={"status": "ok"}),
+                       ServerState(params=np.zeros(2, np.float32), round=1))
+    store.set_status(run_id, *final_status(store, run_id, "finished"))
+
+    # Execute
+    with pytest.raises(typer.Exit) as done:
+        cli._follow(cfg, 78, timeout_s=10)
+
+    # Assert: the round line names the device and its error; the ending says degraded and why; exit 3
+    out = capsys.readouterr().out
+    assert done.value.exit_code == 3
+    assert (f"run {run_id} round 1: 2/3 answered, 1 failed: device-3 DataError: no label column 'label', 2.5 s, "
+            "accuracy 0.750 (on the devices)") in out
+    assert f"run {run_id} degraded: device-3 failed in 1 of 1 rounds (DataError: no label column 'label')" in out
+
+
+def test_until_the_run_opens_wait_says_how_many_devices_are_connected(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: the fleet seen at three counts, the second one twice
+    views = iter([Fleet(5, ("a",)), Fleet(5, ("a", "b")), Fleet(5, ("a", "b")), Fleet(5, ("a", "b", "c"))])
+    monkeypatch.setattr(readiness, "fleet", lambda _c: next(views))
+    waiting = cli.DeviceWait(config(tmp_path, wait_s=120), SCENARIO)
+
+    # Execute: polled often, counted every WAIT_COUNT_S
+    for now in (0.0, 1.0, cli.WAIT_COUNT_S, 2 * cli.WAIT_COUNT_S, 3 * cli.WAIT_COUNT_S):
+        waiting.poll(now)
+
+    # Assert: one line per new count, naming the numbers the run waits for
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(";")[0] for line in lines] == ["waiting for devices: 1 of 5 connected (a)",
+                                                      "waiting for devices: 2 of 5 connected (a, b)",
+                                                      "waiting for devices: 3 of 5 connected (a, b, c)"]
+    assert lines[0].endswith("the run starts once 5 are, or with at least 3 after aggregator.wait_clients_s = 120 s")

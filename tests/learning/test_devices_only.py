@@ -50,6 +50,23 @@ def test_a_device_file_that_does_not_fit_the_scenario_is_named(tmp_path: Path) -
         task.device_data(str(write_csv(tmp_path / "more.csv", 40, 64, 14, seed=3)))
 
 
+@pytest.mark.parametrize(("header", "named"), [
+    ("{features},notes", "column 'notes' is one too many; remove it from the file, or set data.features = 65"),
+    ("id,{features}", "column 'id' is one too many; remove it from the file, or set data.features = 65"),
+])
+def test_an_extra_csv_column_is_named(tmp_path: Path, header: str, named: str) -> None:
+    # Prepare: a devices.toml file (64 features) with one more column, at the end or as a leading id
+    task = load_task(load_scenario(REPO / "scenarios" / "devices.toml"))
+    wide = write_csv(tmp_path / "wide.csv", 20, 65, 10, seed=4)
+    lines = wide.read_text().splitlines()
+    features = ",".join(f"f{i}" for i in range(64))
+    wide.write_text("\n".join([f"label,{header.format(features=features)}", *lines[1:]]) + "\n")
+    # Execute / Assert
+    with pytest.raises(DataError, match="65 feature columns besides the label; the scenario expects "
+                       f"data.features = 64: {named}"):
+        task.device_data(str(wide))
+
+
 def test_without_a_path_features_and_classes_are_required() -> None:
     raw = {"name": "x", "data": {"dataset": "file", "features": 8}}
     with pytest.raises(ScenarioError, match="data.path = '': is required when dataset = 'file', unless data.features"):

@@ -42,11 +42,17 @@ def test_npz_keeps_the_example_shape(tmp_path: Path) -> None:
 
 CSV_CASES = [
     ("missing column", "a,b\n1,2\n", "no label column 'label'; columns are a, b"),
-    ("non-numeric", "a,label\n1,0\nx7,1\n", "line 3, column 'a': 'x7' is not a number"),
-    ("empty cell", "a,label\n,0\n", "line 2, column 'a': '' is not a number"),
-    ("ragged row", "a,b,label\n1,2,0\n1,0\n", "line 3 has 2 values, the header has 3"),
-    ("nan", "a,label\n1,0\nnan,1\n", "line 3, column 'a': value is NaN or infinite"),
-    ("infinite", "a,label\ninf,0\n", "line 2, column 'a': value is NaN or infinite"),
+    ("non-numeric", "a,label\n1,0\nx7,1\n", "line 3, column 'a': 'x7' is not a number; write a number there, or "
+     "remove the row"),
+    ("empty cell", "a,label\n,0\n", "line 2, column 'a': '' is not a number; write a number there, or remove the row"),
+    ("ragged row", "a,b,label\n1,2,0\n1,0\n",
+     "line 3 has 2 values, the header has 3: column 'label' is empty there; fill them in, or remove the row"),
+    ("extra value", "a,label\n1,0\n1,0,7\n", "line 3 has 3 values, the header has 2: 1 value(s) after the last "
+     "column 'label' ('7') have no column; give that column a name in the header, or remove the values"),
+    ("nan", "a,label\n1,0\nnan,1\n", "line 3, column 'a': value is NaN or infinite; write a finite number there, "
+     "or remove the row"),
+    ("infinite", "a,label\ninf,0\n", "line 2, column 'a': value is NaN or infinite; write a finite number "
+     "there, or remove the row"),
     ("empty", "", "file is empty"),
     ("header only", "a,label\n", "no data rows after the header"),
     ("label only", "label\n1\n", "no feature columns besides 'label'"),

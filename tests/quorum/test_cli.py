@@ -136,3 +136,67 @@ def test_hostile_settings_are_one_line_and_leave_no_running_row(tmp_path: Path, 
     assert message in out.stderr and "Traceback" not in out.stderr
     assert out.stderr.count("\n") == 1  # one line
     assert [run.status for run in RunStore(db).list_runs()] == []
+
+
+# -- exit codes: 0 finished, 3 degraded, 1 failed (issue 32, item 6) ----------------------------------
+
+FLAKY_TASK = '''
+from learning.errors import DataError
+from learning.tasks.classification import ClassificationTask
+
+
+class Flaky(ClassificationTask):
+    """The digits task, but partition 2 (node 3) holds a file without its label column."""
+
+    def partition(self, partition_id):
+        if partition_id == 2:
+            raise DataError("no label column 'label'")
+        return super().partition(partition_id)
+'''
+
+
+def test_simulate_and_resume_exit_3_when_a_client_failed_every_round_and_name_it(tmp_path: Path) -> None:
+    # Prepare: three clients, node 3's task raises each time it is asked
+    (tmp_path / "flaky_task.py").write_text(FLAKY_TASK)
+    scenario = tmp_path / "flaky.toml"
+    scenario.write_text(TINY + '[task]\nentry = "flaky_task:Flaky"\n')
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+
+    # Execute
+    out = cli("simulate", str(scenario), "--db", db, "--workers", "1", check=False)
+    as_json = cli("simulate", str(scenario), "--db", db, "--workers", "1", "--json", "--rounds", "1", check=False)
+
+    # Assert: each round line counts and names the failure; the run is degraded, with the reason, exit 3
+    assert out.exit_code == 3, (out.stderr, out.exception)
+    text = " ".join(out.stderr.split())
+    assert "clients 2/3 answered, 1 failed: client 3 DataError: no label column 'label'" in text
+    assert ("degraded: client 3 failed in 2 of 2 rounds (DataError: no label column 'label')") in text
+    summary = json.loads(as_json.stdout)
+    assert (as_json.exit_code, summary["exit_code"], summary["status"]) == (3, 3, "degraded")
+    # resume of that ended run leaves it as it is and exits with its code, with the same line
+    again = cli("resume", summary["run_id"], "--db", db, check=False)
+    assert again.exit_code == 3, (again.stderr, again.exception)
+    assert "degraded: client 3 failed in 1 of 1 rounds (DataError: no label column 'label')" in " ".join(
+        again.stderr.split())
+    assert summary["clients"] == {"answered": 2, "dropped": 0, "rejected": 0, "failed": 1}
+    assert summary["error"].startswith("client 3 failed in 1 of 1 rounds")
+
+
+def test_simulate_exits_1_when_the_run_fails(tmp_path: Path) -> None:
+    # Prepare: secure aggregation that needs all 3 clients at every stage, and a third of them vanish
+    scenario = tmp_path / "unmet.toml"
+    scenario.write_text(TINY + "[secagg]\nenabled = true\nthreshold = 3\nthreat_model = \"semi-honest\"\n"
+                        "[faults]\ndropouts = { advertise_keys = 0.34 }\n")
+
+    # Execute
+    out = cli("simulate", str(scenario), "--db", f"sqlite:///{tmp_path / 'r.db'}", "--workers", "1",
+              check=False)
+
+    # Assert: no round could change the model: failed, exit 1, with why
+    assert out.exit_code == 1, (out.stderr, out.exception)
+    assert "failed: no round changed the model: all 2 rounds skipped or rejected" in " ".join(out.stderr.split())
+
+
+def test_simulate_exits_0_when_every_client_contributed(finished_run: tuple[str, str, Path]) -> None:
+    run_id, db, _ = finished_run  # the fixture's cli() call asserted exit 0
+    assert RunStore(db).get_run(run_id).status == "finished"

@@ -49,12 +49,16 @@ def stored_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def exported(stored_run: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The run exported by the CLI, as a user runs it."""
+    """The run exported by the ``quorum export`` command, as a user types it (in-process: the command's
+    own process boundary is tested by ``test_serve_refuses_a_non_loopback_host_without_consent``)."""
+    from typer.testing import CliRunner
+
+    from quorum.cli import app
+
     db, run_id = stored_run
     out = tmp_path_factory.mktemp("export") / "model"
-    done = subprocess.run([sys.executable, "-m", "quorum", "export", run_id, "--out", str(out), "--db", db],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    done = CliRunner().invoke(app, ["export", run_id, "--out", str(out), "--db", db])
+    assert done.exit_code == 0, done.output
     return out
 
 
@@ -175,6 +179,7 @@ def live_server(exported: Path) -> Iterator[str]:
         thread.join(timeout=10)
 
 
+@pytest.mark.e2e  # a real listening socket (uvicorn)
 def test_predict_over_http(live_server: str) -> None:
     # Prepare
     test = cached_federation(SCENARIO).test

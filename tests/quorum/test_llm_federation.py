@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,15 +17,16 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 from aggregator.store import RunStore
 from learning.task import TaskModel, load_task
+from quorum.cli import app
 from quorum.errors import ExportError
 from quorum.export import MANIFEST, export_run, load_export
 from quorum.serve import create_app
 from runtimes.simulation import simulate
 from scenarios.schema import scenario_from_dict
-from tests.conftest import REPO
 
 pytestmark = pytest.mark.heavy  # its module fixture trains and exports a run
 
@@ -107,10 +106,9 @@ def exported(plain: tuple[RunStore, str], tmp_path_factory: pytest.TempPathFacto
     store, run_id = plain
     out = tmp_path_factory.mktemp("export") / "adapters"
     db = store.engine.url.render_as_string(hide_password=False)
-    done = subprocess.run([sys.executable, "-m", "quorum", "export", run_id, "--out", str(out), "--merged", "--db", db],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "adapter_model.safetensors" in (done.stdout + done.stderr).replace("\n", "")  # rich wraps long paths
+    done = CliRunner().invoke(app, ["export", run_id, "--out", str(out), "--merged", "--db", db])  # in-process
+    assert done.exit_code == 0, done.output
+    assert "adapter_model.safetensors" in done.output.replace("\n", "")  # rich wraps long paths
     return out
 
 

@@ -26,5 +26,22 @@ def test_a_line_names_a_round_or_a_step(metrics: dict, start: str, extra: str | 
     # Assert (rich wraps at the console width: compare with the whitespace folded)
     text = " ".join(capsys.readouterr().err.split())
     assert " ".join(start.split()) + " loss 1.0000" in text and "acc 50.00%" in text
-    assert "clients 1/2 ok, 1 dropped" in text
+    assert "clients 1/2 answered, 1 dropped (client 2)" in text
     assert (extra in text) if extra else ("virtual" not in text)
+
+
+def test_a_line_names_each_failed_and_rejected_client_with_its_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: one client answered, one's task raised, one's reply was refused, one never answered
+    clients = [ClientRecord("1", "ok"), ClientRecord("3", "failed", reason="DataError: no label column 'label'"),
+               ClientRecord("2", "rejected", reason="update holds NaN or Inf values [x]"),
+               ClientRecord("4", "dropped", reason="no reply within 60 s")]
+    record = RoundRecord(round=1, started_at=0.0, duration_s=1.0, sampled=4, clients=clients, metrics={})
+
+    # Execute
+    with RoundDisplay(tiny_scenario(rounds=1)) as display:
+        display.update(record)
+
+    # Assert: every count that is not zero, each with its clients; a reason's brackets are no rich markup
+    text = " ".join(capsys.readouterr().err.split())
+    assert ("clients 1/4 answered, 1 dropped (client 4), 1 rejected: client 2 update holds NaN or Inf values [x], "
+            "1 failed: client 3 DataError: no label column 'label'") in text

@@ -26,8 +26,8 @@ JOB_TIMEOUT = 120
 
 
 @pytest.fixture
-def one_rank_group():
-    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=10))
+def one_rank_group(tmp_path):
+    store = dist.FileStore(str(tmp_path / "store"), 1)  # a file, not a TCP store: no socket for one rank
     dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=10))
     try:
         yield
@@ -41,6 +41,7 @@ def test_step_totals_follow_tensor_split():
     assert [len(p) for p in torch.tensor_split(torch.arange(5), 3)] == [2, 2, 1]
 
 
+@pytest.mark.e2e  # gloo listens on a loopback socket, even for one rank
 @pytest.mark.parametrize("hook", [CommHook.FP16, CommHook.POWERSGD])
 def test_one_rank_hooked_step_is_sgd_on_the_hooks_gradient(one_rank_group, hook):
     # Prepare: fp16 rounds every gradient to half precision; PowerSGD's first two steps are uncompressed
@@ -65,6 +66,7 @@ def test_one_rank_hooked_step_is_sgd_on_the_hooks_gradient(one_rank_group, hook)
         assert trainer.comm.bytes_sent == 2 * 2 * trainer.size
 
 
+@pytest.mark.e2e  # gloo listens on a loopback socket, even for one rank
 def test_powersgd_bytes_follow_torchs_own_compression_rule(one_rank_group):
     # Prepare: logistic regression, a 10 x 64 weight and 10 biases. PowerSGD sends its first two steps
     # whole (650 values); then the weight as rank-1 factors, 10 + 64 = 74 values (640 > 2 x 74: worth it),
@@ -98,6 +100,7 @@ def test_bf16_is_refused_before_any_worker_starts(scenario_file):
         check_spec(LaunchSpec(scenario=scenario_file(), comm_hook=CommHook.BF16))
 
 
+@pytest.mark.e2e  # gloo listens on a loopback socket, even for one rank
 def test_an_empty_batch_still_joins_the_step_and_moves_nothing(one_rank_group):
     model = build_model("logreg", (1, 8, 8), 10, seed=1)
     before = get_flat(model).copy()

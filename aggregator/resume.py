@@ -1,0 +1,100 @@
+"""Resuming a run: what may continue it, and the state it continues from.
+
+A run continues only with the scenario it was started with: another number of
+rounds, another model or another seed would train new settings on the old run
+(and another model's parameters do not even fit its checkpoint).
+:func:`check_same_scenario` refuses that before anything is written, naming
+what differs. A new run from one round of an old one (``quorum resume --from
+RUN --round N``) records its parent in ``info["parent"]`` and starts from that
+round's checkpoint (:func:`start_state`). A run that already ended is left as
+it is (:func:`has_ended`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+from aggregator.errors import ResumeRefused
+from aggregator.store import Run, RunStore
+from core.strategy import ServerState, Strategy
+from scenarios.schema import Scenario, scenario_from_dict
+
+__all__ = ["ENDED", "has_ended", "scenario_difference", "check_same_scenario", "parent_of", "start_state"]
+
+#: Statuses of a run that ran to its end (``quorum resume`` leaves such a run untouched).
+ENDED = frozenset({"finished", "degraded", "stopped_budget"})
+_SHOWN = 3  # differences named in one line
+
+
+def has_ended(run: Run) -> bool:
+    """Ended: finished, degraded, out of privacy budget, or failed after its last round."""
+    return run.status in ENDED or (run.status == "failed" and run.rounds_done >= run.rounds_total)
+
+
+def _leaves(table: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in table.items():
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+_ABSENT = object()
+
+
+def _show(value: Any) -> str:
+    return "absent" if value is _ABSENT else json.dumps(value, default=str)
+
+
+def scenario_difference(run: Mapping[str, Any], scenario: Mapping[str, Any]) -> str | None:
+    """The keys whose values differ, one line (``rounds: 3 in the run, 5 in the scenario``); ``None`` if none."""
+    old, new = dict(_leaves(run)), dict(_leaves(scenario))
+    keys = [k for k in old if old[k] != new.get(k, _ABSENT)] + [k for k in new if k not in old]
+    shown = [f"{k}: {_show(old.get(k, _ABSENT))} in the run, {_show(new.get(k, _ABSENT))} in the scenario"
+             for k in keys[:_SHOWN]]
+    more = f" (and {len(keys) - _SHOWN} more)" if len(keys) > _SHOWN else ""
+    return "; ".join(shown) + more if keys else None
+
+
+def check_same_scenario(run: Run, scenario: Scenario) -> None:
+    """Refuse to continue ``run`` with another scenario than its own.
+
+    Raises
+    ------
+    ResumeRefused
+        Naming what differs, and how to start a new run from the old one instead.
+    """
+    stored = scenario_from_dict(run.scenario, source=f"run {run.id}").to_dict()  # as today's schema reads it
+    diff = scenario_difference(stored, scenario.to_dict())
+    if diff is not None:
+        raise ResumeRefused(f"run {run.id} has another scenario: {diff}; the run is left as it was (to train "
+                            f"these settings from one of its rounds: quorum resume --from {run.id} --round N "
+                            "SCENARIO)")
+
+
+def parent_of(run: Run) -> tuple[str, int] | None:
+    """The run and round a run was started from (``quorum resume --from``), if any."""
+    parent = (run.info or {}).get("parent")
+    if not isinstance(parent, Mapping) or not isinstance(parent.get("round"), int):
+        return None
+    return str(parent.get("run")), int(parent["round"])
+
+
+def start_state(store: RunStore, run: Run, strategy: Strategy) -> ServerState | None:
+    """The state ``run`` continues from: its last committed round, else its parent's round (with the
+    optimiser and privacy state only when the strategy is the parent's), else ``None`` (a fresh start)."""
+    own = store.load_state(run.id)
+    origin = parent_of(run)
+    if own is not None or origin is None:
+        return own
+    parent_id, server_round = origin
+    state = store.load_state(parent_id, server_round)
+    if state is None or state.round != server_round:
+        raise ResumeRefused(f"run {run.id} starts from round {server_round} of run {parent_id}, whose checkpoint "
+                            "is gone from the store")
+    if (store.get_run(parent_id).info or {}).get("strategy") == strategy.describe():
+        return state
+    return replace(strategy.init_state(state.params), round=server_round)
