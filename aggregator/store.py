@@ -27,6 +27,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql import ColumnElement, and_, or_, update
 
 from aggregator.lease import INTERRUPTED, lease_expired, lease_seconds
+from aggregator.store_url import default_db_url
 from core.errors import RunNotFound, StoreError
 from core.messages import MAX_EXAMPLES, clean_metrics
 from core.records import ClientRecord, RoundRecord
@@ -137,11 +138,6 @@ def _add_missing_columns(engine: Engine) -> None:
             if column not in {c["name"] for c in inspect(engine).get_columns(table)}:
                 raise StoreError(f"the run store lacks {table}.{column} (written by an older Quorum) and "
                                  f"cannot add it: {exc.orig}; open it once with write access") from None
-
-
-def default_db_url(directory: str | Path = "runs") -> str:
-    """The default store: ``runs/quorum.db`` under the working directory."""
-    return f"sqlite:///{Path(directory) / 'quorum.db'}"
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -73,7 +73,7 @@ class VirtualDeadlineGrid(InProcessGrid):
     A train reply whose client needs longer than ``deadline_s`` virtual seconds
     for that round (``DeviceSpeeds.duration(node, round)``) is turned into an
     error reply ("late"): the round loop folds the others and records the late
-    client, as a real deadline would, without waiting in wall time.
+    client as dropped, as a real deadline would, without waiting in wall time.
     """
 
     def __init__(self, *args: Any, speeds: DeviceSpeeds, deadline_s: float, **kwargs: Any) -> None:
@@ -94,7 +94,8 @@ class VirtualDeadlineGrid(InProcessGrid):
             if sent is not None and sent.metadata.message_type == "train" and not reply.has_error():
                 took = self.speeds.duration(sent.metadata.dst_node_id, int(sent.metadata.group_id))
                 if took > self.deadline_s:
-                    reply = Message(Error(ErrorCode.UNKNOWN, f"late: {took:.1f} virtual s > deadline "
+                    # the reply is not there at the deadline: to the round loop, a client that did not answer
+                    reply = Message(Error(ErrorCode.REPLY_MESSAGE_UNAVAILABLE, f"late: {took:.1f} virtual s > deadline "
                                           f"{self.deadline_s:g} s"), reply_to=sent)
             out.append(reply)
         return out
@@ -155,7 +156,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "deadline": sync_curve(store, c, speeds, deadline_s)}
         moved = {name: sum(r.bytes_in + r.bytes_out for r in store.rounds(run_id))
                  for name, run_id in (("fedbuff", a.run_id), ("sync", b.run_id), ("deadline", c))}
-        late = sum(1 for r in store.rounds(c) for x in store.client_results(c, r.round) if x.outcome == "error")
+        late = sum(1 for r in store.rounds(c) for x in store.client_results(c, r.round)
+                   if x.outcome == "dropped" and (x.reason or "").startswith("late:"))
     when = min(curve[-1][0] for curve in curves.values())
     reach = {name: time_to(curve, args.target) for name, curve in curves.items()}
     for name, curve in curves.items():

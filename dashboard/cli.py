@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from aggregator.store import default_db_url
+from aggregator.store_url import default_db_url
 from dashboard.auth import TOKEN_ENV, check_bind, check_tls, is_loopback
 from dashboard.errors import InsecureBind
 

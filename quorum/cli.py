@@ -10,14 +10,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 import scenarios
-from aggregator.store import Run, RunStore, default_db_url
+from aggregator.store_url import default_db_url
 from core.errors import QuorumError
 from dashboard.cli import app as dashboard_command
 from deploy.agent_cli import app as client_app
@@ -25,6 +25,9 @@ from deploy.cli import app as aggregator_app
 from privacy.dp.cli import app as privacy_app
 from runtimes.parallel.cli import parallel as parallel_command
 from scenarios.errors import ScenarioError
+
+if TYPE_CHECKING:
+    from aggregator.store import Run, RunStore
 
 __all__ = ["app", "main"]
 
@@ -35,6 +38,13 @@ console = Console(stderr=True)
 
 DbOption = Annotated[str, typer.Option("--db", help="Run store: an SQLAlchemy URL.", envvar="QUORUM_DB")]
 DEFAULT_DB = default_db_url()  # runs/quorum.db under the working directory
+
+
+def _store(db: str) -> RunStore:
+    """The run store at ``db`` (imported here: SQLAlchemy is most of a command's start-up)."""
+    from aggregator.store import RunStore
+
+    return RunStore(db)
 
 
 def _fail(message: str) -> None:
@@ -123,7 +133,7 @@ def resume(
         _fail(f"--from {from_run} takes one argument at most, the new run's scenario file (got {run_id} and "
               f"{scenario})")
     try:
-        store = RunStore(db)
+        store = _store(db)
         plan = (plan_resume(store, str(run_id), scenario) if from_run is None
                 else plan_fork(store, from_run, from_round, Path(run_id) if run_id else None))
         if plan.note:
@@ -170,7 +180,7 @@ def runs(
     """
     from aggregator.report import run_summary
 
-    store = RunStore(db)
+    store = _store(db)
     table = Table(title=f"runs in {db}")
     for col in ("run", "scenario", "status", "rounds", "best acc", "strategy"):
         table.add_column(col)
@@ -198,7 +208,7 @@ def report(
     from aggregator.report import write_report
 
     try:
-        store = RunStore(db)
+        store = _store(db)
         run = store.get_run(run_id)
         paths = write_report(store, run.id, out or Path("runs") / "reports" / run.id)
     except QuorumError as exc:
@@ -261,7 +271,7 @@ def export(
     from quorum.export import export_run
 
     try:
-        path = export_run(RunStore(db), run_id, out, round_, merged=merged)
+        path = export_run(_store(db), run_id, out, round_, merged=merged)
     except (QuorumError, OSError) as exc:
         _fail(str(exc))
     weights = json.loads(path.read_text(encoding="utf-8"))["weights"]

@@ -29,7 +29,6 @@ from torch.nn import functional as F
 from core.messages import TrainConfig
 from learning.datasets import ArrayDataset
 from learning.training import TrainResult, train
-from privacy.dp.accountant import RoundEvent, epsilon_of
 from privacy.dp.errors import DPConfigError
 from privacy.dp.mechanisms import gaussian_noise
 from scenarios.schema import DPSpec
@@ -135,6 +134,10 @@ def train_client(model: nn.Module, data: ArrayDataset, config: TrainConfig, spec
 
 def dp_sgd_epsilon(n: int, batch_size: int, steps: int, noise_multiplier: float, delta: float) -> float:
     """Epsilon of ``steps`` Poisson-sampled Gaussian steps at rate ``batch_size / n``."""
+    # dp-accounting costs about 1.2 s to import: only a client that trains with DP-SGD pays it, not every
+    # ClientApp process (Flower starts one per message on a SuperNode)
+    from privacy.dp.accountant import RoundEvent, epsilon_of
+
     return epsilon_of([RoundEvent("poisson", min(batch_size, n), n, noise_multiplier, steps)], delta)
 
 

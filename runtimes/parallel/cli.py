@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from aggregator.store import default_db_url
+from aggregator.store_url import default_db_url
 from core.errors import QuorumError
 from runtimes.parallel.mode import CommHook, Mode
 from scenarios.errors import ScenarioError
