@@ -31,6 +31,7 @@ class EvalSummary:
     train_loss: float | None
     per_client: dict[int, tuple[float, float | None, int]]
     metrics: dict[str, float] = field(default_factory=dict)  # the task's named figures (mae, r2, ...)
+    per_client_metrics: dict[int, dict[str, int | float]] = field(default_factory=dict)  # node -> its named figures
     rejected: dict[int, str] = field(default_factory=dict)  # node -> why its reply was refused (a NaN loss, ...)
     failed: dict[int, str] = field(default_factory=dict)  # node -> the error its evaluate task raised
     bytes_in: int = 0  # the replies, as serialised on Flower's wire
@@ -76,7 +77,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
 
     collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
     summary = _summarise(results, named, train, traffic["in"], wire_bytes(instruction) * len(nodes))
-    return replace(summary, rejected=rejected, failed=failed)
+    return replace(summary, rejected=rejected, failed=failed, per_client_metrics=named)
 
 
 def _summarise(results: dict[int, tuple[float, float | None, int]], named: dict[int, dict[str, int | float]],

@@ -137,7 +137,7 @@ class RoundLoop:
                 # federated evaluation's traffic: beside the training traffic that bytes_in / bytes_out hold
                 fed_metrics.update({"eval-bytes-in": summary.bytes_in, "eval-bytes-out": summary.bytes_out})
                 train_loss = summary.train_loss if summary.train_loss is not None else train_loss
-                clients = _with_refused_evals([_with_eval(c, summary.per_client) for c in clients], summary)
+                clients = _with_refused_evals([_with_eval(c, summary) for c in clients], summary)
             if ev.server and self.server_eval is not None:
                 scores = self.server_eval.score(state.params)
                 srv_loss, srv_acc, task_metrics = scores["loss"], scores.get("accuracy"), task_round_metrics(scores)
@@ -151,14 +151,20 @@ class RoundLoop:
             metrics={"status": status, **fed_metrics, **task_metrics, **self.strategy.round_metrics(state)})
 
 
-def _with_eval(record: ClientRecord, per_client: dict[int, tuple[float, float | None, int]]) -> ClientRecord:
+def _with_eval(record: ClientRecord, summary: EvalSummary) -> ClientRecord:
+    """``record`` with the client's own scores of the global model: its loss and accuracy, and every other
+    metric its task reported as ``eval-<name>`` with its test-split size as ``eval-examples`` (the weight its
+    scores had in the round's federated means), so a per-client C-index or MAE reads back from the store."""
     try:
-        result = per_client.get(int(record.client))
+        node = int(record.client)
     except ValueError:
-        result = None
+        return record
+    result = summary.per_client.get(node)
     if result is None:
         return record
-    return replace(record, eval_loss=result[0], eval_accuracy=result[1])
+    named = {f"eval-{k}": v for k, v in summary.per_client_metrics.get(node, {}).items()}
+    metrics = {**(record.metrics or {}), **named, "eval-examples": result[2]}
+    return replace(record, eval_loss=result[0], eval_accuracy=result[1], metrics=metrics)
 
 
 def _with_refused_evals(records: list[ClientRecord], summary: EvalSummary) -> list[ClientRecord]:

@@ -52,7 +52,7 @@ from core.strategy import ServerState
 from core.weighting import WeightPolicy
 from learning.models import layout_of
 from learning.standardize import Standardization
-from learning.task import TaskModel, load_task
+from learning.task import TaskModel, load_task, task_headline
 from privacy.dp import make_dp_strategy
 from privacy.secagg.fit import SecAggFit
 from scenarios.errors import ScenarioError
@@ -116,6 +116,11 @@ def _model_factory(scenario: Scenario) -> tuple[Callable[[], TaskModel], Any]:
     return factory, test
 
 
+def _headline(scenario: Scenario) -> dict[str, str]:
+    """The task's headline metric, as the run records it for every reader (``core.headline``)."""
+    return task_headline(load_task(scenario)).to_json()
+
+
 def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: str,
              resume_id: str | None = None):
     """Create a run (or reopen ``resume_id``); returns (run_id, state, model factory, test set)."""
@@ -130,7 +135,7 @@ def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: st
     run_id = resume_id or store.create_run(
         name=scenario.name, scenario=scenario.to_dict(), seed=scenario.seed,
         strategy=strategy.describe()["name"], rounds=scenario.rounds, engine=engine,
-        num_params=int(initial.size), info={"strategy": strategy.describe()})
+        num_params=int(initial.size), info={"strategy": strategy.describe(), "headline": _headline(scenario)})
     return run_id, strategy.init_state(initial), factory, test
 
 
@@ -222,8 +227,8 @@ def fork_run(store: RunStore, parent_id: str, server_round: int | None, scenario
     return store.create_run(name=scenario.name, scenario=scenario.to_dict(), seed=scenario.seed,
                             strategy=strategy.describe()["name"], rounds=scenario.rounds, engine=engine,
                             num_params=size, rounds_done=server_round,
-                            info={"strategy": strategy.describe(), "parent": {"run": parent.id,
-                                                                                "round": server_round}})
+                            info={"strategy": strategy.describe(), "headline": _headline(scenario),
+                                  "parent": {"run": parent.id, "round": server_round}})
 
 
 def _start_round(store: RunStore, parent_id: str, server_round: int | None, scenario: Scenario) -> int:

@@ -29,6 +29,7 @@ from sqlalchemy.sql import ColumnElement, and_, or_, update
 from aggregator.lease import INTERRUPTED, lease_expired, lease_seconds
 from aggregator.store_url import default_db_url
 from core.errors import RunNotFound, StoreError
+from core.headline import Headline, round_value
 from core.messages import MAX_EXAMPLES, clean_metrics
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState
@@ -86,6 +87,9 @@ class Round(Base):
     secagg: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     metrics: Mapped[dict] = mapped_column(JSON, default=dict)
     checkpoint: Mapped[str] = mapped_column(Text)
+    # The value of the run's headline metric this round (core.headline: run.info["headline"], the server's
+    # score first): what "best" and "last" mean for the run, in SQL, whatever the metric is called.
+    headline: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ClientResult(Base):
@@ -121,7 +125,9 @@ class Event(Base):
 #: written by an earlier version gets them on open, so its runs stay readable.
 _ADDED_COLUMNS = (("client_results", "bytes_out", "INTEGER DEFAULT 0"), ("runs", "heartbeat_at", "FLOAT"),
                   ("runs", "lease_until", "FLOAT"),
-                  ("rounds", "failed", "INTEGER DEFAULT 0"))
+                  ("rounds", "failed", "INTEGER DEFAULT 0"), ("rounds", "headline", "FLOAT"))
+#: What a column added to an older store starts as: its runs recorded no headline, so it is their accuracy.
+_BACKFILL = {("rounds", "headline"): "UPDATE rounds SET headline = COALESCE(server_accuracy, fed_accuracy)"}
 
 
 def _add_missing_columns(engine: Engine) -> None:
@@ -134,6 +140,8 @@ def _add_missing_columns(engine: Engine) -> None:
         try:
             with engine.begin() as connection:
                 connection.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                if (table, column) in _BACKFILL:  # in the same transaction: no reader sees the column empty
+                    connection.exec_driver_sql(_BACKFILL[(table, column)])
         except DBAPIError as exc:
             if column not in {c["name"] for c in inspect(engine).get_columns(table)}:
                 raise StoreError(f"the run store lacks {table}.{column} (written by an older Quorum) and "
@@ -283,7 +291,7 @@ class RunStore:
                 raise RunNotFound(f"no run {run_id!r} in {self.url}")
             if s.get(Round, (run_id, record.round)) is not None:
                 raise StoreError(f"run {run_id} already has round {record.round} committed")
-            s.add(_round_row(run_id, record, str(path)))
+            s.add(_round_row(run_id, record, str(path), Headline.from_info(run.info)))
             rows = list(_client_rows(run_id, record))
             if rows:  # one executemany (10,000 clients x 100 rounds), not an ORM object per row
                 s.execute(insert(ClientResult), rows)
@@ -370,14 +378,15 @@ def _real(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else None
 
 
-def _round_row(run_id: str, r: RoundRecord, checkpoint: str) -> Round:
+def _round_row(run_id: str, r: RoundRecord, checkpoint: str, headline: Headline) -> Round:
     return Round(run_id=run_id, round=r.round, started_at=r.started_at, duration_s=r.duration_s,
                  sampled=r.sampled, answered=r.count("ok"), dropped=r.count("dropped") + r.count("late"),
                  rejected=r.count("rejected"), failed=r.count("failed") + r.count("error"),
                  train_loss=_real(r.train_loss),
                  fed_loss=_real(r.fed_loss), fed_accuracy=_real(r.fed_accuracy), server_loss=_real(r.server_loss),
                  server_accuracy=_real(r.server_accuracy), bytes_in=r.bytes_in, bytes_out=r.bytes_out,
-                 epsilon=_real(r.epsilon), secagg=r.secagg, metrics=r.metrics or {}, checkpoint=checkpoint)
+                 epsilon=_real(r.epsilon), secagg=r.secagg, metrics=r.metrics or {}, checkpoint=checkpoint,
+                 headline=_real(round_value(headline, r)[0]))
 
 
 def _client_rows(run_id: str, r: RoundRecord) -> Iterable[dict[str, Any]]:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from aggregator.lease import INTERRUPTED, lease_expired
 from aggregator.store import ClientResult, Event, Round, Run, RunStore, as_shown, status_is
+from core.headline import round_scores
 
 __all__ = ["Reader", "RunStats", "RunHead", "ClientSummary", "Participation", "TERMINAL", "changed_at"]
 
@@ -45,6 +46,12 @@ class RunStats:
     failed: int = 0
     duration_sum: float = 0.0
     last_duration: float | None = None
+    # The run's headline metric (core.headline): its highest and lowest value over the rounds (which is best
+    # depends on the metric's direction, in run.info), its value and every task score of the last round.
+    metric_high: float | None = None
+    metric_low: float | None = None
+    last_metric: float | None = None
+    last_scores: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -262,7 +269,10 @@ def _stats(s: Session, run_ids: Sequence[str] | None) -> dict[str, RunStats]:
             dropped=r.dropped or 0, rejected=r.rejected or 0, failed=r.failed or 0,
             duration_sum=r.duration_sum or 0.0,
             last_accuracy=None if tail is None else tail.accuracy,
-            last_duration=None if tail is None else tail.duration_s)
+            last_duration=None if tail is None else tail.duration_s,
+            metric_high=r.metric_high, metric_low=r.metric_low,
+            last_metric=None if tail is None else tail.headline,
+            last_scores={} if tail is None else round_scores(tail))
     return out
 
 
@@ -272,7 +282,8 @@ def _totals(run_ids: Sequence[str] | None) -> Select:
                    func.sum(Round.bytes_in).label("bytes_in"), func.sum(Round.bytes_out).label("bytes_out"),
                    func.sum(Round.answered).label("answered"), func.sum(Round.dropped).label("dropped"),
                    func.sum(Round.rejected).label("rejected"), func.sum(Round.failed).label("failed"),
-                   func.sum(Round.duration_s).label("duration_sum")).group_by(Round.run_id)
+                   func.sum(Round.duration_s).label("duration_sum"), func.max(Round.headline).label("metric_high"),
+                   func.min(Round.headline).label("metric_low")).group_by(Round.run_id)
     return query if run_ids is None else query.where(Round.run_id.in_(run_ids))
 
 
@@ -281,7 +292,8 @@ def _last_rounds(run_ids: Sequence[str] | None) -> Select:
     if run_ids is not None:
         last = last.where(Round.run_id.in_(run_ids))
     sub = last.subquery()
-    return select(Round.run_id, ACCURACY.label("accuracy"), Round.duration_s).join(
+    return select(Round.run_id, ACCURACY.label("accuracy"), Round.duration_s, Round.headline, Round.server_accuracy,
+                  Round.fed_accuracy, Round.server_loss, Round.fed_loss, Round.metrics).join(
         sub, and_(Round.run_id == sub.c.run_id, Round.round == sub.c.last))
 
 

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 from torch import nn
 
+from core.headline import Headline, headline_of
 from core.messages import TrainConfig
 from learning.errors import TaskError
 from learning.models import get_trainable_flat, set_trainable_flat, trainable_names
@@ -37,7 +38,7 @@ from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario, TaskSpec, build_options
 
 __all__ = ["Task", "LocalData", "Split", "NoOptions", "TaskModel", "Metrics", "BUILTIN_ENTRY", "load_task",
-           "task_class", "check_metrics", "REQUIRED_METHODS"]
+           "task_class", "check_metrics", "task_headline", "REQUIRED_METHODS"]
 
 #: The task a scenario without ``[task] entry`` runs.
 BUILTIN_ENTRY = "learning.tasks.classification:ClassificationTask"
@@ -82,7 +83,8 @@ class Task(ABC):
     Metrics are plain ``dict[str, float]``: :meth:`train` reports at least
     ``loss`` and ``num_examples``; :meth:`evaluate` at least ``loss`` and
     ``num_examples``, plus whatever the task defines (``accuracy``, ``mae``,
-    ``auc``, ``perplexity``, ...). The dashboard and reports show every one.
+    ``auc``, ``perplexity``, ...). The dashboard and reports show every one,
+    the one named by ``headline_metric`` first.
     """
 
     #: The task's own ``[task]`` keys: a frozen dataclass with a default for each.
@@ -92,6 +94,11 @@ class Task(ABC):
     #: Whether :meth:`train` takes ``config.steps`` optimiser steps when it is > 0 (``[training] local_steps``);
     #: a scenario that sets local steps for a task that does not say so is refused, not silently run by epochs.
     supports_local_steps: ClassVar[bool] = False
+    #: The metric the task is judged by, shown first on every surface (the round line, ``quorum runs``, the
+    #: dashboard, ``/metrics``, reports, export manifests): a name :meth:`evaluate` returns, or a
+    #: ``(name, "up" | "down")`` pair saying which way is better (a bare name is ``down`` for errors and losses:
+    #: ``mae``, ``rmse``, ``perplexity``, ...). ``None``: ``accuracy``, higher is better.
+    headline_metric: ClassVar[str | tuple[str, str] | None] = None
 
     def __init__(self, options: Any, scenario: Scenario) -> None:
         self.options = options
@@ -245,7 +252,22 @@ def _instantiate(scenario: Scenario) -> Task:
         raise ScenarioError(f"{spec.source or scenario.name}: training.local_steps = {scenario.training.local_steps}: "
                             f"{cls.__name__}.train does not say it takes config.steps (supports_local_steps); "
                             "use training.local_epochs, or honour config.steps and set supports_local_steps = True")
+    task_headline(cls, spec.source or scenario.name, spec.entry or BUILTIN_ENTRY)
     return cls(options, scenario)
+
+
+def task_headline(task: object, source: str = "<scenario>", entry: str = "") -> Headline:
+    """The headline metric ``task`` (a class or an instance) declares (:func:`core.headline.headline_of`).
+
+    Raises
+    ------
+    ScenarioError
+        A malformed ``headline_metric``, naming the file, the task's entry and the value.
+    """
+    try:
+        return headline_of(task)
+    except ValueError as exc:
+        raise ScenarioError(f"{source}: task.entry = {entry!r}: {exc}") from None
 
 
 def task_class(spec: TaskSpec) -> type[Task]:

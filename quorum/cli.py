@@ -157,10 +157,9 @@ def _print_summary(summary, json_out: bool) -> None:
     if json_out:
         sys.stdout.write(json.dumps({**summary.to_json(), "exit_code": code}) + "\n")
         raise typer.Exit(code)
-    acc = "n/a" if summary.final_accuracy is None else f"{summary.final_accuracy:.2%}"
     colour = {0: "green", 3: "yellow"}.get(code, "red")
     console.print(f"[bold {colour}]{summary.status}[/]: run [bold]{summary.run_id}[/] ({summary.scenario}, "
-                  f"{summary.rounds} rounds, accuracy {acc}, {summary.wall_s:.1f} s)")
+                  f"{summary.rounds} rounds, {_final_metric(summary)}, {summary.wall_s:.1f} s)")
     if summary.error:  # one line, the client's own words unmarked
         console.print(f"  {summary.status}: {summary.error}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"  store:  {summary.db}")
@@ -179,16 +178,29 @@ def runs(
     `interrupted`, with the time it was last seen; `quorum resume RUN` continues it.
     """
     from aggregator.report import run_summary
+    from core.headline import format_value
 
     store = _store(db)
+    listed = [(run, run_summary(store, run.id)["metric"]) for run in store.list_runs(status)]
+    names = {metric["name"] for _, metric in listed}
+    shared = names.pop() if len(names) == 1 else None  # one task metric for all: it names the column
     table = Table(title=f"runs in {db}")
-    for col in ("run", "scenario", "status", "rounds", "best acc", "strategy"):
+    best_column = "best" if shared is None else "best acc" if shared == "accuracy" else f"best {shared}"
+    for col in ("run", "scenario", "status", "rounds", best_column, "strategy"):
         table.add_column(col)
-    for run in store.list_runs(status):
-        best = run_summary(store, run.id)["best_accuracy"]
+    for run, metric in listed:
+        best = "" if metric["best"] is None else format_value(metric["name"], metric["best"])
         table.add_row(run.id, run.name, _status_text(run), f"{run.rounds_done}/{run.rounds_total}",
-                      "" if best is None else f"{best:.2%}", run.strategy)
+                      f"{metric['name']} {best}" if shared is None and best else best, run.strategy)
     Console().print(table)
+
+
+def _final_metric(summary) -> str:
+    """The run's headline metric after its last scored round: ``accuracy 91.20%``, ``c_index 0.7123``."""
+    from core.headline import format_value
+
+    metric = summary.metric or {"name": "accuracy", "final": summary.final_accuracy}
+    return f"{metric['name']} {format_value(metric['name'], metric['final'], missing='n/a')}"
 
 
 def _status_text(run: Run) -> str:

@@ -1,4 +1,10 @@
-"""The live display of ``quorum simulate``: a progress bar and one line per round."""
+"""The live display of ``quorum simulate``: a progress bar and one line per round.
+
+A round's line leads with the task's headline metric (``acc`` for accuracy,
+else its own name: ``c_index 0.7123``), then every other metric the task
+returned from the same place (the server's held-out set, else the clients'
+test splits).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from core.headline import Headline, format_value, round_scores, round_value
 from core.outcomes import count, round_line
 from core.records import RoundRecord
 from scenarios.schema import Scenario
@@ -21,8 +28,10 @@ def _fmt(value: float | None, pattern: str) -> str:
 class RoundDisplay:
     """Rich progress over rounds; silent when ``enabled`` is False (``--json``)."""
 
-    def __init__(self, scenario: Scenario, *, enabled: bool = True, done: int = 0) -> None:
+    def __init__(self, scenario: Scenario, *, enabled: bool = True, done: int = 0,
+                 headline: Headline | None = None) -> None:
         self.enabled = enabled
+        self.headline = headline or _declared(scenario)
         self.console = Console(stderr=True)
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=self.console, disable=not enabled)
@@ -40,16 +49,32 @@ class RoundDisplay:
             self.progress.console.print(f"run [bold]{run_id}[/] started")
 
     def update(self, record: RoundRecord) -> None:
-        acc = record.server_accuracy if record.server_accuracy is not None else record.fed_accuracy
         loss = record.server_loss if record.server_loss is not None else record.fed_loss
         eps = f"  eps {record.epsilon:.3f}" if record.epsilon is not None else ""
         clock = (record.metrics or {}).get("virtual-time-s")  # an asynchronous (FedBuff) step
         if isinstance(clock, (int, float)):
             eps += f"  virtual {clock:.1f}s, staleness max {(record.metrics or {}).get('staleness-max', 0)}"
         kind = "step " if isinstance(clock, (int, float)) else "round"
-        line = (f"{kind} {record.round:>3}  loss {_fmt(loss, '.4f')}  acc {_fmt(acc, '.2%')}  "
+        line = (f"{kind} {record.round:>3}  loss {_fmt(loss, '.4f')}  {self._scores(record)}  "
                 f"train-loss {_fmt(record.train_loss, '.4f')}  {record.duration_s:.1f}s{eps}  "
                 f"clients {round_line(record.sampled, count(record.clients))}")
         if self.enabled:  # a client's reason is its own text: no rich markup in it
             self.progress.console.print(line, highlight=False, markup=False)
         self.progress.advance(self.task)
+
+    def _scores(self, record: RoundRecord) -> str:
+        """The headline metric, then the task's others from the same split: ``c_index 0.7123  mae 1.234``."""
+        name = self.headline.name
+        value, split = round_value(self.headline, record)
+        label = "acc" if name == "accuracy" else name
+        others = round_scores(record).get(split or "", {})
+        rest = [f"{k} {format_value(k, v)}" for k, v in sorted(others.items()) if k not in (name, "loss")]
+        return "  ".join([f"{label} {format_value(name, value)}", *rest])
+
+
+def _declared(scenario: Scenario) -> Headline:
+    """The headline metric the scenario's task declares (its class is imported, not built)."""
+    from learning.task import task_class, task_headline
+
+    spec = scenario.task
+    return task_headline(task_class(spec), spec.source or scenario.name, spec.entry)

@@ -13,9 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from aggregator.report import headline_summary
 from aggregator.serverapp import run_federation
 from aggregator.store import RunStore
 from clients.clientapp import app as client_app
+from core.headline import Headline, round_scores
 from core.records import RoundRecord
 from privacy.secagg.identity import node_config
 from runtimes.faults import FaultPlan
@@ -41,6 +43,9 @@ class RunSummary:
     db: str
     error: str | None = None  # why the run failed or degraded, as stored with it
     clients: dict[str, int] | None = None  # answered, dropped, rejected, failed: summed over the rounds
+    # The task's headline metric (core.headline): name, direction, final (and its split), best over the rounds
+    metric: dict[str, Any] | None = None
+    final_scores: dict[str, dict[str, float]] | None = None  # the last round's scores by split, in the task's names
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -123,6 +128,7 @@ def summarize(store: RunStore, run_id: str, wall_s: float) -> RunSummary:
     return RunSummary(run_id=run.id, scenario=run.name, strategy=run.strategy, status=run.status,
                       rounds=len(rounds), final_accuracy=accuracy, final_loss=loss,
                       final_train_loss=last.train_loss if last else None, wall_s=round(wall_s, 3),
-                      db=store.url, error=run.error,
+                      db=store.url, error=run.error, metric=headline_summary(Headline.from_info(run.info), rounds),
+                      final_scores=round_scores(last) if last is not None else {},
                       clients={k: sum(getattr(r, k) or 0 for r in rounds)
                                for k in ("answered", "dropped", "rejected", "failed")})

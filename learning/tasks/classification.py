@@ -32,6 +32,7 @@ class ClassificationTask(Task):
     Options: ClassVar[type] = NoOptions
     supports_dp_sgd: ClassVar[bool] = True
     supports_local_steps: ClassVar[bool] = True
+    headline_metric: ClassVar[str | tuple[str, str] | None] = ("accuracy", "up")
 
     def __init__(self, options: Any, scenario: Scenario) -> None:
         super().__init__(options, scenario)

@@ -110,6 +110,7 @@ class LanguageModelTask(Task):
 
     Options: ClassVar[type] = LanguageOptions
     supports_local_steps: ClassVar[bool] = True
+    headline_metric: ClassVar[str | tuple[str, str] | None] = ("perplexity", "down")
 
     def __init__(self, options: LanguageOptions, scenario: Scenario) -> None:
         super().__init__(options, scenario)

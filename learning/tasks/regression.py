@@ -116,6 +116,7 @@ class RegressionTask(Task):
 
     Options: ClassVar[type] = RegressionOptions
     supports_local_steps: ClassVar[bool] = True
+    headline_metric: ClassVar[str | tuple[str, str] | None] = ("mae", "down")  # in the target's units
 
     def __init__(self, options: RegressionOptions, scenario: Scenario) -> None:
         super().__init__(options, scenario)
