@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from core.errors import QuorumError
 
-__all__ = ["ResumeRefused"]
+__all__ = ["ResumeRefused", "AppModelError", "RunFailed"]
 
 
 class ResumeRefused(QuorumError):
     """A run cannot be continued as asked (another scenario, a round it lacks); the run is left as it was."""
+
+
+class AppModelError(QuorumError):
+    """A Flower app's initial model could not be found (``aggregator.app_model``); the message says where it
+    was looked for and how to name it."""
+
+
+class RunFailed(QuorumError):
+    """A run ended ``failed``: raised by the ServerApp under ``flwr run``, so Flower records the run as failed
+    (its log has the reason)."""

@@ -29,7 +29,7 @@ class EvalSummary:
     loss: float | None
     accuracy: float | None
     train_loss: float | None
-    per_client: dict[int, tuple[float, float | None, int]]
+    per_client: dict[int, tuple[float | None, float | None, int]]
     metrics: dict[str, float] = field(default_factory=dict)  # the task's named figures (mae, r2, ...)
     per_client_metrics: dict[int, dict[str, int | float]] = field(default_factory=dict)  # node -> its named figures
     rejected: dict[int, str] = field(default_factory=dict)  # node -> why its reply was refused (a NaN loss, ...)
@@ -52,7 +52,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     instruction = evaluate_instruction(params, config, layout)  # one message content for every node
     content = {n: instruction for n in nodes}
     traffic = {"in": 0}
-    results: dict[int, tuple[float, float | None, int]] = {}
+    results: dict[int, tuple[float | None, float | None, int]] = {}
     named: dict[int, dict[str, int | float]] = {}
     train: list[tuple[float, int]] = []
     rejected: dict[int, str] = {}
@@ -80,7 +80,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     return replace(summary, rejected=rejected, failed=failed, per_client_metrics=named)
 
 
-def _summarise(results: dict[int, tuple[float, float | None, int]], named: dict[int, dict[str, int | float]],
+def _summarise(results: dict[int, tuple[float | None, float | None, int]], named: dict[int, dict[str, int | float]],
                train: list[tuple[float, int]], bytes_in: int, bytes_out: int) -> EvalSummary:
     """The weighted means over the nodes that answered (each one's count capped at 3x the median)."""
     if not results:
@@ -89,7 +89,8 @@ def _summarise(results: dict[int, tuple[float, float | None, int]], named: dict[
     weights = dict(zip(nodes_in, _ROBUST.weights([results[n][2] for n in nodes_in]), strict=True))
     train_loss = (float(np.average([loss for loss, _ in train], weights=_ROBUST.weights([n for _, n in train])))
                   if train else None)
-    loss = _weighted({n: results[n][0] for n in nodes_in}, weights)
+    # a Flower app's reply may name no loss (core.eval_replies): the mean is over those that did
+    loss = _weighted({n: lo for n, (lo, _, _) in results.items() if lo is not None}, weights)
     accuracy = _weighted({n: acc for n, (_, acc, _) in results.items() if acc is not None}, weights)
     names = sorted({k for figures in named.values() for k in figures})
     metrics = {k: _weighted({n: named[n][k] for n in nodes_in if k in named[n]}, weights) for k in names}

@@ -149,7 +149,8 @@ def _plot_headline_loss(plt: Any, title: str, metric: str, rows: list[dict[str, 
         if any(v is not None for v in values):
             ax_metric.plot(x, values, marker="o", label=split)
     for key, label in (("train_loss", "train"), ("server_loss", "server"), ("fed_loss", "federated")):
-        ax_loss.plot(x, [r[key] for r in rows], marker="o", label=label)
+        if any(r[key] is not None for r in rows):
+            ax_loss.plot(x, [r[key] for r in rows], marker="o", label=label)
     ax_metric.set(title=f"{title}: {metric}", xlabel="round", ylabel=metric)
     ax_loss.set(title="loss", xlabel="round", ylabel="loss")
     for ax in (ax_metric, ax_loss):

@@ -11,8 +11,8 @@ starts, never after it has spent privacy.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from flwr.serverapp import Grid
@@ -54,6 +54,7 @@ class RoundLoop:
     eval_deadline_s: float = 30.0
     layout: ParamLayout | None = None  # the model's tensors, as they travel (see FitRequest.layout)
     standardization: Standardization | None = None  # [data] standardize = "federated": sent with every instruction
+    app_config: Mapping[str, float | int | bool | str] = field(default_factory=dict)  # TrainConfig.app: a Flower app's
 
     def run(self, grid: Grid, state: ServerState) -> LoopResult:
         last = None
@@ -88,6 +89,8 @@ class RoundLoop:
 
     def _train_config(self, strategy: Strategy | None, server_round: int) -> TrainConfig:
         config = train_config(self.scenario, strategy, server_round)
+        if self.app_config:
+            config = replace(config, app=dict(self.app_config))
         if self.standardization is None:
             return config
         return replace(config, extra={**config.extra, **self.standardization.to_extra()})
@@ -128,7 +131,8 @@ class RoundLoop:
         if server_round % ev.every == 0 or server_round == self.scenario.rounds:
             if ev.federated:
                 ok = [n for n in nodes if any(c.client == str(n) and c.outcome == "ok" for c in clients)]
-                targets = sorted(grid.get_node_ids()) if ev.clients == "all" else (ok or nodes)
+                targets = _eval_sample(sorted(grid.get_node_ids()) if ev.clients == "all" else (ok or nodes),
+                                       self.scenario, server_round)
                 summary = federated_evaluate(grid, targets, state.params,
                                              self._train_config(None, server_round), self.eval_deadline_s,
                                              self.layout)
@@ -178,6 +182,16 @@ def _with_refused_evals(records: list[ClientRecord], summary: EvalSummary) -> li
     known = {r.client for r in records}
     return marked + [ClientRecord(client=c, outcome=outcome, stage="evaluate", reason=why)
                      for c, (outcome, why) in sorted(marks.items()) if c not in known]
+
+
+def _eval_sample(targets: list[int], scenario: Scenario, server_round: int) -> list[int]:
+    """``[evaluation] fraction`` of ``targets`` (at least ``min_clients``), a pure function of (seed, round)."""
+    ev = scenario.evaluation
+    if ev.fraction >= 1.0:
+        return targets
+    k = min(len(targets), max(int(len(targets) * ev.fraction), ev.min_clients))
+    picks = np.random.default_rng([scenario.seed, server_round, 0xE7]).choice(len(targets), size=k, replace=False)
+    return sorted(targets[i] for i in picks)
 
 
 def _epsilon(strategy: Strategy, state: ServerState) -> float | None:

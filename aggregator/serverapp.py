@@ -21,10 +21,12 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from sqlalchemy import select
 
+from aggregator.app_model import AppModel
 from aggregator.errors import ResumeRefused
 from aggregator.evaluation import ServerEvaluator
 from aggregator.fedbuff import BufferedLoop
 from aggregator.fit import PlainFit
+from aggregator.flower_app import find_app, log_end, round_logger, serve_flower_app
 from aggregator.lease import Heartbeat
 from aggregator.resume import check_same_scenario, has_ended, scenario_difference, start_state
 from aggregator.rounds import LoopResult, RoundLoop
@@ -45,6 +47,7 @@ from aggregator.strategies import (
     Strategy,
 )
 from core.fit import FitWorkflow
+from core.headline import Headline
 from core.layouts import ParamLayout
 from core.outcomes import run_problems
 from core.records import RoundRecord
@@ -56,6 +59,7 @@ from learning.task import TaskModel, load_task, task_headline
 from privacy.dp import make_dp_strategy
 from privacy.secagg.fit import SecAggFit
 from scenarios.errors import ScenarioError
+from scenarios.flower_app import is_flower_app
 from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario
 
@@ -122,28 +126,38 @@ def _headline(scenario: Scenario) -> dict[str, str]:
 
 
 def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: str,
-             resume_id: str | None = None):
-    """Create a run (or reopen ``resume_id``); returns (run_id, state, model factory, test set)."""
-    factory, test = _model_factory(scenario)
+             resume_id: str | None = None, model: AppModel | None = None):
+    """Create a run (or reopen ``resume_id``); returns (run_id, state, model factory, test set).
+
+    With ``model`` (a Flower app's own, ``aggregator.app_model``) no task is loaded: no factory, no test set.
+    """
+    factory, test = _model_factory(scenario) if model is None else (None, None)
     if resume_id is not None:
         state = start_state(store, store.get_run(resume_id), strategy)
         store.set_status(resume_id, "running")
         store.log(resume_id, f"resumed after round {state.round if state else 0}")
         if state is not None:
             return resume_id, state, factory, test
-    initial = factory().get_flat()  # the trainable tensors only: frozen ones never travel
+    # the trainable tensors only: frozen ones never travel
+    initial = factory().get_flat() if factory is not None else model.params  # type: ignore[union-attr]
+    info = ({"strategy": strategy.describe(), "headline": _headline(scenario)} if model is None else
+            {"strategy": strategy.describe(), "headline": Headline().to_json(), "model": model.source})
     run_id = resume_id or store.create_run(
         name=scenario.name, scenario=scenario.to_dict(), seed=scenario.seed,
         strategy=strategy.describe()["name"], rounds=scenario.rounds, engine=engine,
-        num_params=int(initial.size), info={"strategy": strategy.describe(), "headline": _headline(scenario)})
+        num_params=int(initial.size), info=info)
     return run_id, strategy.init_state(initial), factory, test
 
 
 def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: str,
                    resume_id: str | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
-                   on_start: Callable[[str], None] | None = None) -> tuple[str, LoopResult]:
+                   on_start: Callable[[str], None] | None = None,
+                   model: AppModel | None = None) -> tuple[str, LoopResult]:
     """Run (or resume) a federation over ``grid``; returns the run id and how it ended.
+
+    ``model``: a Flower app's own model and train config (``aggregator.flower_app``) instead of the
+    scenario's task; the scenario then gives only the federation's settings.
 
     Configuration errors of the strategy or the fit workflow surface (as
     :class:`ScenarioError`) before a run row exists; anything that fails once it
@@ -165,12 +179,13 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
             state = store.load_state(stored.id) or ServerState(params=np.zeros(0, np.float32))
             return stored.id, LoopResult(state, stored.status, None)
         resume_id = stored.id
-    run_id, state, factory, test = open_run(store, scenario, strategy, engine, resume_id)
+    run_id, state, factory, test = open_run(store, scenario, strategy, engine, resume_id, model)
     heartbeat = Heartbeat(store, run_id).start()  # this process drives the run: it renews the run's lease
     try:
         if on_start is not None:
             on_start(run_id)
-        evaluator, layout, standardization = _prepare(grid, scenario, store, run_id, factory, test)
+        evaluator, layout, standardization = (_prepare(grid, scenario, store, run_id, factory, test)
+                                              if model is None else (None, model.layout, None))
         if scenario.asynchronous.enabled:
             fed = scenario.federation
             buffered = BufferedLoop(scenario=scenario, strategy=strategy, store=store, run_id=run_id,
@@ -181,7 +196,8 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
             result = LoopResult(state, loop_status, last)
         else:
             loop = RoundLoop(scenario=scenario, strategy=strategy, fit=fit, store=store, run_id=run_id,
-                             server_eval=evaluator, on_round=on_round, layout=layout, standardization=standardization)
+                             server_eval=evaluator, on_round=on_round, layout=layout, standardization=standardization,
+                             app_config=model.train_config if model is not None else {})
             result = loop.run(grid, state)
     except BaseException as exc:
         heartbeat.stop()
@@ -322,13 +338,23 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Entry point under ``flwr run`` (Ray simulation or a SuperLink)."""
+    """Entry point under ``flwr run`` (Ray simulation or a SuperLink): a Quorum scenario's run, or (no
+    scenario in the run config) a stock Flower app's (``aggregator.flower_app``). Every round and the
+    run's ending go to Flower's log; a failed run raises :class:`~aggregator.errors.RunFailed`."""
     config = dict(context.run_config)
+    store = RunStore(str(config.get("db") or os.environ.get("QUORUM_DB") or default_db_url()))
+    engine, wait_s = str(config.get("engine", "flower")), float(config.get("wait-clients-s", 60))
+    if is_flower_app(config):
+        run_id, result = serve_flower_app(grid, context, store, app=find_app(), engine=engine, wait_s=wait_s,
+                                          log_rounds=True)
+        log_end(store, run_id, result)
+        return
     scenario = scenario_from_run_config(config)
     overrides = json.loads(str(config.get("overrides", "{}")))
     if overrides:
         scenario = scenario.with_overrides(**overrides)
-    db = str(config.get("db") or os.environ.get("QUORUM_DB") or default_db_url())
     resume = str(config.get("resume", "")) or None
-    wait_for_nodes(grid, scenario.federation.clients, float(config.get("wait-clients-s", 60)))
-    run_federation(grid, scenario, RunStore(db), engine=str(config.get("engine", "flower")), resume_id=resume)
+    wait_for_nodes(grid, scenario.federation.clients, wait_s)
+    run_id, result = run_federation(grid, scenario, store, engine=engine, resume_id=resume,
+                                    on_round=round_logger(scenario.rounds))
+    log_end(store, run_id, result)

@@ -13,7 +13,7 @@ remembers which (:class:`Wire`) so that it answers in the same layout.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
@@ -45,6 +45,10 @@ class TrainConfig:
 
     ``steps > 0`` asks for that many local optimiser steps (mini-batches,
     cycling the data) instead of ``epochs`` passes (``[training] local_steps``).
+    ``app`` is a Flower app's own train config (what its ServerApp sends, say
+    ``{"momentum": 0.9}``), sent under its own names beside Quorum's, and over
+    Quorum's value of the same name (the app's ClientApp reads the app's); an
+    instruction's keys that Quorum does not know are read back into it.
     """
 
     round: int
@@ -56,20 +60,23 @@ class TrainConfig:
     proximal_mu: float = 0.0
     extra: dict[str, float | int | bool | str | bytes | list[float]] = field(default_factory=dict)
     steps: int = 0
+    app: dict[str, float | int | bool | str] = field(default_factory=dict)
 
     def to_record(self) -> ConfigRecord:
-        data: dict[str, Any] = {k: v for k, v in asdict(self).items() if k != "extra"}
+        data: dict[str, Any] = {k: v for k, v in asdict(self).items() if k not in ("extra", "app")}
         data.update({f"x.{k}": v for k, v in self.extra.items()})
         # the marker of Quorum's layout, and the names a Flower client reads (Flower's FedAvg, quickstart)
         data.update({QUORUM_WIRE: 2, **{alias: data[key] for alias, key in _FLOWER_ALIASES.items()}})
-        return ConfigRecord(data)
+        return ConfigRecord({**data, **self.app})
 
     @classmethod
     def from_record(cls, record: ConfigRecord) -> TrainConfig:
         data: dict[str, Any] = {k: v for k, v in dict(record).items()
                                 if k != QUORUM_WIRE and k not in _FLOWER_ALIASES}
         extra = {k[2:]: data.pop(k) for k in list(data) if k.startswith("x.")}
-        return cls(**data, extra=extra)
+        known = {f.name for f in fields(cls)}
+        app = {k: data.pop(k) for k in list(data) if k not in known}
+        return cls(**data, extra=extra, app=app)
 
     def updated_by(self, record: ConfigRecord) -> TrainConfig:
         """These settings overridden by a Flower server's ``config`` (``lr``, ``local-epochs``,

@@ -123,22 +123,27 @@ def _header_end(data: bytes) -> int | None:
 def npy_view(data: bytes, what: str = "update", dtype: np.dtype | None = None) -> np.ndarray:
     """A read-only view of a ``.npy`` payload: no copy, never unpickled.
 
-    The payload must hold floats, or exactly ``dtype`` when one is given (a
-    compressed update's codes and indices, :mod:`core.compress`).
+    The payload must hold floats of any width (float16/32/64), in C or Fortran
+    order (scikit-learn's ``coef_`` is Fortran-ordered float64): a Fortran
+    payload comes back as the transposed view of its bytes, so its shape and
+    indexing are the array's own. With ``dtype`` (a compressed update's codes
+    and indices, :mod:`core.compress`) the payload must be exactly that dtype,
+    in C order.
 
     Raises
     ------
     UpdateRejected
-        Not a ``.npy`` buffer, another dtype, Fortran order, or truncated.
+        Not a ``.npy`` buffer, another dtype (or Fortran order with ``dtype``), or truncated.
     """
     shape, fortran, found, offset = _npy_header(data, what)
-    if (found.kind != "f" if dtype is None else found != dtype) or fortran:
+    if found.kind != "f" if dtype is None else (found != dtype or fortran):
         raise UpdateRejected(f"{what} is {found} {'(Fortran order) ' if fortran else ''}data, "
-                             f"expected C-ordered {'floats' if dtype is None else np.dtype(dtype)}")
+                             f"expected {'floats' if dtype is None else f'C-ordered {np.dtype(dtype)}'}")
     count = math.prod(shape)
     if len(data) - offset != count * found.itemsize:
         raise UpdateRejected(f"{what} payload is truncated or padded")
-    return np.frombuffer(data, dtype=found, count=count, offset=offset).reshape(shape)
+    values = np.frombuffer(data, dtype=found, count=count, offset=offset)
+    return values.reshape(shape[::-1]).T if fortran else values.reshape(shape)
 
 
 def typed_array(values: np.ndarray) -> Array:
@@ -186,8 +191,10 @@ def gather(tensors: Sequence[tuple[str, Array]], layout: ParamLayout, what: str 
            check_finite: bool = True) -> np.ndarray:
     """Concatenate ``tensors`` (``layout``'s, in its order) into one new flat float32 buffer.
 
-    Each payload is parsed by :func:`npy_view` (any float dtype, cast while
-    copying); its shape must be the layout's. This is the one copy a named
+    Each payload is parsed by :func:`npy_view` (any float dtype, C or Fortran
+    order, cast and reordered while copying: the one conversion it costs); its
+    shape must be the layout's. A float64 value beyond float32's range becomes
+    an infinity here, and is refused as one. This is the one copy a named
     reply costs before it joins the flat-buffer aggregation path.
     ``check_finite=False`` leaves the NaN / Inf scan to a caller that scans
     what it computes from the buffer anyway (a NaN or an infinity survives
@@ -207,7 +214,8 @@ def gather(tensors: Sequence[tuple[str, Array]], layout: ParamLayout, what: str 
         view = npy_view(data, f"{what} tensor {name!r}")
         if view.shape != shape:
             raise UpdateRejected(f"{what} tensor {name!r} has shape {view.shape}, expected {shape}")
-        out[offset:offset + n] = view.reshape(-1)
+        with np.errstate(over="ignore"):  # a float64 beyond float32's range: an infinity, refused below
+            out[offset:offset + n].reshape(shape)[...] = view  # C order whatever the payload's, one copy
         offset += n
     if check_finite and not all_finite(out):
         raise UpdateRejected(f"{what} holds NaN or Inf values")

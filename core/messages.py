@@ -28,6 +28,7 @@ outside these three spells a message key.
 
 from __future__ import annotations
 
+from core.eval_replies import ACCURACY_NAMES, LOSS_NAMES, EvalReply, eval_reply, parse_eval_reply
 from core.instructions import (
     DOWNLINK_BITS,
     QUORUM_WIRE,
@@ -50,13 +51,10 @@ from core.replies import (
     MAX_LOSS,
     MAX_METRIC_VALUE,
     MAX_METRICS,
-    EvalReply,
     TrainReply,
     clean_metrics,
     decode_flat,
     encode_flat,
-    eval_reply,
-    parse_eval_reply,
     parse_train_reply,
     train_reply,
 )
@@ -66,7 +64,8 @@ __all__ = [
     "TrainConfig", "TrainReply", "EvalReply", "encode_flat", "decode_flat",
     "train_instruction", "parse_instruction", "train_reply", "parse_train_reply",
     "eval_reply", "parse_eval_reply", "content_bytes", "wire_bytes", "DOWNLINK_BITS", "broadcast_of", "client_seed",
-    "clean_metrics", "MAX_EXAMPLES", "MAX_LOSS", "Wire", "Instruction", "read_instruction", "evaluate_instruction",
+    "clean_metrics", "MAX_EXAMPLES", "MAX_LOSS", "LOSS_NAMES", "ACCURACY_NAMES",
+    "Wire", "Instruction", "read_instruction", "evaluate_instruction",
     "QUORUM_WIRE", "SCAFFOLD_CONTROL", "with_control", "control_of",
     # the bounds on a reply's metrics (core.replies, with the rest of the reply code)
     "MAX_METRICS", "MAX_METRIC_VALUE", "MAX_KEY_CHARS",

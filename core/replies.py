@@ -16,12 +16,11 @@ figures a client reports are bounded (:data:`MAX_EXAMPLES`, :data:`MAX_LOSS`,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
-from flwr.app.typing import MetricRecordValues
 
 from core.aggregate import all_finite
 from core.boundary import rejects_any
@@ -31,8 +30,8 @@ from core.instructions import Instruction, Wire
 from core.layouts import ParamLayout, encode_named, gather, npy_bytes, npy_view
 
 __all__ = [
-    "TrainReply", "EvalReply", "encode_flat", "decode_flat", "train_reply", "parse_train_reply", "eval_reply",
-    "parse_eval_reply", "clean_metrics", "MAX_EXAMPLES", "MAX_LOSS", "MAX_METRICS", "MAX_METRIC_VALUE",
+    "TrainReply", "encode_flat", "decode_flat", "train_reply", "parse_train_reply", "clean_metrics", "MAX_EXAMPLES",
+    "MAX_LOSS", "MAX_METRICS", "MAX_METRIC_VALUE",
     "MAX_KEY_CHARS",
 ]
 
@@ -45,19 +44,6 @@ class TrainReply:
     wire: Wire = Wire.QUORUM
 
 
-@dataclass(frozen=True)
-class EvalReply:
-    """A client's score of the global model: on its test split, and its loss
-    on its training split (the "training loss" of Li et al. 2020, Fig. 1)."""
-
-    loss: float
-    accuracy: float | None  # None: the task reports no accuracy (a regression, say)
-    num_examples: int
-    train_loss: float | None = None
-    train_examples: int = 0
-    metrics: dict[str, int | float] = field(default_factory=dict)  # the task's others (mae, r2, ...)
-
-
 def encode_flat(vector: np.ndarray) -> Array:
     """One flat float32 buffer as a Flower ``Array`` (``.npy`` bytes, as ``np.save`` writes them)."""
     flat = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1)
@@ -66,7 +52,8 @@ def encode_flat(vector: np.ndarray) -> Array:
 
 
 def decode_flat(array: Array, size: int | None = None, max_bytes: int | None = None) -> np.ndarray:
-    """Decode a flat float32 ``Array`` without copying, validating it fully.
+    """Decode a flat float ``Array``, validating it fully: a float32 one without copying, a float16 or
+    float64 one converted once to float32 (a value beyond float32's range is an infinity, refused).
 
     Raises
     ------
@@ -76,8 +63,9 @@ def decode_flat(array: Array, size: int | None = None, max_bytes: int | None = N
     data = array.data
     if max_bytes is not None and len(data) > max_bytes:
         raise UpdateRejected(f"update is {len(data)} bytes, over the {max_bytes}-byte limit")
-    if array.stype != "numpy.ndarray" or array.dtype != "float32":
-        raise UpdateRejected(f"update is {array.stype}/{array.dtype}, expected numpy.ndarray/float32")
+    if array.stype != "numpy.ndarray" or array.dtype not in _FLOAT_DTYPES:
+        raise UpdateRejected(f"update is {array.stype}/{array.dtype}, expected numpy.ndarray/float32 "
+                             "(or float16, float64)")
     if len(array.shape) != 1 or (size is not None and array.shape[0] != size):
         raise UpdateRejected(f"update shape is {tuple(array.shape)}, expected ({size},)")
     vector = _npy_view(bytes(data) if not isinstance(data, bytes) else data)
@@ -88,11 +76,17 @@ def decode_flat(array: Array, size: int | None = None, max_bytes: int | None = N
     return vector
 
 
+_FLOAT_DTYPES = ("float16", "float32", "float64")
+
+
 def _npy_view(data: bytes) -> np.ndarray:
     view = npy_view(data)  # a view, never unpickled; refuses a bad header, non-floats, a wrong length
-    if view.dtype != np.float32 or view.ndim != 1:
+    if view.dtype.name not in _FLOAT_DTYPES or view.ndim != 1:
         raise UpdateRejected(f"update payload is {view.dtype} {view.shape}, expected 1-D float32")
-    return view
+    if view.dtype == np.float32:
+        return view
+    with np.errstate(over="ignore"):  # beyond float32's range: an infinity, refused by the caller's scan
+        return view.astype(np.float32)
 
 
 def train_reply(delta: np.ndarray, num_examples: int, metrics: dict[str, float],
@@ -179,6 +173,10 @@ def _legacy_status(content: RecordDict, prefix: str) -> None:
                              f"{str(status.get('message', ''))[:200]}")
 
 
+#: A Flower app's training loss under Quorum's name: ``train_loss``, else quickstart-sklearn's ``train_logloss``.
+_TRAIN_LOSS_NAMES = {"train_logloss": "train-loss", "train_loss": "train-loss"}
+
+
 def _renamed(metrics: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
     """``metrics`` with Flower's names (``train_loss``) also under Quorum's (``train-loss``)."""
     return {**{ours: metrics[theirs] for theirs, ours in names.items() if theirs in metrics}, **metrics}
@@ -216,7 +214,7 @@ def _parse_weights(content: RecordDict, size: int, max_bytes: int, reference: np
     delta -= reference  # in place: the one flat buffer this reply costs
     if not all_finite(delta):
         raise UpdateRejected("update holds NaN or Inf values")
-    return TrainReply(delta, n, clean_metrics(_renamed(metrics, {"train_loss": "train-loss"})), wire)
+    return TrainReply(delta, n, clean_metrics(_renamed(metrics, _TRAIN_LOSS_NAMES)), wire)
 
 
 _LAYOUTS = ("reply has no 'update'/'delta' array (Quorum's layout: a flat float32 delta), no 'arrays' (Flower's: "
@@ -270,94 +268,3 @@ def parse_train_reply(content: RecordDict, size: int, max_bytes: int, *, referen
     if codec is not None and isinstance(record, ArrayRecord) and "delta" not in record:
         return TrainReply(codec.decode(record, size, max_bytes), n, clean_metrics(metrics))
     return TrainReply(decode_flat(_update_array(content), size, max_bytes), n, clean_metrics(metrics))
-
-
-def eval_reply(loss: float, accuracy: float | None, num_examples: int, train_loss: float | None = None,
-               train_examples: int = 0, answer_to: Instruction | None = None,
-               metrics: Mapping[str, float] | None = None) -> RecordDict:
-    """An evaluate reply in Quorum's names, or in Flower's (``answer_to`` a Flower instruction).
-
-    ``accuracy`` is left out when ``None``; ``metrics`` are the task's other
-    named figures (``mae``, ``r2``, ...), sent as ``eval-<name>`` in Quorum's
-    layout and under their own names in Flower's.
-    """
-    named = {k: float(v) for k, v in (metrics or {}).items() if k not in _EVAL_RESERVED}
-    if accuracy is not None:
-        named["accuracy"] = float(accuracy)
-    if answer_to is not None and answer_to.wire is Wire.FLOWER:
-        flower = {("eval_acc" if k == "accuracy" else k): v for k, v in named.items()}
-        return RecordDict({"metrics": MetricRecord({"eval_loss": float(loss), **flower,
-                                                    "num-examples": int(num_examples)})})
-    if answer_to is not None and answer_to.wire is Wire.LEGACY:
-        return RecordDict({"evaluateres.loss": MetricRecord({"loss": float(loss)}),
-                           "evaluateres.num_examples": MetricRecord({"num_examples": int(num_examples)}),
-                           "evaluateres.metrics": ConfigRecord(dict(named)),
-                           "evaluateres.status": _LEGACY_OK})
-    reply: dict[str, MetricRecordValues] = {"num-examples": int(num_examples), "eval-loss": float(loss),
-                                            **{f"eval-{k}": v for k, v in named.items()}}
-    metrics_out = reply
-    if train_loss is not None:
-        metrics_out.update({"train-loss": float(train_loss), "train-examples": int(train_examples)})
-    return RecordDict({"metrics": MetricRecord(metrics_out)})
-
-
-@rejects_any("eval reply")
-def parse_eval_reply(content: RecordDict) -> EvalReply:
-    """Decode and validate an evaluate reply.
-
-    Raises
-    ------
-    UpdateRejected
-        Accuracy outside ``[0, 1]``, a loss that is not a finite number in
-        ``[0, MAX_LOSS]``, or a bad example count. A training loss out of range
-        is dropped (it is optional). A reply in none of Quorum's, Flower's
-        (``eval_loss``/``eval_acc``) or the legacy layout, naming the three.
-        Anything else a parser raises (:func:`core.boundary.rejects_any`).
-    """
-    metrics = _eval_metrics(content)
-    n = _num_examples(metrics)
-    loss, acc = metrics.get("eval-loss"), metrics.get("eval-accuracy")
-    if not _in_range(loss, 0.0, MAX_LOSS):
-        raise UpdateRejected(f"eval metrics out of range: eval loss is {loss!r} (expected a number in "
-                             f"[0, {MAX_LOSS:g}])")
-    if not (acc is None or _in_range(acc, 0.0, 1.0)):
-        raise UpdateRejected(f"eval metrics out of range: eval accuracy is {acc!r} (expected a number in [0, 1], "
-                             "or none)")
-    train_loss, train_n = metrics.get("train-loss"), metrics.get("train-examples", 0)
-    if not _in_range(train_loss, 0.0, MAX_LOSS) or not _in_range(train_n, 1, MAX_EXAMPLES):
-        train_loss, train_n = None, 0
-    return EvalReply(float(loss), None if acc is None else float(acc), n,
-                     None if train_loss is None else float(train_loss), int(train_n),
-                     clean_metrics(metrics.get("extra", {})))
-
-
-#: Flower's names of an evaluation's accuracy, the first present wins.
-_ACCURACY_NAMES = ("eval_acc", "eval_accuracy", "accuracy", "acc")
-#: The figures of an evaluate reply that are not a task's own named metrics.
-_FLOWER_EVAL_KEYS = ("eval_loss", "num-examples", "num_examples", "train-loss", "train-examples")
-_EVAL_RESERVED = ("loss", "accuracy", "num_examples", "num-examples")
-
-
-def _eval_metrics(content: RecordDict) -> dict[str, Any]:
-    """An evaluate reply's figures under Quorum's names, whichever layout it came in."""
-    if isinstance(content, RecordDict) and "evaluateres.loss" in content:
-        _legacy_status(content, "evaluateres")
-        extra = content.get("evaluateres.metrics")
-        named = dict(extra) if isinstance(extra, ConfigRecord) else {}
-        return {"num-examples": dict(_typed(content, "evaluateres.num_examples", MetricRecord)).get("num_examples"),
-                "eval-loss": dict(_typed(content, "evaluateres.loss", MetricRecord)).get("loss"),
-                "eval-accuracy": next((named[k] for k in _ACCURACY_NAMES if k in named), None),
-                "extra": {k: v for k, v in named.items() if k not in _ACCURACY_NAMES}}
-    if not isinstance(content, RecordDict) or "metrics" not in content:
-        raise UpdateRejected("eval reply is in no known layout: expected a 'metrics' MetricRecord with "
-                             "'num-examples' and Quorum's 'eval-loss'/'eval-accuracy' or Flower's 'eval_loss'/"
-                             "'eval_acc', or a legacy NumPyClient's 'evaluateres.loss'; got "
-                             f"{sorted(content) if isinstance(content, RecordDict) else type(content).__name__}")
-    metrics = _metrics(content)
-    if "eval-loss" in metrics or "eval_loss" not in metrics:  # Quorum's names (or none: the check names it)
-        own = {k.removeprefix("eval-"): v for k, v in metrics.items()
-               if k.startswith("eval-") and k not in ("eval-loss", "eval-accuracy")}
-        return {**metrics, "extra": own}
-    accuracy = next((metrics[k] for k in _ACCURACY_NAMES if k in metrics), None)
-    own = {k: v for k, v in metrics.items() if k not in _ACCURACY_NAMES and k not in _FLOWER_EVAL_KEYS}
-    return {**metrics, "eval-loss": metrics["eval_loss"], "eval-accuracy": accuracy, "extra": own}

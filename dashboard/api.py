@@ -11,12 +11,20 @@ from fastapi import APIRouter, Header, HTTPException, Path, Query, Request
 from fastapi.responses import FileResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
+from core.headline import Headline
 from dashboard.live import run_events, runs_events
 from dashboard.metrics import CONTENT_TYPE, render_metrics
 from dashboard.privacy import HIDDEN_DETAIL, public_clients, run_hides_clients, without_private_runs
 from dashboard.queries import Reader
 from dashboard.schemas import ClientResultOut, ClientSummaryOut, EventOut, RoundOut, RunDetailOut, RunOut
-from dashboard.views import ROUND_CSV_FIELDS, client_result_data, client_summary_data, round_data, run_data
+from dashboard.views import (
+    client_result_data,
+    client_summary_data,
+    round_csv_fields,
+    round_csv_row,
+    round_data,
+    run_data,
+)
 
 __all__ = ["router", "metrics_router", "MAX_INT", "RoundPath"]
 
@@ -120,12 +128,17 @@ async def all_runs_stream(request: Request,
 @router.get("/runs/{run_id}/metrics.csv", summary="A run's per-round metrics as CSV",
             response_class=Response, responses={200: {"content": {"text/csv": {}}}, **NOT_FOUND})
 def rounds_csv(request: Request, run_id: str) -> Response:
+    """One row per round: the round's figures, the task's headline metric under its own name (`c_index`: the
+    server's score, else the clients'), then every task score by split (`fed-c_index`, `server-mae`, ...)."""
     reader = reader_of(request)
     run, _ = _found(reader.run(run_id), f"run {run_id!r}")
+    metric = Headline.from_info(run.info).name
+    rounds = [round_data(r) for r in reader.rounds(run.id)]
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=ROUND_CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=round_csv_fields(rounds, metric), extrasaction="ignore",
+                            lineterminator="\n")
     writer.writeheader()
-    writer.writerows(round_data(r) for r in reader.rounds(run.id))
+    writer.writerows(round_csv_row(r, metric) for r in rounds)
     return Response(out.getvalue(), media_type="text/csv; charset=utf-8",
                     headers={"content-disposition": f'attachment; filename="{run.id}-rounds.csv"'})
 

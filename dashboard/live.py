@@ -28,6 +28,7 @@ async def run_events(reader: Reader, run_id: str, after: int, poll_s: float = PO
                      ) -> AsyncIterator[ServerSentEvent]:
     """``round`` events for rounds after ``after``, ``run`` events on any change; ends with the run."""
     seen = None
+    metric = (await run_in_threadpool(reader.headline, run_id)).name
     while True:
         head = await run_in_threadpool(reader.head, run_id)
         if head is None:
@@ -37,7 +38,7 @@ async def run_events(reader: Reader, run_id: str, after: int, poll_s: float = PO
             for row in await run_in_threadpool(reader.rounds, run_id, after):
                 data = round_data(row)
                 yield ServerSentEvent(event="round", id=str(row.round), retry=RETRY_MS,
-                                      data={"round": data, "display": round_display(data)})
+                                      data={"round": data, "display": round_display(data, metric)})
                 after = row.round
         if (head.status, head.updated_at) != seen:
             seen = (head.status, head.updated_at)

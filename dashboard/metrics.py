@@ -4,7 +4,10 @@ A custom collector (no counters kept in this process): the store is the
 source of truth, so every dashboard replica reports the same figures and a
 restart loses nothing. One aggregate query per scrape; each series is
 labelled with its ``run``, and ``quorum_run_info`` carries the scenario,
-strategy and status for joins.
+strategy and status for joins. A task's own scores are labelled gauges:
+``quorum_run_metric`` / ``quorum_run_best_metric`` (the task's headline
+metric, labelled ``metric`` and ``direction``) and ``quorum_run_task_metric``
+(every score of the last round, labelled ``metric`` and ``split``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from aggregator.store import Run
+from core.headline import Headline
 from dashboard.queries import Reader, RunStats
 
 __all__ = ["StoreCollector", "make_registry", "render_metrics", "CONTENT_TYPE"]
@@ -59,10 +63,34 @@ class StoreCollector(Collector):
                 if getattr(stats, attr) is not None:
                     gauge.add_metric([run.id], getattr(stats, attr))
             yield gauge
+        yield from _task_metrics(runs)
         durations = SummaryMetricFamily("quorum_run_round_duration_seconds", "Round wall time.", labels=["run"])
         for run, stats in runs:
             durations.add_metric([run.id], count_value=stats.rounds, sum_value=stats.duration_sum)
         yield durations
+
+
+def _task_metrics(runs: list[tuple[Run, RunStats]]) -> Iterator[GaugeMetricFamily]:
+    """The task's headline metric (last and best) and every score of the last round, labelled by name."""
+    last = GaugeMetricFamily("quorum_run_metric", "The task's headline metric after the last committed round "
+                             "(server, else federated).", labels=["run", "metric", "direction"])
+    best = GaugeMetricFamily("quorum_run_best_metric", "Best value of the task's headline metric over the rounds "
+                             "(highest if its direction is up, lowest if down).", labels=["run", "metric", "direction"])
+    scores = GaugeMetricFamily("quorum_run_task_metric", "Every score the task returned in the last committed "
+                               "round; split: server (held-out set) or federated (clients' test splits, weighted).",
+                               labels=["run", "metric", "split"])
+    for run, stats in runs:
+        headline = Headline.from_info(run.info)
+        labels = [run.id, headline.name, headline.direction]
+        if stats.last_metric is not None:
+            last.add_metric(labels, stats.last_metric)
+        value = stats.metric_high if headline.higher_is_better else stats.metric_low
+        if value is not None:
+            best.add_metric(labels, value)
+        for split, values in stats.last_scores.items():
+            for name, score in sorted(values.items()):
+                scores.add_metric([run.id, name, split], score)
+    yield from (last, best, scores)
 
 
 def _status_counts(runs: list[tuple[Run, RunStats]]) -> GaugeMetricFamily:

@@ -14,6 +14,7 @@ from dashboard.views import (
     client_result_data,
     client_result_display,
     client_summary_data,
+    fmt_metric,
     fmt_num,
     fmt_time,
     round_data,
@@ -59,11 +60,12 @@ def runs_page(request: Request, status: Annotated[str | None, Query()] = None,
     pages = max(1, -(-matching // per_page))
     page = min(page, pages)
     rows = [run_data(run, stats) for run, stats in reader.runs(status or None, per_page, (page - 1) * per_page)]
+    metrics = {d["metric"]["name"] for d in rows}
     pager = {"page": page, "pages": pages, "per_page": per_page, "matching": matching,
              "first": (page - 1) * per_page + 1 if rows else 0, "last": (page - 1) * per_page + len(rows)}
     return _render(request, "runs.html", nav="runs", status=status or "", statuses=STATUSES, counts=counts,
                    total=total, runs=[(d, run_display(d)) for d in rows], since=since, pager=pager,
-                   default_per_page=PER_PAGE)
+                   default_per_page=PER_PAGE, shared_metric=metrics.pop() if len(metrics) == 1 else "")
 
 
 @router.get("/runs")
@@ -76,9 +78,10 @@ def run_page(request: Request, run_id: str) -> HTMLResponse:
     reader = _reader(request)
     run, display, row = _run_or_404(reader, run_id)
     rounds = [round_data(r) for r in reader.rounds(run_id)]
+    metric = run["metric"]["name"]
     return _render(
-        request, "run.html", nav="runs", run=run, display=display, rounds=rounds,
-        round_rows=[(r, round_display(r)) for r in reversed(rounds)],
+        request, "run.html", nav="runs", run=run, display=display, rounds=rounds, metric=metric,
+        round_rows=[(r, round_display(r, metric)) for r in reversed(rounds)],
         has_dp=any(r["epsilon"] is not None for r in rounds),
         has_secagg=any(r["secagg"] for r in rounds), scenario=scenario_text(row.scenario or {}),
         description=(row.scenario or {}).get("description", ""), info=row.info or {},
@@ -94,6 +97,7 @@ def round_page(request: Request, run_id: str, number: RoundPath) -> HTMLResponse
     if row is None:
         raise HTTPException(status_code=404, detail=f"Run {run_id} has no committed round {number}.")
     data = round_data(row)
+    metric = run["metric"]["name"]
     clients = [client_result_data(c) for c in reader.round_clients(run_id, number)]
     outcomes: dict[str, int] = {}
     for c in clients:
@@ -103,8 +107,11 @@ def round_page(request: Request, run_id: str, number: RoundPath) -> HTMLResponse
     if hidden:  # DP: counts only, never which clients were sampled
         clients = []
     columns, secagg_rows = secagg_table(data["secagg"]) if data["secagg"] else ([], [])
-    return _render(request, "round.html", nav="runs", run=run, run_display=display, round=data,
-                   display=round_display(data), clients=[(c, client_result_display(c)) for c in clients],
+    score_names = sorted({k for values in data["scores"].values() for k in values}, key=lambda k: (k != metric, k))
+    return _render(request, "round.html", nav="runs", run=run, run_display=display, round=data, metric=metric,
+                   score_names=score_names, fmt_metric=fmt_metric,
+                   display=round_display(data, metric),
+                   clients=[(c, client_result_display(c, metric)) for c in clients],
                    outcomes=outcomes, secagg_columns=columns, secagg_rows=secagg_rows, clients_hidden=hidden,
                    names=device_names(stored),
                    dp_sgd_epsilon=fmt_num(max(sgd_eps), 3) if sgd_eps else None,
@@ -161,10 +168,11 @@ def client_page(request: Request, client: str, run: Annotated[str | None, Query(
     if not rows:
         raise HTTPException(status_code=404, detail=f"Client {client!r} has not taken part in any round.")
     names = reader.run_names([r["run_id"] for r in rows])
+    metrics = {run_id: reader.headline(run_id).name for run_id in names}
     ok = sum(1 for r in rows if r["outcome"] == "ok")
     device = all_device_names(r for r, _ in reader.runs()).get(client)
     return _render(request, "client.html", nav="clients", client=client, names=names, run=run or "", device=device,
-                   rows=[(r, client_result_display(r)) for r in rows], ok=ok,
+                   rows=[(r, client_result_display(r, metrics.get(r["run_id"], "accuracy"))) for r in rows], ok=ok,
                    last_seen=fmt_time(max(r["finished_at"] for r in rows)))
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from aggregator.lease import INTERRUPTED, lease_expired
 from aggregator.store import ClientResult, Event, Round, Run, RunStore, as_shown, status_is
-from core.headline import round_scores
+from core.headline import Headline, round_scores
 
 __all__ = ["Reader", "RunStats", "RunHead", "ClientSummary", "Participation", "TERMINAL", "changed_at"]
 
@@ -168,6 +168,11 @@ class Reader:
             last = s.scalar(select(func.max(Round.round)).where(Round.run_id == run_id))
         status = INTERRUPTED if lease_expired(row.status, row.lease_until, self.store.clock()) else row.status
         return RunHead(status=status, last_round=last or 0, updated_at=row.updated_at)
+
+    def headline(self, run_id: str) -> Headline:
+        """The run's headline metric (``accuracy`` for an unknown run, or one stored before runs recorded it)."""
+        with self._session() as s:
+            return Headline.from_info(s.scalar(select(Run.info).where(Run.id == run_id)))
 
     # -- rounds -------------------------------------------------------------
     def rounds(self, run_id: str, after: int = 0) -> list[Round]:

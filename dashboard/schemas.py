@@ -7,7 +7,14 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 __all__ = ["RunOut", "RunDetailOut", "RoundOut", "ClientResultOut", "ClientSummaryOut",
-           "RecentOut", "EventOut", "RunLiveOut"]
+           "RecentOut", "EventOut", "RunLiveOut", "MetricOut"]
+
+
+class MetricOut(BaseModel):
+    """The task's headline metric (the task's ``headline_metric``; ``accuracy`` up when it declares none)."""
+
+    name: str = Field(description="The metric's name as the task's evaluate returns it: accuracy, c_index, mae, ...")
+    direction: str = Field(description="up (higher is better) or down (lower is better).")
 
 
 class RunOut(BaseModel):
@@ -33,6 +40,10 @@ class RunOut(BaseModel):
     error: str | None
     last_seen: float | None = Field(None, description="Unix time the run's process last renewed its lease "
                                                       "(when an interrupted run was last seen alive).")
+    metric: MetricOut = Field(description="The task's headline metric: what best_metric and last_metric are.")
+    best_metric: float | None = Field(description="Best value of the headline metric over the rounds (the "
+                                                  "highest or the lowest, by its direction; server, else federated).")
+    last_metric: float | None = Field(description="The headline metric after the last committed round.")
 
 
 class RunDetailOut(RunOut):
@@ -60,6 +71,11 @@ class RoundOut(BaseModel):
     epsilon: float | None = Field(description="Cumulative epsilon after this round; null without DP.")
     secagg: dict[str, Any] | None = Field(description="Secure aggregation stage record; null without it.")
     metrics: dict[str, Any]
+    metric: float | None = Field(description="The run's headline metric this round: the server's score, else the "
+                                             "federated one.")
+    scores: dict[str, dict[str, float]] = Field(description="Every score the task returned this round, by split "
+                                                            "(server: the held-out set; federated: the weighted "
+                                                            "mean over the clients' test splits), in its own names.")
 
 
 class ClientResultOut(BaseModel):
@@ -77,7 +93,10 @@ class ClientResultOut(BaseModel):
     duration_s: float | None
     bytes_in: int = Field(description="The client's replies this round, as serialised on Flower's wire.")
     bytes_out: int = Field(description="The instructions sent to the client this round, as on the wire.")
-    metrics: dict[str, Any]
+    metrics: dict[str, Any] = Field(description="The client's figures: train-<name> from training, eval-<name> "
+                                                "from its own evaluation (eval-examples: its test split's size).")
+    eval_metrics: dict[str, float] = Field(description="The client's own scores of the global model on its test "
+                                                       "split, in the task's names (loss, accuracy, c_index, ...).")
     finished_at: float
 
 

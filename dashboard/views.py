@@ -14,13 +14,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from aggregator.report import client_scores
 from aggregator.store import ClientResult, Round, Run
+from core.headline import ACCURACY, Headline, round_scores
 from dashboard.queries import ClientSummary, RunStats
 
 __all__ = ["run_data", "run_display", "round_data", "round_display", "client_result_data",
            "client_result_display", "client_summary_data", "outcome_text", "scenario_text",
-           "secagg_table", "fmt_time", "fmt_duration", "fmt_bytes", "fmt_pct", "fmt_num",
-           "ROUND_CSV_FIELDS"]
+           "secagg_table", "fmt_time", "fmt_duration", "fmt_bytes", "fmt_pct", "fmt_num", "fmt_metric",
+           "ROUND_CSV_FIELDS", "round_csv_fields", "round_csv_row"]
 
 DASH = "\u2014"
 ROUND_CSV_FIELDS = ("round", "started_at", "duration_s", "sampled", "answered", "dropped", "rejected", "failed",
@@ -68,6 +70,13 @@ def fmt_num(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}f}" if math.isfinite(x) else str(x)
 
 
+def fmt_metric(name: str, x: float | None) -> str:
+    """A task's score: ``accuracy`` as a percentage, any other to four significant digits."""
+    if name == "accuracy":
+        return fmt_pct(x)
+    return DASH if x is None or not math.isfinite(x) else f"{x:.4g}"
+
+
 def _clean(x: float | None) -> float | None:
     """NaN and infinities are not JSON; send them as null."""
     return x if x is None or math.isfinite(x) else None
@@ -78,6 +87,8 @@ def run_data(run: Run, stats: RunStats, now: float | None = None) -> dict[str, A
     """``last_seen``: when the run's process last renewed its lease (an ``interrupted`` run ended there)."""
     end = run.finished_at or ((now or time.time()) if run.status == "running"
                               else max(run.updated_at, run.heartbeat_at or 0.0))
+    headline = Headline.from_info(run.info)
+    best = stats.metric_high if headline.higher_is_better else stats.metric_low
     return {
         "id": run.id, "name": run.name, "status": run.status, "strategy": run.strategy,
         "engine": run.engine, "seed": run.seed, "rounds_total": run.rounds_total,
@@ -86,6 +97,7 @@ def run_data(run: Run, stats: RunStats, now: float | None = None) -> dict[str, A
         "epsilon": _clean(stats.epsilon), "bytes_in": stats.bytes_in, "bytes_out": stats.bytes_out,
         "started_at": run.started_at, "updated_at": run.updated_at, "finished_at": run.finished_at,
         "duration_s": max(0.0, end - run.started_at), "error": run.error, "last_seen": run.heartbeat_at,
+        "metric": headline.to_json(), "best_metric": _clean(best), "last_metric": _clean(stats.last_metric),
     }
 
 
@@ -96,8 +108,21 @@ def run_display(d: Mapping[str, Any]) -> dict[str, str]:
         "epsilon": fmt_num(d["epsilon"], 3), "started_at": fmt_time(d["started_at"]),
         "finished_at": fmt_time(d["finished_at"]), "duration": fmt_duration(d["duration_s"]),
         "traffic": fmt_bytes(d["bytes_in"] + d["bytes_out"]), "params": f"{d['num_params']:,}",
-        "last_seen": fmt_time(d["last_seen"]),
+        "last_seen": fmt_time(d["last_seen"]), **_metric_display(d),
     }
+
+
+def _metric_display(d: Mapping[str, Any]) -> dict[str, str]:
+    """The run's headline metric: its name, best and last value, and the best with its name (a mixed list)."""
+    name = (d.get("metric") or ACCURACY.to_json())["name"]
+    best, last = fmt_metric(name, d.get("best_metric")), fmt_metric(name, d.get("last_metric"))
+    return {"metric": name, "best_metric": best, "last_metric": last,
+            "best_metric_named": _named(name, best), "last_metric_named": _named(name, last)}
+
+
+def _named(name: str, shown: str) -> str:
+    """``c_index 0.7123`` (a list that mixes tasks names each value), or the dash alone."""
+    return shown if shown == DASH else f"{name} {shown}"
 
 
 # -- rounds ---------------------------------------------------------------
@@ -112,11 +137,19 @@ def round_data(r: Round) -> dict[str, Any]:
         "server_accuracy": _clean(r.server_accuracy), "accuracy": _clean(accuracy),
         "bytes_in": r.bytes_in, "bytes_out": r.bytes_out, "epsilon": _clean(r.epsilon),
         "secagg": r.secagg, "metrics": r.metrics or {},
+        "metric": _clean(r.headline), "scores": round_scores(r),
     }
 
 
-def round_display(d: Mapping[str, Any]) -> dict[str, str]:
+def round_display(d: Mapping[str, Any], metric: str = "accuracy") -> dict[str, str]:
+    """Display strings of a round; ``metric`` names the run's headline (``server_metric``, ``fed_metric``)
+    and ``task_metrics`` lists the task's others, by split."""
+    scores = d.get("scores") or {}
     return {
+        "metric": fmt_metric(metric, d.get("metric")),
+        "server_metric": fmt_metric(metric, scores.get("server", {}).get(metric)),
+        "fed_metric": fmt_metric(metric, scores.get("federated", {}).get(metric)),
+        "task_metrics": _others(scores, metric),
         "round": str(d["round"]), "started_at": fmt_time(d["started_at"]),
         "duration": fmt_duration(d["duration_s"]),
         "clients": f"{d['answered']} / {d['sampled']}", "sampled": str(d["sampled"]),
@@ -128,6 +161,35 @@ def round_display(d: Mapping[str, Any]) -> dict[str, str]:
         "bytes_in": fmt_bytes(d["bytes_in"]), "bytes_out": fmt_bytes(d["bytes_out"]),
         "epsilon": fmt_num(d["epsilon"], 3),
     }
+
+
+def _others(scores: Mapping[str, Mapping[str, float]], metric: str) -> str:
+    """The task's scores besides its headline and loss: ``fed mae 1.234, fed r2 0.45``."""
+    shown = [f"{_SHORT_SPLIT[split]} {k} {fmt_metric(k, v)}" for split, values in scores.items()
+             for k, v in sorted(values.items()) if k not in (metric, "loss")]
+    return ", ".join(shown) or DASH
+
+
+_SHORT_SPLIT = {"server": "server", "federated": "fed"}
+
+
+def round_csv_fields(rounds: Sequence[Mapping[str, Any]], metric: str) -> list[str]:
+    """The metrics CSV's columns: :data:`ROUND_CSV_FIELDS`, the headline metric under its own name (its server
+    value, else the federated one), then each task score the rounds recorded (``fed-c_index``, ``server-mae``)."""
+    named = sorted({f"{_SHORT_SPLIT[split]}-{k}" for d in rounds for split, values in (d.get("scores") or {}).items()
+                    for k in values if k not in ("accuracy", "loss")})
+    return [*ROUND_CSV_FIELDS, _headline_column(metric), *named]
+
+
+def round_csv_row(d: Mapping[str, Any], metric: str) -> dict[str, Any]:
+    """One round of the metrics CSV (:func:`round_csv_fields`)."""
+    named = {f"{_SHORT_SPLIT[split]}-{k}": v for split, values in (d.get("scores") or {}).items()
+             for k, v in values.items()}
+    return {**d, **named, _headline_column(metric): d.get("metric")}
+
+
+def _headline_column(metric: str) -> str:
+    return f"metric-{metric}" if metric in ROUND_CSV_FIELDS else metric
 
 
 # -- clients --------------------------------------------------------------
@@ -146,13 +208,16 @@ def client_result_data(c: ClientResult) -> dict[str, Any]:
         "num_examples": c.num_examples, "train_loss": _clean(c.train_loss),
         "eval_loss": _clean(c.eval_loss), "eval_accuracy": _clean(c.eval_accuracy),
         "duration_s": c.duration_s, "bytes_in": c.bytes_in, "bytes_out": c.bytes_out or 0, "metrics": c.metrics or {},
-        "finished_at": c.finished_at,
+        "eval_metrics": client_scores(c), "finished_at": c.finished_at,
     }
 
 
-def client_result_display(d: Mapping[str, Any]) -> dict[str, str]:
+def client_result_display(d: Mapping[str, Any], metric: str = "accuracy") -> dict[str, str]:
+    """Display strings of a client's result; ``metric`` (the run's headline) is its own score of it."""
     extra = {k: v for k, v in d["metrics"].items() if k not in _SHOWN_METRICS}
     return {
+        "metric": fmt_metric(metric, (d.get("eval_metrics") or {}).get(metric)),
+        "metric_named": _named(metric, fmt_metric(metric, (d.get("eval_metrics") or {}).get(metric))),
         "examples": f"{d['num_examples']:,}" if d["num_examples"] else DASH,
         "train_loss": fmt_num(d["train_loss"]), "eval_loss": fmt_num(d["eval_loss"]),
         "eval_accuracy": fmt_pct(d["eval_accuracy"]), "duration": fmt_duration(d["duration_s"]),

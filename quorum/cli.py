@@ -23,6 +23,7 @@ from dashboard.cli import app as dashboard_command
 from deploy.agent_cli import app as client_app
 from deploy.cli import app as aggregator_app
 from privacy.dp.cli import app as privacy_app
+from quorum.flower import app as flower_app
 from runtimes.parallel.cli import parallel as parallel_command
 from scenarios.errors import ScenarioError
 
@@ -329,6 +330,7 @@ def _mount_subcommands() -> None:
                   help="Run the aggregator of a real federation (SuperLink behind TLS).")
     app.add_typer(client_app, name="client", help="Enroll, revoke and run edge client agents.")
     app.command(name="parallel")(parallel_command)
+    app.add_typer(flower_app, name="flower", help="Run a stock Flower app in this process under Quorum's ServerApp.")
 
 
 _mount_subcommands()

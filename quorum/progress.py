@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from core.headline import Headline, format_value, round_scores, round_value
 from core.outcomes import count, round_line
 from core.records import RoundRecord
+from learning.task import task_class, task_headline
 from scenarios.schema import Scenario
 
 __all__ = ["RoundDisplay"]
@@ -74,7 +75,5 @@ class RoundDisplay:
 
 def _declared(scenario: Scenario) -> Headline:
     """The headline metric the scenario's task declares (its class is imported, not built)."""
-    from learning.task import task_class, task_headline
-
     spec = scenario.task
     return task_headline(task_class(spec), spec.source or scenario.name, spec.entry)

@@ -211,14 +211,27 @@ class StrategySpec:
 
 @dataclass(frozen=True)
 class EvaluationSpec:
+    """``[evaluation]``: who scores the global model, and how often.
+
+    Federated evaluation asks the round's ``clients`` (the ``"sampled"`` ones
+    that answered, or ``"all"`` connected nodes); with ``fraction < 1`` a seeded
+    sample of ``max(floor(fraction x n), min_clients)`` of them, as Flower's
+    ``FedAvg`` samples with ``fraction_evaluate`` / ``min_evaluate_nodes``.
+    """
+
     federated: bool = True
     server: bool = True
     every: int = 1
     clients: Literal["sampled", "all"] = "sampled"
+    fraction: float = 1.0
+    min_clients: int = 1
 
     def _check(self) -> None:
         positive("every", self.every)
         at_most("every", self.every, MAX_ROUNDS)
+        fraction("fraction", self.fraction)
+        positive("min_clients", self.min_clients)
+        at_most("min_clients", self.min_clients, MAX_CLIENTS)
 
 
 @dataclass(frozen=True)

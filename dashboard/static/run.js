@@ -9,6 +9,10 @@
   const table = document.getElementById("rounds-table");
   const keys = Array.from(table.tHead.rows[0].cells, (th) => th.dataset.key);
   const plotly = window.Plotly;
+  // The task's headline metric (accuracy, c_index, mae, ...): charted first, and beside the bytes moved.
+  const metric = (run.metric && run.metric.name) || "accuracy";
+  const isFraction = metric === "accuracy";
+  const metricAxis = isFraction ? { tickformat: ".0%", rangemode: "tozero" } : {};
 
   const COLORS = {
     server: "#4f46e5", fed: "#0ea5e9", train: "#f59e0b", sampled: "#6b7280",
@@ -74,7 +78,8 @@
       if (key === "dropped" && round.dropped) cell.classList.add("warn");
       if (key === "rejected" && round.rejected) cell.classList.add("bad");
       if (key === "failed" && round.failed) cell.classList.add("bad");
-      if (key === "server_accuracy") cell.classList.add("strong");
+      if (key === "server_metric") cell.classList.add("strong");
+      if (key === "task_metrics") cell.className = "small mono";
       row.appendChild(cell);
     }
     return row;
@@ -112,9 +117,9 @@
                                         ticksuffix: " s", gridcolor: "#eef0f3", zeroline: false,
                                         rangemode: "tozero" } } : {};
     plot("chart-accuracy", [
-      line("server", tx, col("server_accuracy"), COLORS.server),
-      line("federated", tx, col("fed_accuracy"), COLORS.fed),
-    ], { yaxis: { tickformat: ".0%", rangemode: "tozero" }, ...timeAxis });
+      line("server", tx, score("server", metric), COLORS.server),
+      line("federated", tx, score("federated", metric), COLORS.fed),
+    ], { yaxis: metricAxis, ...timeAxis });
     plot("chart-loss", [
       line("train", tx, col("train_loss"), COLORS.train),
       line("federated", tx, col("fed_loss"), COLORS.fed),
@@ -137,7 +142,15 @@
     drawOptional(x);
   }
 
-  /** Accuracy against cumulative bytes on the wire (uplink, and uplink + downlink): what compression buys. */
+  /** A task score of each round on one split ("server", "federated"); null where the round has none. */
+  function score(split, name) {
+    return rounds.map((r) => {
+      const v = ((r.scores || {})[split] || {})[name];
+      return typeof v === "number" && Number.isFinite(v) ? v : null;
+    });
+  }
+
+  /** The headline metric against cumulative bytes on the wire (uplink, and uplink + downlink): what compression buys. */
   function drawBytes() {
     let up = 0, both = 0;
     const upX = [], bothX = [], acc = [];
@@ -146,14 +159,14 @@
       both += (Number(r.bytes_in) || 0) + (Number(r.bytes_out) || 0);
       upX.push(up);
       bothX.push(both);
-      acc.push(r.server_accuracy ?? r.fed_accuracy ?? null);
+      acc.push(r.metric ?? null);
     }
     plot("chart-bytes", [
       line("vs uplink bytes", upX, acc, COLORS.in),
       line("vs total bytes", bothX, acc, COLORS.out, { line: { dash: "dot", width: 2 } }),
     ], { xaxis: { title: { text: "cumulative bytes" }, tickformat: ".2s", ticksuffix: "B", gridcolor: "#eef0f3",
                   zeroline: false, rangemode: "tozero" },
-         yaxis: { tickformat: ".0%", rangemode: "tozero" } });
+         yaxis: metricAxis });
   }
 
   /** An asynchronous run's staleness histogram: how many folded replies were s server steps old, over all steps. */
@@ -187,6 +200,12 @@
       plot("chart-secagg", stages.map(([name, values], i) =>
         line(name, x, values, STAGE_COLORS[i % STAGE_COLORS.length])), { yaxis: { rangemode: "tozero" } });
     }
+    const tasks = taskMetricSeries();
+    if (tasks.length) {
+      document.getElementById("panel-task-metrics").hidden = false;
+      plot("chart-task-metrics", tasks.map(([name, values], i) =>
+        line(name, x, values, STAGE_COLORS[i % STAGE_COLORS.length])), {});
+    }
     const metrics = roundMetricSeries();
     if (metrics.length) {
       document.getElementById("panel-metrics").hidden = false;
@@ -195,12 +214,37 @@
     }
   }
 
-  /** [metric name, value per round] for every numeric round metric (a task's server-mae, server-r2, ...). */
+  /** ["fed mae", value per round] for every task score besides the headline and the loss (they have charts). */
+  function taskMetricSeries() {
+    const series = [];
+    for (const [split, short] of [["server", "server"], ["federated", "fed"]]) {
+      const names = [];
+      for (const r of rounds) {
+        for (const k of Object.keys((r.scores || {})[split] || {})) {
+          if (k !== metric && k !== "loss" && !names.includes(k)) names.push(k);
+        }
+      }
+      for (const name of names.sort()) series.push([escapeLabel(short + " " + name), score(split, name)]);
+    }
+    return series;
+  }
+
+  /** Whether a round metric is one of the task's scores ("fed-mae", "server-r2": the task metrics chart has it). */
+  function isTaskScore(r, key) {
+    const scores = r.scores || {};
+    if (key.startsWith("fed-")) return key.slice(4) in (scores.federated || {});
+    if (key.startsWith("server-")) return key.slice(7) in (scores.server || {});
+    return false;
+  }
+
+  /** [metric name, value per round] for every other numeric round metric (the strategy's, the evaluation's traffic). */
   function roundMetricSeries() {
     const names = [];
     const numeric = (v) => typeof v === "number" && Number.isFinite(v);
     for (const r of rounds) {
-      for (const [k, v] of Object.entries(r.metrics || {})) if (numeric(v) && !names.includes(k)) names.push(k);
+      for (const [k, v] of Object.entries(r.metrics || {})) {
+        if (numeric(v) && !names.includes(k) && !isTaskScore(r, k)) names.push(k);
+      }
     }
     return names.sort().map((name) => [escapeLabel(name), rounds.map((r) => {
       const v = (r.metrics || {})[name];

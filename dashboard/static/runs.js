@@ -7,6 +7,8 @@
   if (!table || !window.EventSource) return;
   const filter = table.dataset.statusFilter;
   const firstPage = table.dataset.page === "1";  // new runs appear on the first page only
+  // The task metric the page's columns are named after ("" when the runs listed mix tasks: each cell names its own).
+  const shared = table.dataset.metric;
   const source = new EventSource("/api/events?since=" + encodeURIComponent(table.dataset.since));
   source.addEventListener("open", () => Q.live("live"));
   source.addEventListener("error", () => Q.live("stale"));
@@ -51,9 +53,12 @@
     const cell = rounds.appendChild(Q.el("div", { className: "rounds-cell" }));
     cell.appendChild(Q.el("span", { "data-field": "rounds" }, display.rounds));
     cell.appendChild(Q.progress(run.rounds_done, run.rounds_total));
+    const named = !shared || (run.metric && run.metric.name !== shared);
+    const best = named ? "best_metric_named" : "best_metric";
+    const last = named ? "last_metric_named" : "last_metric";
     row.append(name, status, Q.el("td", {}, run.strategy), rounds,
-      Q.el("td", { className: "num strong", "data-field": "best_accuracy" }, display.best_accuracy),
-      Q.el("td", { className: "num", "data-field": "last_accuracy" }, display.last_accuracy),
+      Q.el("td", { className: "num strong", "data-field": best }, display[best]),
+      Q.el("td", { className: "num", "data-field": last }, display[last]),
       Q.el("td", { className: "nowrap" }, display.started_at),
       Q.el("td", { className: "num nowrap", "data-field": "duration" }, display.duration));
     return row;

@@ -88,3 +88,43 @@ def test_a_store_written_before_bytes_out_gets_the_column_on_open(tmp_path) -> N
     # Assert: the old row reads back, with no download recorded
     (row,) = store.client_results("r1", 1)
     assert (row.client, row.bytes_in, row.bytes_out) == ("7", 123, 0)
+
+
+def test_a_store_written_before_headlines_reads_its_accuracy_as_the_headline(tmp_path) -> None:
+    # Prepare: two rounds as an older Quorum wrote them (no headline column; server accuracy in one, federated
+    # in the other), in today's schema with the column taken away again
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    RunStore(f"sqlite:///{path}")
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE rounds DROP COLUMN headline")
+        db.execute("INSERT INTO runs (id, name, scenario, seed, status, engine, strategy, rounds_total, rounds_done, "
+                   "num_params, started_at, updated_at, info) VALUES ('r1', 'old', '{}', 0, 'finished', 'inprocess', "
+                   "'fedavg', 2, 2, 0, 0, 0, '{}')")
+        for n, server, fed in ((1, 0.75, None), (2, None, 0.5)):
+            db.execute("INSERT INTO rounds (run_id, round, started_at, duration_s, sampled, answered, dropped, "
+                       "rejected, failed, server_accuracy, fed_accuracy, bytes_in, bytes_out, metrics, checkpoint) "
+                       "VALUES ('r1', ?, 0, 1, 1, 1, 0, 0, 0, ?, ?, 0, 0, '{}', '')", (n, server, fed))
+
+    # Execute
+    store = RunStore(f"sqlite:///{path}")
+
+    # Assert: the column is there, holding each round's accuracy (the server's, else the federated one)
+    assert [r.headline for r in store.rounds("r1")] == [0.75, 0.5]
+
+
+def test_a_round_stores_the_value_of_the_runs_own_headline_metric(db_url: str) -> None:
+    # Prepare: a run judged by mae (lower is better), whose round has an accuracy too
+    store = RunStore(db_url)
+    run_id = store.create_run(name="t", scenario={}, seed=1, strategy="fedavg", rounds=1,
+                              info={"headline": {"name": "mae", "direction": "down"}})
+    round_ = RoundRecord(round=1, started_at=0.0, duration_s=1.0, sampled=1, clients=[], server_accuracy=0.9,
+                         fed_accuracy=0.8, metrics={"server-mae": 12.5, "fed-mae": 14.0, "server-epsilon": 3.0})
+
+    # Execute
+    store.commit_round(run_id, round_, ServerState(params=np.zeros(2, np.float32), round=1))
+
+    # Assert: the server's mae, not an accuracy; DP's server-epsilon is no task score
+    (row,) = store.rounds(run_id)
+    assert row.headline == 12.5

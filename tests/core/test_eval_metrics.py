@@ -42,12 +42,20 @@ def test_accuracy_still_travels_and_is_still_range_checked() -> None:
 
 
 def test_a_clients_named_metrics_are_bounded() -> None:
-    # Prepare: a lying client reports an infinite and a huge figure next to a sane one
-    reply = RecordDict({"metrics": MetricRecord({"num-examples": 10, "eval-loss": 0.3, "eval-mae": float("inf"),
-                                                 "eval-r2": 1e300, "eval-rmse": 2.0})})
+    # Prepare: a lying client reports a huge figure next to a sane one
+    reply = RecordDict({"metrics": MetricRecord({"num-examples": 10, "eval-loss": 0.3, "eval-r2": 1e300,
+                                                 "eval-rmse": 2.0})})
 
     # Execute
     parsed = parse_eval_reply(reply)
 
     # Assert: only the bounded figure survives
     assert parsed.metrics == {"rmse": 2.0}
+
+
+@pytest.mark.parametrize("metrics", [{"num-examples": 10, "eval-loss": 0.3, "eval-mae": float("inf")},
+                                     {"num-examples": 10, "accuracy": 0.5, "mae": float("nan")}],
+                         ids=["quorum", "flower"])
+def test_a_non_finite_named_metric_refuses_the_reply_naming_it(metrics: dict) -> None:
+    with pytest.raises(UpdateRejected, match="eval metric 'mae' is .*expected a finite number"):
+        parse_eval_reply(RecordDict({"metrics": MetricRecord(metrics)}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from core.headline import Headline
 from core.records import ClientRecord, RoundRecord
 from quorum.progress import RoundDisplay
 from tests.conftest import tiny_scenario
@@ -45,3 +46,20 @@ def test_a_line_names_each_failed_and_rejected_client_with_its_reason(capsys: py
     text = " ".join(capsys.readouterr().err.split())
     assert ("clients 1/4 answered, 1 dropped (client 4), 1 rejected: client 2 update holds NaN or Inf values [x], "
             "1 failed: client 3 DataError: no label column 'label'") in text
+
+
+def test_a_line_leads_with_the_tasks_headline_then_its_other_scores(capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: a regression round scored on the server (mae, rmse, r2) and on the clients (mae only)
+    record = RoundRecord(round=2, started_at=0.0, duration_s=1.0, sampled=1, server_loss=0.25, fed_loss=0.5,
+                         clients=[ClientRecord("1", "ok")],
+                         metrics={"server-mae": 12.5, "server-rmse": 15.25, "server-r2": 0.4, "fed-mae": 14.0,
+                                  "server-epsilon": 2.0, "eval-bytes-in": 10})
+
+    # Execute
+    with RoundDisplay(tiny_scenario(rounds=2), headline=Headline("mae", "down")) as display:
+        display.update(record)
+
+    # Assert: the server's scores (its split comes first), no accuracy, nothing that is no task score
+    text = " ".join(capsys.readouterr().err.split())
+    assert "round 2 loss 0.2500 mae 12.5 r2 0.4 rmse 15.25 train-loss" in text
+    assert "acc" not in text and "epsilon" not in text

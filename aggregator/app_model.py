@@ -1,0 +1,249 @@
+"""A Flower app's global model, taken from the app itself: no Quorum task needed.
+
+Quorum's ServerApp runs a stock Flower app (``aggregator.flower_app``) with the
+app's own model, found in this order:
+
+1. run-config ``initial-arrays = "module:attr"``, when the app declares it: an
+   ``ArrayRecord``, a torch ``nn.Module``, a list of numpy arrays, the app's
+   ``ServerApp`` (probed, as in 2), or a callable returning one of these;
+2. the app's own ServerApp, beside its ClientApp as ``flwr new`` lays an app
+   out (``pkg/client_app.py`` -> ``pkg/server_app.py:app``): it is *probed*, run
+   against a grid that stops it at its first ``train`` message, whose
+   ``ArrayRecord`` is the initial model and whose ``ConfigRecord`` (quickstart-
+   pytorch's ``{"lr": 0.1}``) is the train config Quorum then sends every round;
+3. otherwise the first reply: one node is asked to ``train`` with an empty
+   ``ArrayRecord`` (round 0) and its reply's arrays (names, shapes and values)
+   are the initial model. A ClientApp that cannot build its model without the
+   server's (the official examples' ``load_state_dict`` / ``set_model_params``)
+   fails this; the error says how to name the model (1).
+
+The model travels as float32 (``core.layouts``), whatever dtype the app's
+arrays have; only float tensors can be averaged, so a non-float tensor (a
+BatchNorm ``num_batches_tracked``) is refused by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from aggregator.collect import collect, push
+from aggregator.errors import AppModelError
+from core.boundary import one_line
+from core.errors import UpdateRejected
+from core.layouts import ParamLayout, gather
+
+__all__ = ["AppModel", "model_from_arrays", "initial_model", "first_reply_model", "arrays_of", "INITIAL_ARRAYS"]
+
+#: The run-config key that names a Flower app's initial model (``"module:attr"``).
+INITIAL_ARRAYS = "initial-arrays"
+#: Train-config keys Quorum sends itself: an app's own value of them is not passed through.
+_OURS = ("server-round", "lr")
+_PROBE_NODES = 1000  # node ids shown to a probed ServerApp: enough for any min_available_nodes
+_FIRST_REPLY_S = 300.0
+
+
+@dataclass(frozen=True)
+class AppModel:
+    """A Flower app's global model: its initial values (one flat float32 buffer), the tensors' names
+    and shapes as they travel, where it came from, and the train config the app's ServerApp sends."""
+
+    params: np.ndarray
+    layout: ParamLayout
+    source: str
+    lr: float | None = None  # the app's ServerApp's train config "lr", sent as Quorum's lr
+    train_config: dict[str, float | int | bool | str] = field(default_factory=dict)  # its other keys
+
+
+def model_from_arrays(arrays: ArrayRecord, source: str, config: ConfigRecord | None = None) -> AppModel:
+    """The model held by ``arrays`` (any float dtype, C or Fortran order; converted once to float32).
+
+    Raises
+    ------
+    AppModelError
+        No tensor, a non-float one (named), or values that are not finite.
+    """
+    if not isinstance(arrays, ArrayRecord) or not arrays:
+        raise AppModelError(f"{source} holds no arrays")
+    odd = [(name, a.dtype) for name, a in arrays.items() if not str(a.dtype).startswith(("float", "bfloat"))]
+    if odd:
+        raise AppModelError(f"{source}: tensor {odd[0][0]!r} is {odd[0][1]}: Quorum averages float tensors only")
+    layout = ParamLayout(tuple(arrays), tuple(tuple(int(d) for d in a.shape) for a in arrays.values()))
+    try:
+        params = gather(list(arrays.items()), layout, f"{source}'s arrays")
+    except UpdateRejected as exc:
+        raise AppModelError(str(exc)) from None
+    settings = {k: v for k, v in dict(config or {}).items() if isinstance(v, (int, float, bool, str))}
+    lr = settings.pop("lr", None)
+    return AppModel(params, layout, source, float(lr) if isinstance(lr, (int, float)) else None,
+                    {k: v for k, v in settings.items() if k not in _OURS})
+
+
+def initial_model(grid: Grid, context: Context, own_serverapp: str | None) -> AppModel:
+    """The app's initial model: its ``initial-arrays`` hook, its own ServerApp (``own_serverapp``,
+    ``"module:attr"``, when the app has one), or the first reply.
+
+    Raises
+    ------
+    AppModelError
+        None of them gave a model; the reasons of each are in the message.
+    """
+    hook = str(context.run_config.get(INITIAL_ARRAYS, "") or "")
+    if hook:
+        return _from_object(_load(hook), hook, grid, context)
+    tried = []
+    if own_serverapp is not None:
+        try:
+            return _probe(_load(own_serverapp), own_serverapp, grid, context)
+        except AppModelError as exc:
+            tried.append(str(exc))
+    try:
+        return first_reply_model(grid)
+    except AppModelError as exc:
+        tried.append(str(exc))
+    raise AppModelError("no initial model for this Flower app: " + "; ".join(tried) + f"; name it with run-config "
+                        f"{INITIAL_ARRAYS} = \"module:attr\" (an ArrayRecord, a torch Module, a list of numpy "
+                        "arrays, the app's ServerApp, or a function returning one: docs/runtimes.md)")
+
+
+def _load(ref: str) -> Any:
+    module, _, attr = ref.partition(":")
+    try:
+        target: Any = importlib.import_module(module)
+        for part in attr.split(".") if attr else ():
+            target = getattr(target, part)
+    except Exception as exc:  # the app's module: whatever its import raises
+        raise AppModelError(f"{ref} could not be loaded: {one_line(exc)}") from exc
+    return target
+
+
+def _from_object(value: Any, ref: str, grid: Grid, context: Context) -> AppModel:
+    """An ``initial-arrays`` object as a model: an ArrayRecord, a torch Module, numpy arrays, a ServerApp,
+    or a zero-argument callable (a class, a factory) returning one of them."""
+    if isinstance(value, ServerApp):
+        return _probe(value, ref, grid, context)
+    if isinstance(value, ArrayRecord):
+        return model_from_arrays(value, ref)
+    if hasattr(value, "state_dict") and not isinstance(value, type):  # a torch Module (torch not imported here)
+        return model_from_arrays(ArrayRecord(value.state_dict()), ref)
+    if isinstance(value, (list, tuple)) and all(isinstance(a, np.ndarray) for a in value):
+        return model_from_arrays(ArrayRecord(list(value)), ref)
+    if callable(value):
+        try:
+            made = value()
+        except Exception as exc:  # the app's code
+            raise AppModelError(f"{ref}() raised {one_line(exc)}") from exc
+        return _from_object(made, f"{ref}()", grid, context)
+    raise AppModelError(f"{ref} is a {type(value).__name__}: expected an ArrayRecord, a torch Module, a list of "
+                        "numpy arrays, a ServerApp or a function returning one")
+
+
+class _FirstMessage(Exception):  # not an error: how the probe stops the app's ServerApp
+    def __init__(self, content: RecordDict) -> None:
+        super().__init__("the app's first message")
+        self.content = content
+
+
+class _ProbeGrid(Grid):
+    """The grid a probed ServerApp runs on: many nodes, and its first message ends it (see :func:`_probe`)."""
+
+    def __init__(self, real: Grid) -> None:
+        self._real = real
+        known = list(real.get_node_ids())
+        self._ids = known + [max(known, default=0) + i for i in range(1, _PROBE_NODES - len(known) + 1)]
+
+    def set_run(self, run: Any) -> None:
+        self._real.set_run(run)
+
+    @property
+    def run(self) -> Any:
+        return self._real.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self._ids)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        for message in messages:
+            raise _FirstMessage(message.content)
+        return []
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return []
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        self.push_messages(messages)
+        return []
+
+
+def _probe(server_app: Any, ref: str, grid: Grid, context: Context) -> AppModel:
+    """Run the app's own ServerApp until its first message; that message's arrays and config are the model.
+
+    Flower's log is held at WARNING meanwhile: the probed strategy's "Starting FedAvg" and "Sampled 1000
+    nodes" lines describe no real round.
+    """
+    if not isinstance(server_app, ServerApp):
+        raise AppModelError(f"{ref} is a {type(server_app).__name__}, not a Flower ServerApp")
+    probe_context = Context(run_id=context.run_id, node_id=context.node_id, node_config=dict(context.node_config),
+                            state=RecordDict(), run_config=dict(context.run_config))
+    flwr_log = logging.getLogger("flwr")
+    level = flwr_log.level
+    flwr_log.setLevel(logging.WARNING)
+    try:
+        server_app(grid=_ProbeGrid(grid), context=probe_context)
+    except _FirstMessage as first:
+        return _from_message(first.content, f"{ref} (the app's own ServerApp, up to its first message)")
+    except Exception as exc:  # the app's ServerApp: whatever it raises before it sends
+        raise AppModelError(f"the app's ServerApp {ref} raised before its first message: {one_line(exc)}") from exc
+    finally:
+        flwr_log.setLevel(level)
+    raise AppModelError(f"the app's ServerApp {ref} ended without sending a message")
+
+
+def _from_message(content: RecordDict, source: str) -> AppModel:
+    arrays = next((r for r in content.values() if isinstance(r, ArrayRecord)), None)
+    config = next((r for r in content.values() if isinstance(r, ConfigRecord)), None)
+    if arrays is None:
+        raise AppModelError(f"{source}: its first message carries no ArrayRecord")
+    return model_from_arrays(arrays, source, config)
+
+
+def first_reply_model(grid: Grid, deadline_s: float = _FIRST_REPLY_S) -> AppModel:
+    """Ask one node to ``train`` with an empty ``ArrayRecord`` (round 0); its reply's arrays are the model.
+
+    Raises
+    ------
+    AppModelError
+        No node, no reply within ``deadline_s``, an error reply (its reason), or a reply without arrays.
+    """
+    nodes = sorted(grid.get_node_ids())
+    if not nodes:
+        raise AppModelError("no node is connected to ask for the model")
+    content = RecordDict({"arrays": ArrayRecord(), "config": ConfigRecord({"server-round": 0})})
+    replies: list[Message] = []
+    collect(grid, push(grid, {nodes[0]: content}, "train", 0), deadline_s, lambda _, reply: replies.append(reply))
+    what = f"node {nodes[0]}'s reply to a train message without arrays (round 0)"
+    if not replies:
+        raise AppModelError(f"{what} did not come within {deadline_s:g} s")
+    if replies[0].has_error():
+        raise AppModelError(f"{what} is an error: {one_line(RuntimeError(replies[0].error.reason))}")
+    return _from_message(replies[0].content, what)
+
+
+def arrays_of(model: AppModel, params: np.ndarray) -> dict[str, np.ndarray]:
+    """``params`` (a flat buffer of ``model``'s layout) as the app's named arrays."""
+    out, offset = {}, 0
+    for name, shape, n in zip(model.layout.names, model.layout.shapes, model.layout.sizes, strict=True):
+        out[name] = np.asarray(params[offset:offset + n]).reshape(shape)
+        offset += n
+    return out
