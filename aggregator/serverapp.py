@@ -149,6 +149,21 @@ def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: st
     return run_id, strategy.init_state(initial), factory, test
 
 
+def _loop(scenario: Scenario, strategy: Any, fit: Any, store: RunStore, run_id: str, evaluator: Any,
+          on_round: Callable[[RoundRecord], None] | None, layout: Any, standardization: Any,
+          model: AppModel | None) -> RoundLoop | BufferedLoop:
+    """The loop that drives the run: buffered asynchronous steps (``[async]``) or synchronous rounds."""
+    if scenario.asynchronous.enabled:
+        fed = scenario.federation
+        return BufferedLoop(scenario=scenario, strategy=strategy, store=store, run_id=run_id,
+                            server_eval=evaluator, on_round=on_round, layout=layout,
+                            weighting=WeightPolicy(fed.weighting, median_cap=fed.median_cap,
+                                                   max_examples=fed.max_examples))
+    return RoundLoop(scenario=scenario, strategy=strategy, fit=fit, store=store, run_id=run_id,
+                     server_eval=evaluator, on_round=on_round, layout=layout, standardization=standardization,
+                     app_config=model.train_config if model is not None else {})
+
+
 def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: str,
                    resume_id: str | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
@@ -186,19 +201,8 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
             on_start(run_id)
         evaluator, layout, standardization = (_prepare(grid, scenario, store, run_id, factory, test)
                                               if model is None else (None, model.layout, None))
-        if scenario.asynchronous.enabled:
-            fed = scenario.federation
-            buffered = BufferedLoop(scenario=scenario, strategy=strategy, store=store, run_id=run_id,
-                                    server_eval=evaluator, on_round=on_round, layout=layout,
-                                    weighting=WeightPolicy(fed.weighting, median_cap=fed.median_cap,
-                                                           max_examples=fed.max_examples))
-            state, loop_status, last = buffered.run(grid, state)
-            result = LoopResult(state, loop_status, last)
-        else:
-            loop = RoundLoop(scenario=scenario, strategy=strategy, fit=fit, store=store, run_id=run_id,
-                             server_eval=evaluator, on_round=on_round, layout=layout, standardization=standardization,
-                             app_config=model.train_config if model is not None else {})
-            result = loop.run(grid, state)
+        loop = _loop(scenario, strategy, fit, store, run_id, evaluator, on_round, layout, standardization, model)
+        result = LoopResult(*loop.run(grid, state)) if isinstance(loop, BufferedLoop) else loop.run(grid, state)
     except BaseException as exc:
         heartbeat.stop()
         store.set_status(run_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
@@ -206,8 +210,8 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
         raise
     try:
         status, error = final_status(store, run_id, result.status)
-        if scenario.asynchronous.enabled and result.status == "failed":
-            error = buffered.failure
+        if isinstance(loop, BufferedLoop) and result.status == "failed":
+            error = loop.failure
         store.set_status(run_id, status, error=error)
     finally:
         heartbeat.stop()

@@ -54,6 +54,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from aggregator.store import RunStore
+from core.headline import headline_of, round_scores
 from learning.errors import TaskError
 from learning.federation import cached_federation
 from learning.models import build_model
@@ -158,7 +159,7 @@ def _manifest(scenario: Scenario, task: Task, module: nn.Module, run: Any, serve
     spec = scenario.task
     shape = _input_shape(task)
     classes = _classes(task)
-    scores = _round_scores(row)
+    scores = round_scores(row)
     manifest: dict[str, Any] = {
         "format": FORMAT, "weights": WEIGHTS, "exported_at": time.time(),
         "run": {"id": run.id, "name": run.name, "round": server_round, "status": run.status},
@@ -200,40 +201,17 @@ def _scenario_record(scenario: Scenario, task: Task) -> dict[str, Any]:
     return record
 
 
-def _round_scores(row: Any) -> dict[str, dict[str, float]]:
-    """The exported round's scores as the run stored them, by where they were taken (``server``: the
-    aggregator's held-out set; ``federated``: the clients' test splits), each in the task's own names."""
-    scores: dict[str, dict[str, float]] = {}
-    for split, column, prefix in (("server", "server", "server-"), ("federated", "fed", "fed-")):
-        named = {"accuracy": getattr(row, f"{column}_accuracy", None)}
-        named.update({k[len(prefix):]: v for k, v in (getattr(row, "metrics", None) or {}).items()
-                      if k.startswith(prefix)})
-        named["loss"] = getattr(row, f"{column}_loss", None)
-        values = {k: float(v) for k, v in named.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-        if values:
-            scores[split] = values
-    return scores
-
-
 def _headline(task: Task, scores: dict[str, dict[str, float]]) -> dict[str, Any] | None:
     """The task's headline metric for this round: the one the task declares (``headline_metric``), else
     ``accuracy`` when the run has one, else the first metric its evaluation returned, else ``loss``; taken
     from the server's scores when there are any, else the federated ones. ``None`` when the round has none."""
-    declared = _declared_metric(task)
+    declared = headline_of(task).name if getattr(task, "headline_metric", None) is not None else None
     for split, values in scores.items():
         others = [k for k in values if k != "loss"]
         name = declared or ("accuracy" if "accuracy" in values else others[0] if others else "loss")
         if name in values:
             return {"name": name, "value": values[name], "split": split}
     return None
-
-
-def _declared_metric(task: Task) -> str | None:
-    """The metric the task names as its headline (``headline_metric = "c_index"``, or ``("c_index", "up")``)."""
-    declared = getattr(task, "headline_metric", None)
-    if isinstance(declared, (tuple, list)) and declared:
-        declared = declared[0]
-    return declared if isinstance(declared, str) and declared else None
 
 
 def _input_shape(task: Task) -> tuple[int, ...]:

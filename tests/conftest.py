@@ -11,6 +11,7 @@ is part of the first tier (it starts no new program).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
@@ -108,31 +109,33 @@ def _guarded(item: pytest.Item) -> bool:
     return item.get_closest_marker("e2e") is None
 
 
+@contextlib.contextmanager
+def _charging(item: pytest.Item) -> Iterator[None]:
+    """Record into ``item`` what the phase inside starts, and the sockets still listening after it."""
+    events = item.stash.setdefault(_EVENTS, [])
+    before = item.stash.setdefault(_BEFORE, _listening())
+    _charged.append(events)
+    try:
+        yield
+    finally:
+        _charged.pop()
+        events.extend(f"a listening socket on {a}" for a in sorted(_listening() - before))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     if not _guarded(item):
         return (yield)
-    item.stash[_EVENTS] = events = []
-    item.stash[_BEFORE] = _listening()
-    _charged.append(events)
-    try:
+    with _charging(item):
         return (yield)
-    finally:
-        _charged.pop()
-        events.extend(f"a listening socket on {a}" for a in sorted(_listening() - item.stash[_BEFORE]))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    if not _guarded(item) or _EVENTS not in item.stash:
+    if not _guarded(item):
         return (yield)
-    events = item.stash[_EVENTS]
-    _charged.append(events)
-    try:
+    with _charging(item):
         return (yield)
-    finally:
-        _charged.pop()
-        events.extend(f"a listening socket on {a}" for a in sorted(_listening() - item.stash[_BEFORE]))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -31,6 +31,8 @@ ROWS = (
 
 @dataclass(frozen=True)
 class Rows:
+    """A regression set: float targets, as ``learning.training.train`` takes with an MSE ``loss_fn``."""
+
     x: np.ndarray
     y: np.ndarray
 
@@ -38,7 +40,7 @@ class Rows:
         return len(self.y)
 
 
-def _mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(output.squeeze(-1), target)
 
 
@@ -59,10 +61,10 @@ class LinearTask(Task):
 
     def train(self, model: nn.Module, data: Any, config: TrainConfig, seed: int) -> Metrics:
         result = train(model, data, epochs=config.epochs, batch_size=len(data), lr=config.lr, seed=seed,
-                       loss_fn=_mse, steps=config.steps)
+                       loss_fn=mse, steps=config.steps)
         return {"loss": float(result.loss), "num_examples": float(result.num_examples)}
 
     def evaluate(self, model: nn.Module, data: Any) -> Metrics:
         with torch.no_grad():
-            loss = _mse(model(torch.from_numpy(data.x)), torch.from_numpy(data.y))
+            loss = mse(model(torch.from_numpy(data.x)), torch.from_numpy(data.y))
         return {"loss": float(loss), "num_examples": float(len(data))}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,6 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from torch import nn
-from torch.nn import functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from aggregator.step import train_config
@@ -26,22 +24,8 @@ from learning.training import train
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario, scenario_from_dict
+from tests.aggregator.linear_task import Rows, mse
 from tests.conftest import tiny_scenario
-
-
-@dataclass(frozen=True)
-class _Rows:
-    """A regression set: float targets, as ``learning.training.train`` takes with an MSE ``loss_fn``."""
-
-    x: np.ndarray
-    y: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-
-def _mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.mse_loss(output.squeeze(-1), target)
 
 
 def _linear(w: list[float]) -> nn.Linear:
@@ -90,8 +74,8 @@ def test_three_full_batch_steps_match_sgd_worked_out_in_numpy() -> None:
         expected = expected - lr * 2 / len(y) * x.T @ (x @ expected - y)
 
     # Execute
-    result = train(model, _Rows(x.astype(np.float32), y.astype(np.float32)), epochs=5, batch_size=2, lr=lr, seed=0,
-                   loss_fn=_mse, steps=3)
+    result = train(model, Rows(x.astype(np.float32), y.astype(np.float32)), epochs=5, batch_size=2, lr=lr, seed=0,
+                   loss_fn=mse, steps=3)
 
     # Assert: (0.5, -1) -> (0, -0.25) -> (0.075, 0.075) -> (0.1075, 0.245); epochs = 5 does not apply
     np.testing.assert_allclose(expected, [0.1075, 0.245], rtol=1e-12)
@@ -113,8 +97,8 @@ def test_steps_past_a_pass_cycle_the_data_in_a_fresh_order() -> None:
     model = _linear(list(w))
 
     # Execute
-    train(model, _Rows(x.astype(np.float32), y.astype(np.float32)), epochs=1, batch_size=2, lr=lr, seed=seed,
-          loss_fn=_mse, steps=3)
+    train(model, Rows(x.astype(np.float32), y.astype(np.float32)), epochs=1, batch_size=2, lr=lr, seed=seed,
+          loss_fn=mse, steps=3)
 
     # Assert
     np.testing.assert_allclose(model.weight.detach().numpy()[0], expected, rtol=1e-5)
