@@ -107,7 +107,7 @@ def flower_app_scenario(run_config: Mapping[str, Any], *, clients: int, name: st
         "evaluation": {"federated": eval_fraction > 0, "server": False, "clients": "all",
                        "fraction": eval_fraction or 1.0, "min_clients": max(1, min(min_eval, clients))},
     }
-    overrides = json.loads(str(run_config.get("overrides") or "{}"))
+    overrides = _overrides(run_config.get("overrides"))
     try:
         scenario = scenario_from_dict({**raw, **overrides}, source="the Flower app's run config")
     except ScenarioError as exc:
@@ -116,6 +116,17 @@ def flower_app_scenario(run_config: Mapping[str, Any], *, clients: int, name: st
     honoured = tuple(f"{k}={run_config[k]}" for k in HONOURED if k in run_config)
     client = tuple(sorted(k for k in run_config if k not in HONOURED and k not in QUORUM_KEYS))
     return scenario, AppKeys(honoured, client)
+
+
+def _overrides(value: Any) -> dict[str, Any]:
+    """Quorum's ``overrides`` key: a JSON object of scenario sections laid over the app's settings."""
+    try:
+        overrides = json.loads(str(value or "{}"))
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(f"run config overrides = {value!r}: not JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(overrides, dict):
+        raise ScenarioError(f"run config overrides = {value!r}: expected a JSON object of scenario sections")
+    return overrides
 
 
 def _training(run_config: Mapping[str, Any]) -> dict[str, Any]:

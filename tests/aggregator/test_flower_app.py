@@ -19,6 +19,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aggregator.app_model import arrays_of, first_reply_model, initial_model, model_from_arrays
 from aggregator.errors import AppModelError, RunFailed
@@ -27,6 +29,7 @@ from aggregator.serverapp import app as quorum_serverapp
 from aggregator.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from scenarios.errors import ScenarioError
+from scenarios.flower_app import HONOURED, QUORUM_KEYS, REFUSED, flower_app_scenario
 
 STEP = 0.5  # each client moves w half way to its target
 
@@ -276,3 +279,31 @@ def test_a_failed_run_is_logged_with_its_reasons_and_raises_so_flower_records_it
     assert rounds[0].levelno == logging.WARNING and "2 failed: client 1 ValueError: no label column 'y'" in \
         rounds[0].getMessage()
     assert flwr_records(caplog)[-1].levelno == logging.ERROR
+
+
+_ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=30), st.binary(max_size=10),
+    st.lists(st.integers(), max_size=3))
+_KEYS = st.sampled_from([*HONOURED, *REFUSED, "overrides", "penalty", "num-server-rounds"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(run_config=st.dictionaries(_KEYS, _ANY_VALUE, max_size=6), clients=st.integers(min_value=1, max_value=50))
+def test_any_run_config_gives_a_scenario_or_one_named_refusal(run_config: dict, clients: int) -> None:
+    # A Flower app's run config is what its pyproject or `flwr run --run-config` says: huge integers, inf,
+    # NaN, strings, bytes and lists where numbers belong must end in a ScenarioError naming the key, never
+    # another exception or a scenario with unusable settings.
+    try:
+        scenario, keys = flower_app_scenario(run_config, clients=clients, name="app")
+    except ScenarioError as exc:
+        message = str(exc)
+        assert "\n" not in message.strip()
+        assert any(k in message for k in run_config), (run_config, message)
+        return
+    assert scenario.rounds >= 1 and 1 <= scenario.federation.clients_per_round <= clients
+    assert np.isfinite(scenario.training.lr) and scenario.training.lr > 0
+    rounds = run_config.get("num-server-rounds")
+    if rounds is not None:
+        assert scenario.rounds == rounds
+    assert set(keys.client) == {k for k in run_config if k not in HONOURED and k not in QUORUM_KEYS}

@@ -12,6 +12,8 @@ import math
 
 import pytest
 from flwr.app import MetricRecord, RecordDict
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from core.errors import UpdateRejected
 from core.messages import LOSS_NAMES, parse_eval_reply
@@ -66,3 +68,29 @@ def test_quickstart_numpys_list_only_reply_is_accepted_with_no_figures() -> None
 def test_non_finite_or_out_of_range_figures_are_refused_with_the_reason(metrics: dict, reason: str) -> None:
     with pytest.raises(UpdateRejected, match=reason):
         parse_eval_reply(_reply(**metrics))
+
+
+_NAMES = st.one_of(st.sampled_from([*LOSS_NAMES, "accuracy", "num-examples", "c_index", "random_metric"]),
+                   st.text(min_size=1, max_size=80))
+_VALUES = st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True, allow_infinity=True),
+                    st.lists(st.floats(allow_nan=True), max_size=3))
+
+
+@settings(max_examples=500, deadline=None)
+@given(metrics=st.dictionaries(_NAMES, _VALUES, max_size=6))
+def test_any_metric_names_and_values_are_read_or_refused_with_a_reason(metrics: dict) -> None:
+    # Metric names and values come from the client: whatever they are, the reply is read with finite
+    # figures only, or refused with UpdateRejected; no other exception reaches the round.
+    try:
+        content = RecordDict({"metrics": MetricRecord(metrics)})
+    except Exception:  # Flower's own record refuses it before Quorum sees it
+        assume(False)
+    try:
+        reply = parse_eval_reply(content)
+    except UpdateRejected as exc:
+        assert str(exc).strip()
+        return
+    figures = [reply.loss, reply.accuracy, reply.train_loss, *reply.metrics.values()]
+    assert all(math.isfinite(v) for v in figures if v is not None)
+    assert reply.num_examples >= 1
+    assert reply.accuracy is None or 0 <= reply.accuracy <= 1
