@@ -1,6 +1,6 @@
 """A real browser on a live federation: new rounds appear on an open page without a reload.
 
-Starts ``quorum dashboard`` and ``quorum simulate`` (6 rounds) as subprocesses on
+Starts ``quorum dashboard`` and ``quorum simulate`` (30 rounds) as subprocesses on
 one store, opens the run page in Debian's headless Chromium through Playwright,
 and waits for a round committed after the page loaded. Screenshots go to
 ``test-output/`` for a person to look at.
@@ -28,6 +28,10 @@ from tests.conftest import wait_for
 CHROMIUM = shutil.which("chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 SHOTS = ROOT / "test-output"
+# Rounds of the live run: enough that it is still running when each page looks for a new one. With 6, a
+# quickstart round of about 3 s finished the run before a loaded machine's Chromium had opened the runs
+# page, which then waited for a round that never came. The run is stopped by PID when the test ends.
+ROUNDS = 30
 ROUNDS_JS = "() => document.querySelectorAll('#rounds-table tbody tr').length"
 # Points drawn in the first (server accuracy) trace of the accuracy chart.
 POINTS_JS = """() => {
@@ -67,7 +71,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
                                      cwd=ROOT, env=env, stdout=dash_log, stderr=subprocess.STDOUT)
         cleanup.callback(stop, dashboard)
         simulation = subprocess.Popen([sys.executable, "-m", "quorum", "simulate", "scenarios/quickstart.toml",
-                                       "--rounds", "6", "--db", db_url, "--json"],
+                                       "--rounds", str(ROUNDS), "--db", db_url, "--json"],
                                       cwd=ROOT, env=env, stdout=sim_log, stderr=subprocess.STDOUT)
         cleanup.callback(stop, simulation)
         base = f"http://127.0.0.1:{port}"
@@ -133,7 +137,7 @@ def _check_live_run_page(page: Page, stack: Stack, run_id: str) -> None:
     # accuracy against cumulative bytes: one point per round on each of its two curves
     bytes_points = "() => document.querySelectorAll('#chart-bytes .scatterlayer .trace .points path').length"
     page.wait_for_function(f"(n) => ({bytes_points})() >= 2 * n", arg=rows, timeout=10_000)
-    assert page.locator('.cards [data-field="rounds"]').inner_text().startswith(f"{rows} / 6")
+    assert page.locator('.cards [data-field="rounds"]').inner_text().startswith(f"{rows} / {ROUNDS}")
     page.screenshot(path=str(SHOTS / "dashboard-run.png"), full_page=True)
 
 
