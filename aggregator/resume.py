@@ -20,6 +20,8 @@ from typing import Any
 from aggregator.errors import ResumeRefused
 from aggregator.store import Run, RunStore
 from core.strategy import ServerState, Strategy
+from learning.record import scenario_record
+from learning.task import load_task
 from scenarios.schema import Scenario, scenario_from_dict
 
 __all__ = ["ENDED", "has_ended", "scenario_difference", "check_same_scenario", "parent_of", "start_state"]
@@ -67,8 +69,10 @@ def check_same_scenario(run: Run, scenario: Scenario) -> None:
     ResumeRefused
         Naming what differs, and how to start a new run from the old one instead.
     """
-    stored = scenario_from_dict(run.scenario, source=f"run {run.id}").to_dict()  # as today's schema reads it
-    diff = scenario_difference(stored, scenario.to_dict())
+    stored = scenario_from_dict(run.scenario, source=f"run {run.id}")  # as today's schema reads it
+    # compared as runs record them (learning.record): a section the run does not use cannot differ
+    diff = scenario_difference(scenario_record(stored, load_task(stored)),
+                               scenario_record(scenario, load_task(scenario)))
     if diff is not None:
         raise ResumeRefused(f"run {run.id} has another scenario: {diff}; the run is left as it was (to train "
                             f"these settings from one of its rounds: quorum resume --from {run.id} --round N "

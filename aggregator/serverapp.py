@@ -54,6 +54,7 @@ from core.records import RoundRecord
 from core.strategy import ServerState
 from core.weighting import WeightPolicy
 from learning.models import layout_of
+from learning.record import scenario_record
 from learning.standardize import Standardization
 from learning.task import TaskModel, load_task, task_headline
 from privacy.dp import make_dp_strategy
@@ -143,7 +144,8 @@ def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: st
     info = ({"strategy": strategy.describe(), "headline": _headline(scenario)} if model is None else
             {"strategy": strategy.describe(), "headline": Headline().to_json(), "model": model.source})
     run_id = resume_id or store.create_run(
-        name=scenario.name, scenario=scenario.to_dict(), seed=scenario.seed,
+        name=scenario.name, scenario=scenario_record(scenario, load_task(scenario) if model is None else None),
+        seed=scenario.seed,
         strategy=strategy.describe()["name"], rounds=scenario.rounds, engine=engine,
         num_params=int(initial.size), info=info)
     return run_id, strategy.init_state(initial), factory, test
@@ -244,9 +246,9 @@ def fork_run(store: RunStore, parent_id: str, server_round: int | None, scenario
     server_round = _start_round(store, parent.id, server_round, scenario)
     strategy, _ = _build(scenario)  # a bad setting fails here, before a run exists
     size = _fitting_size(store, parent, server_round, scenario)
-    return store.create_run(name=scenario.name, scenario=scenario.to_dict(), seed=scenario.seed,
-                            strategy=strategy.describe()["name"], rounds=scenario.rounds, engine=engine,
-                            num_params=size, rounds_done=server_round,
+    return store.create_run(name=scenario.name, scenario=scenario_record(scenario, load_task(scenario)),
+                            seed=scenario.seed, strategy=strategy.describe()["name"], rounds=scenario.rounds,
+                            engine=engine, num_params=size, rounds_done=server_round,
                             info={"strategy": strategy.describe(), "headline": _headline(scenario),
                                   "parent": {"run": parent.id, "round": server_round}})
 

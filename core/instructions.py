@@ -220,6 +220,8 @@ def read_instruction(content: RecordDict, layout: ParamLayout | None = None,
         base = defaults or TrainConfig(round=0, epochs=1, batch_size=32, lr=0.01, seed=0)
         if isinstance(arrays, ArrayRecord):
             want = layout or ParamLayout(tuple(arrays), tuple(tuple(a.shape) for a in arrays.values()))
+            if _positional(arrays, want):  # ArrayRecord(list of arrays): keys "0", "1", ... in the model's order
+                want = ParamLayout(tuple(arrays), want.shapes)
             missing = [n for n in want.names if n not in arrays]
             if missing:
                 raise UpdateRejected(f"the server's 'arrays' lack {missing[:3]}; this client's model is "
@@ -245,6 +247,16 @@ def _read_quorum(arrays: ArrayRecord, config: TrainConfig) -> Instruction:
     if not all_finite(params):
         raise UpdateRejected("global model holds NaN or Inf values")
     return Instruction(params, config, Wire.QUORUM, own)
+
+
+def _positional(arrays: ArrayRecord, layout: ParamLayout) -> bool:
+    """Whether a Flower server's ``arrays`` name tensors by position (``ArrayRecord([a, b])``, as NumPy and
+    scikit-learn apps build theirs: keys ``"0"``, ``"1"``, ...) where the client's model names them otherwise,
+    one tensor per name: they are read, and answered, in the model's order under the server's keys (the
+    shapes must still agree)."""
+    keys = tuple(arrays)
+    return (keys != layout.names and len(keys) == len(layout.names)
+            and keys == tuple(str(i) for i in range(len(keys))))
 
 
 def _read_legacy(record: ArrayRecord, settings: Any, layout: ParamLayout | None, base: TrainConfig) -> Instruction:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import signal
 import subprocess
@@ -236,12 +235,6 @@ def run_task(address: str, token: str, client_app: Any, task_input_s: float = TA
     return f"{status}: {local or details}" if details else f"{status}{reply_summary(reply)}"
 
 
-def _warm_up() -> None:
-    """Import now what the first task would: torch's first optimiser loads ``torch._dynamo`` (1.5-2.5 s
-    of imports, measured), which would otherwise land in the device's first round, against its deadline."""
-    importlib.import_module("torch._dynamo")
-
-
 def serve_tasks(address: str, poll_s: float, stop: threading.Event | None = None,
                 task_input_s: float = TASK_INPUT_S) -> None:
     """Take ClientApp tasks from the SuperNode at ``address`` until ``stop`` is set."""
@@ -251,7 +244,6 @@ def serve_tasks(address: str, poll_s: float, stop: threading.Event | None = None
 
     from clients.clientapp import app as client_app
 
-    _warm_up()
     stop = stop or threading.Event()
     # No retries with back-off here: while the SuperNode restarts, asking again every
     # poll is what keeps the first task after a reconnect from waiting half a minute.

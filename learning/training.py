@@ -6,7 +6,10 @@ cycled until that many batches were taken, the last pass cut short.
 
 Data are turned into tensors once per call (``torch.from_numpy``, no copy);
 each epoch gathers the shuffled examples once and takes batches as views, so
-there is no DataLoader overhead. Shuffling uses a ``torch.Generator`` seeded
+there is no DataLoader overhead. The SGD step is written out (:class:`_SGD`,
+the arithmetic of ``torch.optim.SGD`` on CPU): ``torch.optim``'s ``step``
+imports ``torch._dynamo`` on its first call, about 2 s of CPU in every fresh
+process, and a deployed client is a fresh process per message. Shuffling uses a ``torch.Generator`` seeded
 from ``seed``: with one thread, the same seed gives the same weights bit for
 bit. The number of torch threads is the caller's choice.
 """
@@ -105,7 +108,7 @@ def train(
     x, y = _tensors(data)
     params = [p for p in model.parameters() if p.requires_grad]
     anchor = [p.detach().clone() for p in params] if proximal_mu > 0 else None
-    step = _Step(model, torch.optim.SGD(params, lr=lr, momentum=momentum), params, anchor, proximal_mu, loss_fn)
+    step = _Step(model, _SGD(params, lr=lr, momentum=momentum), params, anchor, proximal_mu, loss_fn)
     generator = torch.Generator().manual_seed(operator.index(seed))  # numpy ints too, not floats
     model.train()
     if steps:
@@ -117,12 +120,40 @@ def train(
     return TrainResult(loss=loss, num_examples=len(data), steps=epochs * -(-len(data) // batch_size))
 
 
+class _SGD:
+    """Heavy-ball SGD as ``torch.optim.SGD(params, lr, momentum)`` computes it on CPU (its single-tensor
+    path: no dampening, weight decay or Nesterov), bit for bit, without importing ``torch._dynamo``."""
+
+    def __init__(self, params: list[nn.Parameter], lr: float, momentum: float) -> None:
+        self.params, self.lr, self.momentum = params, lr, momentum
+        self.buffers: list[torch.Tensor | None] = [None] * len(params)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            if p.grad is None:  # as torch.optim: a parameter without a gradient is left alone
+                continue
+            grad = p.grad
+            if self.momentum != 0:
+                buf = self.buffers[i]
+                if buf is None:
+                    buf = self.buffers[i] = grad.detach().clone()
+                else:
+                    buf.mul_(self.momentum).add_(grad)
+                grad = buf
+            p.add_(grad, alpha=-self.lr)
+
+
 @dataclass(frozen=True)
 class _Step:
     """One SGD step on a batch; adds FedProx's gradient ``mu * (w - w_global)`` when anchored."""
 
     model: nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: _SGD
     params: list[nn.Parameter]
     anchor: list[torch.Tensor] | None
     mu: float
@@ -130,7 +161,7 @@ class _Step:
 
     def __call__(self, xb: torch.Tensor, yb: torch.Tensor) -> float:
         """Take the step; return the batch's summed cross-entropy (before the step)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         loss = self.loss_fn(self.model(xb), yb)
         loss.backward()
         if self.anchor is not None:

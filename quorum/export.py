@@ -36,7 +36,6 @@ predictions with it (:mod:`quorum.serve`).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -58,6 +57,7 @@ from core.headline import headline_of, round_scores
 from learning.errors import TaskError
 from learning.federation import cached_federation
 from learning.models import build_model
+from learning.record import scenario_record, task_options
 from learning.standardize import INFO_KEY, Standardization, StandardizeInputs
 from learning.task import BUILTIN_ENTRY, Task, TaskModel, load_task
 from learning.tasks.classification import ClassificationTask
@@ -166,11 +166,11 @@ def _manifest(scenario: Scenario, task: Task, module: nn.Module, run: Any, serve
         "metric": _headline(task, scores),
         "metrics": scores,
         "task": {"entry": spec.entry or BUILTIN_ENTRY, "name": type(task).__name__, "path": spec.path,
-                 "options": _options(task, spec.options)},
+                 "options": task_options(task, spec.options)},
         "input_shape": list(shape),
         "output": {"kind": "classes", "classes": classes} if classes else {"kind": "values"},
         "seed": scenario.seed,
-        "scenario": _scenario_record(scenario, task),
+        "scenario": scenario_record(scenario, task),
     }
     features = _features(task, shape)
     if features is not None:
@@ -180,25 +180,6 @@ def _manifest(scenario: Scenario, task: Task, module: nn.Module, run: Any, serve
         manifest["model"] = {"builder": "learning.models.build_model", "name": scenario.model.name,
                              "input_shape": list(shape), "num_classes": classes}
     return manifest
-
-
-def _options(task: Task, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The task's options in full (its ``Options`` with every default), as JSON values; else those given."""
-    options = getattr(task, "options", None)
-    if not dataclasses.is_dataclass(options) or isinstance(options, type):
-        return dict(given)
-    return json.loads(json.dumps(dataclasses.asdict(options), default=str))
-
-
-def _scenario_record(scenario: Scenario, task: Task) -> dict[str, Any]:
-    """The run's scenario, without ``[data]`` and ``[model]`` when the task reads neither and they are the defaults:
-    a user's task is not described as Quorum's default MNIST CNN it never used (the built-in classifier reads them)."""
-    record = scenario.to_dict()
-    if not isinstance(task, ClassificationTask):
-        for key in ("data", "model"):
-            if getattr(scenario, key) == type(getattr(scenario, key))():
-                record.pop(key)
-    return record
 
 
 def _headline(task: Task, scores: dict[str, dict[str, float]]) -> dict[str, Any] | None:

@@ -179,10 +179,8 @@ class WorkerPool:
         with self._lock:
             if self._all or self._closed:
                 return
-            # torch imports its compiler stack (2-3 s) at the first optimizer built; import it once here
-            # so that no worker pays it again and the pages are shared
-            import torch._dynamo  # noqa: F401
-
+            # (torch.optim's step imports torch's compiler stack, 2-3 s, on its first call: Quorum's own
+            # training does not use it (learning.training), so it is not imported here ahead of the fork)
             ctx = mp.get_context("fork")  # workers inherit the loaded data and the app; nothing is pickled
             # Frozen objects are skipped by the collector: a worker's garbage collection would otherwise
             # touch every inherited object (10,000 node contexts) and copy its page

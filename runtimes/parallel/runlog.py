@@ -18,6 +18,8 @@ from aggregator.lease import Heartbeat
 from aggregator.store import RunStore
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState
+from learning.record import scenario_record
+from learning.task import load_task
 from runtimes.parallel.job import COLUMNS, Job, RoundResult
 from runtimes.parallel.mode import Mode
 from scenarios.schema import Scenario
@@ -41,9 +43,9 @@ def strategy_label(scenario: Scenario, mode: Mode) -> str:
 
 def create_run(store: RunStore, scenario: Scenario, mode: Mode, num_params: int, info: dict[str, Any]) -> str:
     """Create the run row (status ``running``) and return its id."""
-    return store.create_run(name=scenario.name, scenario=scenario.to_dict(), seed=scenario.seed,
-                            strategy=strategy_label(scenario, mode), rounds=scenario.rounds, engine=ENGINE,
-                            num_params=num_params, info=info)
+    return store.create_run(name=scenario.name, scenario=scenario_record(scenario, load_task(scenario)),
+                            seed=scenario.seed, strategy=strategy_label(scenario, mode), rounds=scenario.rounds,
+                            engine=ENGINE, num_params=num_params, info=info)
 
 
 class RunWriter:

@@ -165,6 +165,10 @@ def test_a_flower_app_runs_with_its_own_model_lr_and_rounds(db_url: str) -> None
     assert rows[-1].metrics["fed-mse"] == pytest.approx(float(np.mean((w[:6] - 2.0) ** 2)))
     # the app's lr and its momentum reached the clients in the train config, under their own names
     assert {(c.metrics["lr"], c.metrics["momentum"]) for c in store.client_results(run_id, 1)} == {(0.25, 0.9)}
+    # the stored scenario describes what ran: no Quorum task, data set or model (the app brought its own)
+    recorded = store.get_run(run_id).scenario
+    assert not {"task", "data", "model", "secagg", "dp"} & recorded.keys(), sorted(recorded)
+    assert recorded["rounds"] == 2 and recorded["training"]["lr"] == 0.25
 
 
 def test_fraction_evaluate_asks_that_share_of_the_nodes_at_least_min_evaluate_nodes(db_url: str) -> None:

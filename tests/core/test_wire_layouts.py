@@ -160,3 +160,27 @@ def test_flower_and_legacy_eval_replies_are_read() -> None:
     assert (parse_eval_reply(legacy).loss, parse_eval_reply(legacy).num_examples) == (0.6, 30)
     with pytest.raises(UpdateRejected, match="eval reply is in no known layout"):
         parse_eval_reply(RecordDict({"score": ConfigRecord({"x": 1})}))
+
+
+def test_a_positional_flower_model_is_read_in_the_clients_order_and_answered_under_its_keys() -> None:
+    # Prepare: a NumPy/scikit-learn app's server sends ArrayRecord([coef, intercept]): keys "0" and "1"
+    content = RecordDict({"arrays": named({"0": GLOBAL[:6].reshape(2, 3), "1": GLOBAL[6:]}),
+                          "config": ConfigRecord({"server-round": 1})})
+
+    # Execute
+    instruction = read_instruction(content, LAYOUT, CONFIG)
+    train = train_reply(np.ones(8, np.float32), 4, {"train-loss": 0.1}, answer_to=instruction)
+
+    # Assert: position k is the model's k-th tensor; the reply keeps the server's keys
+    np.testing.assert_array_equal(instruction.params, GLOBAL)
+    assert sorted(train["arrays"]) == ["0", "1"]
+    np.testing.assert_array_equal(train["arrays"]["1"].numpy(), GLOBAL[6:] + 1)
+
+
+def test_positional_arrays_of_the_wrong_shapes_or_count_are_refused() -> None:
+    swapped = RecordDict({"arrays": named({"0": GLOBAL[6:], "1": GLOBAL[:6].reshape(2, 3)})})
+    with pytest.raises(ValueError, match="shape"):
+        read_instruction(swapped, LAYOUT, CONFIG)
+    one = RecordDict({"arrays": named({"0": GLOBAL})})
+    with pytest.raises(ValueError, match="lack"):
+        read_instruction(one, LAYOUT, CONFIG)

@@ -173,7 +173,9 @@ def _run_log_says(folder: Path, text: str) -> bool:
 
 def _the_three_mistakes(script: str, folder: Path) -> None:
     """The page's start line, one mistake at a time: each agent stops by itself with the page's line."""
+    t0 = time.monotonic()
     ready = run_bash(line_of(script, "quorum aggregator start"), folder, timeout_s=120)
+    print(f"TIMING restart {time.monotonic() - t0:.1f}")
     assert ready.returncode == 0, ready.stdout
     ensure_tls(folder / "wrong-ca", ["127.0.0.1"], name="another")
     keygen = run_bash("quorum client keygen stranger.key", folder, timeout_s=60)
@@ -205,6 +207,7 @@ def _the_three_mistakes(script: str, folder: Path) -> None:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
+    print(f"TIMING mistakes done {time.monotonic() - t0:.1f}")
     for mistake, proc in running.items():
         out = outputs[mistake]
         row = "a key never enrolled, or revoked" if mistake == "revoked" else mistake

@@ -11,6 +11,7 @@ end within 2 points of Flower's federated accuracy (issue 33, item 2).
 from __future__ import annotations
 
 import importlib
+import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from flwr.serverapp.strategy.result import Result
 
 from aggregator.flower_app import FlowerApp, read_app, serve_flower_app
 from aggregator.store import RunStore
+from clients.clientapp import app as quorum_client_app
 from runtimes.inprocess import InProcessGrid, NodeSpec
 
 HERE = Path(__file__).resolve().parent
@@ -110,6 +112,52 @@ def test_quickstart_sklearn_under_quorum_matches_flowers_fedavg(monkeypatch: pyt
         quorum_scores.append(np.mean([r.fed_accuracy for r in rounds[-LAST:]]))
 
     # Assert: as accurate as plain Flower, within 2 points
+    assert np.mean(flower_scores) > 0.85
+    assert abs(np.mean(quorum_scores) - np.mean(flower_scores)) <= 0.02, (quorum_scores, flower_scores)
+
+
+def run_quorums_clients_under_flower(app: FlowerApp, supernodes: int, task: dict, strategy: FedAvg,
+                                    initial: ArrayRecord, seed: int = 0) -> Result:
+    """The other way round: the app's own stock ServerApp (Flower's FedAvg) with Quorum's ClientApp on every node,
+    given a scenario whose ``[task]`` holds the app's model, data and training (``quorum_task.py`` beside it)."""
+    scenario = {"name": app.name, "seed": seed, "federation": {"clients": supernodes}, "task": task}
+    run_config = {**app.config, "scenario-json": json.dumps(scenario)}
+    _seed(seed)
+    with InProcessGrid(quorum_client_app, _nodes(supernodes), run_config) as grid:
+        return strategy.start(grid=grid, initial_arrays=initial, num_rounds=int(app.config["num-server-rounds"]))
+
+
+def test_quickstart_sklearn_on_quorums_clientapp_under_its_own_serverapp_matches_flower(
+        monkeypatch: pytest.MonkeyPatch, seeded: None) -> None:
+    # Prepare: the example's model, data and training moved into a Quorum task (quorum_task.py: the example's
+    # task.py called unchanged, its client_app.py's bodies), its server_app.py's FedAvg and initial arrays
+    app = _open("quickstart-sklearn", monkeypatch)
+    example = importlib.import_module("sklearnexample.task")
+    task = {"entry": "quorum_task:SklearnExampleTask", "path": str(HERE / "quickstart-sklearn"),
+            "penalty": app.config["penalty"]}
+    flower_scores, quorum_scores = [], []
+
+    for seed in SEEDS:
+        # Execute: plain Flower (the example's ClientApp), then Quorum's ClientApp, each under the example's FedAvg
+        def initial() -> ArrayRecord:
+            model = example.create_log_reg_and_instantiate_parameters(app.config["penalty"])
+            return ArrayRecord(example.get_model_params(model))  # keys "0", "1": read by position
+
+        flower = run_under_flower(app, 3, FedAvg(fraction_train=1.0, fraction_evaluate=1.0), initial(), seed)
+        quorum = run_quorums_clients_under_flower(app, 3, task, FedAvg(fraction_train=1.0, fraction_evaluate=1.0),
+                                                  initial(), seed)
+
+        # Assert: every round aggregated Quorum's replies (Flower's layout: eval_loss, eval_acc, num-examples)
+        assert sorted(quorum.evaluate_metrics_clientapp) == list(range(1, 26))
+        assert all(quorum.train_metrics_clientapp[r]["train_loss"] > 0 for r in range(1, 26))
+        coef, intercept = quorum.arrays.to_numpy_ndarrays()
+        assert coef.shape == (3, 4) and intercept.shape == (3,)
+        flower_scores.append(np.mean([flower.evaluate_metrics_clientapp[r]["accuracy"] for r in range(26 - LAST, 26)]))
+        quorum_scores.append(np.mean([quorum.evaluate_metrics_clientapp[r]["eval_acc"] for r in range(26 - LAST, 26)]))
+
+    # Assert: as accurate as the example's own clients, within 2 points
+    print(f"quickstart-sklearn under its own ServerApp: the example's clients {np.mean(flower_scores):.4f}, "
+          f"Quorum's {np.mean(quorum_scores):.4f}")
     assert np.mean(flower_scores) > 0.85
     assert abs(np.mean(quorum_scores) - np.mean(flower_scores)) <= 0.02, (quorum_scores, flower_scores)
 

@@ -16,6 +16,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from aggregator.step import train_config
 from clients.clientapp import app
 from core.messages import TrainConfig, parse_train_reply, train_instruction
+from learning import training
 from learning.datasets import ArrayDataset
 from learning.federation import cached_federation
 from learning.models import build_model, get_flat
@@ -36,9 +37,17 @@ def _linear(w: list[float]) -> nn.Linear:
 
 
 @pytest.fixture
-def optimizer_steps() -> Iterator[list[int]]:
-    """Every optimiser step any torch optimiser takes while the test runs, counted."""
+def optimizer_steps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Every optimiser step taken while the test runs, counted: the local SGD's (``learning.training._SGD``)
+    and any torch optimiser's."""
     taken: list[int] = []
+    step = training._SGD.step
+
+    def counted(self: training._SGD) -> None:
+        step(self)
+        taken.append(1)
+
+    monkeypatch.setattr(training._SGD, "step", counted)
     handle = register_optimizer_step_post_hook(lambda *_: taken.append(1))
     yield taken
     handle.remove()

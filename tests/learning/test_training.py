@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -12,7 +14,8 @@ from torch.nn import functional as F
 
 from learning.datasets import ArrayDataset
 from learning.models import build_model, get_flat, set_flat
-from learning.training import EvalResult, evaluate, train
+from learning.training import _SGD, EvalResult, evaluate, train
+from tests.conftest import REPO
 
 
 @pytest.fixture(autouse=True)
@@ -129,3 +132,44 @@ def test_read_only_data_trains_without_warnings() -> None:
     data = _blobs()
     data.x.flags.writeable = False
     train(build_model("logreg", (4,), 3), data, epochs=1, batch_size=32, lr=0.1, seed=0)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sgd_matches_torch_optim_sgd_bit_for_bit(momentum: float) -> None:
+    # Quorum's written-out step (no torch._dynamo import) against torch.optim.SGD doing the same work: the same
+    # data, order and initial weights; a 2NN whose second layer is frozen-by-absence on odd steps (no gradient)
+    def run(use_torch: bool) -> list[torch.Tensor]:
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        params = list(model.parameters())
+        opt = torch.optim.SGD(params, lr=0.07, momentum=momentum) if use_torch else _SGD(params, 0.07, momentum)
+        data = _blobs(60, seed=1)
+        x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
+        for i in range(12):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[i * 5:(i + 1) * 5]), y[i * 5:(i + 1) * 5])
+            loss.backward()
+            if i % 2:
+                params[2].grad = params[3].grad = None  # skipped this step by both, momentum buffer kept
+            opt.step()
+        return [p.detach().clone() for p in params]
+
+    ours, theirs = run(False), run(True)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    torch.manual_seed(3)
+    assert not torch.equal(ours[0], torch.nn.Linear(4, 8).weight)  # it did train
+
+
+@pytest.mark.e2e  # a fresh interpreter (docs/testing.md)
+def test_training_does_not_import_torch_dynamo() -> None:
+    # torch.optim's step imports torch._dynamo (about 2 s of CPU) on its first call; a deployed client is a fresh
+    # process per message, so local training must not
+    code = ("import sys, numpy as np\n"
+            "from learning.datasets import ArrayDataset\nfrom learning.models import build_model\n"
+            "from learning.training import train\n"
+            "data = ArrayDataset(np.ones((8, 4), np.float32), np.arange(8) % 3)\n"
+            "train(build_model('mlp', (4,), 3, seed=0), data, epochs=1, batch_size=4, lr=0.1, momentum=0.5,"
+            " proximal_mu=0.1, seed=0)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo'))[:1])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -85,7 +85,8 @@ SUPERNODE = (sys.executable, "-m", "deploy.agent", "supernode", "--poll-s", "0.2
 START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 240.0
 STOCK_APP = REPO / "tests" / "runtimes" / "flower_quickstart"
-PYTORCH_EXAMPLE = REPO / "tests" / "flower_examples" / "quickstart-pytorch"  # Flower's official example
+EXAMPLES = REPO / "tests" / "flower_examples"  # Flower's official examples, their data loading local
+PYTORCH_EXAMPLE = EXAMPLES / "quickstart-pytorch"
 SLOW_APP = REPO / "tests" / "runtimes" / "slow_app"  # Quorum's ClientApp; `delay-s` in a node's config slows it
 SLOW_DELAY_S = 8.0
 
@@ -154,13 +155,36 @@ def test_a_round_on_a_superlink_with_two_supernodes(processes: Processes, fleet:
     assert accuracy is not None and accuracy > 0.2  # one round of one epoch: past chance (0.1)
     # the example's own model (its Net, from its server_app.py) and its round line in `flwr run --stream`
     assert "pytorchexample.server_app:app" in example_run.info["model"]
-    assert "[quorum] round 1/1: " in example_run_log(processes), logs()
+    assert "[quorum] round 1/1: " in example_run_log(processes, "flwr-run-pytorch-example"), logs()
     # Federated evaluation has the round loop's fixed 30 s deadline: on a loaded machine a fresh ClientApp
     # process may miss it, which is data (a late client), not a failure.
     fed = example.rounds(example_run.id)[-1].fed_accuracy
     print(f"deployment: 2 clients x 1 round in {t_quorum - t0:.1f} s (flwr run: FAB build to exit), "
           f"quickstart-pytorch in {t_done - t_quorum:.1f} s; server accuracy {accuracy}, the example's "
           f"federated accuracy {fed}")
+
+
+def test_flowers_sklearn_and_numpy_quickstarts_run_on_a_superlink_under_quorums_serverapp(
+        processes: Processes, fleet: Fleet, sync_federation: Federation) -> None:
+    # Prepare: the two official examples as tests/flower_examples holds them (pyproject's serverapp: Quorum's),
+    # one round each on the fleet's two SuperNodes (their node configs: partition-id 0 and 1 of 2)
+    env, logs = sync_federation.env, _logs(processes, fleet)
+
+    for folder, package in (("quickstart-sklearn", "sklearnexample"), ("quickstart-numpy", "quickstart_numpy")):
+        # Execute: `flwr run --stream` with the app's own run config, one round
+        name = f"flwr-run-{folder}"
+        store, run = _flwr_run_app(processes, name, EXAMPLES / folder, env, logs, "num-server-rounds=1")
+
+        # Assert: both nodes answered both stages with the app's own arrays (float64, scikit-learn's coef_ in
+        # Fortran order) and metrics; the model came from the app's own ServerApp; the round line was streamed
+        assert (run.status, run.rounds_done) == ("finished", 1), f"{folder}: {run.status}: {run.error}\n{logs()}"
+        assert [c.outcome for c in store.client_results(run.id, 1)] == ["ok", "ok"]
+        assert f"{package}.server_app:app" in run.info["model"]
+        streamed = example_run_log(processes, name)
+        assert re.search(r"\[quorum\] round 1/1: .*clients 2/2 answered", streamed), streamed
+        row = store.rounds(run.id)[-1]
+        if package == "sklearnexample":  # its evaluate reply's accuracy, and test_logloss read as the loss
+            assert row.fed_accuracy is not None and row.fed_loss is not None, row.metrics
 
 
 def test_a_stock_flower_clientapp_runs_on_flowers_ray_simulation_under_quorums_serverapp(
@@ -368,10 +392,9 @@ def _flwr_run_app(processes: Processes, name: str, app: Path, env: dict[str, str
     return store, _wait_finished(store, runs[0].id)
 
 
-def example_run_log(processes: Processes) -> str:
-    """What ``flwr run --stream`` of the example printed (the ServerApp's log, streamed)."""
-    return "\n".join(p.log.read_text(errors="replace") for p in processes.started
-                     if p.name == "flwr-run-pytorch-example")
+def example_run_log(processes: Processes, name: str) -> str:
+    """What ``flwr run --stream`` of an example printed (the ServerApp's log, streamed)."""
+    return "\n".join(p.log.read_text(errors="replace") for p in processes.started if p.name == name)
 
 
 def _project_name(app: Path) -> str:

@@ -18,6 +18,7 @@ run of this example is in ``test_deployment.py``.
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,7 @@ import runtimes.flower_app as flower_runtime
 from aggregator.errors import AppModelError
 from aggregator.flower_app import read_app
 from aggregator.store import RunStore
+from clients.clientapp import app as quorum_client_app
 from runtimes.flower_app import app_nodes, app_run_config, load_client_app, run_flower_app
 from runtimes.inprocess import InProcessGrid
 from tests.conftest import REPO
@@ -135,5 +137,45 @@ def test_quickstart_pytorch_reaches_plain_flowers_accuracy(db_url: str, tmp_path
         net.load_state_dict(state)
         scores[name] = test(net, load_centralized_dataset(), torch.device("cpu"))[1]
     print(f"quickstart-pytorch, {clients} clients x {rounds} rounds: centralized accuracy {scores}")
+    assert scores["quorum"] == pytest.approx(scores["flower"], abs=0.02)
+    assert scores["quorum"] > 0.3  # learned: chance is 0.1
+
+
+def test_quorums_clientapp_runs_the_examples_training_under_its_own_serverapp(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: the example's Net, data, train and test as a Quorum task (quickstart-pytorch/quorum_task.py calls
+    # its task.py unchanged); the scenario's [training] carries the app's local-epochs and batch-size, the round's
+    # lr comes from the example's own server config
+    clients, rounds, overrides = 3, 3, {"learning-rate": 0.05}
+    app = read_app(EXAMPLES / "quickstart-pytorch")
+    config = app_run_config(app, rounds, overrides)
+    scenario = {"name": "quickstart-pytorch", "seed": 0, "federation": {"clients": clients},
+                "training": {"local_epochs": config["local-epochs"], "batch_size": config["batch-size"]},
+                "task": {"entry": "quorum_task:PytorchExampleTask", "path": str(EXAMPLES / "quickstart-pytorch")}}
+    quorums = {**config, "scenario-json": json.dumps(scenario)}
+    own = load_app_object(app.own_serverapp, app.path)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config)
+
+    # Execute: the example's ServerApp (Flower's FedAvg; it saves final_model.pt) with Quorum's ClientApp, then
+    # with its own ClientApp, the clients seeded alike
+    models = {}
+    for name, client_app, run_config in (("quorum", quorum_client_app, quorums),
+                                         ("flower", load_client_app(app), config)):
+        monkeypatch.chdir(tmp_path.joinpath(name).mkdir() or tmp_path / name)
+        torch.manual_seed(0)
+        np.random.seed(0)
+        with InProcessGrid(seeded(client_app), app_nodes(clients), run_config) as grid:
+            own(grid=grid, context=context)
+        models[name] = torch.load(tmp_path / name / "final_model.pt")
+
+    # Assert: both final models score alike on the example's centralized test set, by its own test()
+    from pytorchexample.task import Net, load_centralized_dataset, test
+
+    scores = {}
+    for name, state in models.items():
+        net = Net()
+        net.load_state_dict(state)
+        scores[name] = test(net, load_centralized_dataset(), torch.device("cpu"))[1]
+    print(f"quickstart-pytorch under its own ServerApp, {clients} clients x {rounds} rounds: {scores}")
     assert scores["quorum"] == pytest.approx(scores["flower"], abs=0.02)
     assert scores["quorum"] > 0.3  # learned: chance is 0.1
