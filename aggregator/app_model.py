@@ -18,8 +18,11 @@ app's own model, found in this order:
    fails this; the error says how to name the model (1).
 
 The model travels as float32 (``core.layouts``), whatever dtype the app's
-arrays have; only float tensors can be averaged, so a non-float tensor (a
-BatchNorm ``num_batches_tracked``) is refused by name.
+arrays have. An integer tensor (a BatchNorm's ``num_batches_tracked``) is
+averaged like the rest, as Flower's own ``FedAvg`` averages it, when float32
+holds its values exactly (at most 2^24 in size); the app's
+``load_state_dict`` casts it back. Any other kind (bool, complex) is refused
+by name.
 """
 
 from __future__ import annotations
@@ -63,18 +66,19 @@ class AppModel:
 
 
 def model_from_arrays(arrays: ArrayRecord, source: str, config: ConfigRecord | None = None) -> AppModel:
-    """The model held by ``arrays`` (any float dtype, C or Fortran order; converted once to float32).
+    """The model held by ``arrays`` (any float or integer dtype, C or Fortran order; converted once to float32).
 
     Raises
     ------
     AppModelError
-        No tensor, a non-float one (named), or values that are not finite.
+        No tensor, one neither float nor integer (named), an integer beyond 2^24, or values that are not finite.
     """
     if not isinstance(arrays, ArrayRecord) or not arrays:
         raise AppModelError(f"{source} holds no arrays")
-    odd = [(name, a.dtype) for name, a in arrays.items() if not str(a.dtype).startswith(("float", "bfloat"))]
+    odd = [(name, a.dtype) for name, a in arrays.items() if _kind(a.dtype) not in "fiu"]
     if odd:
-        raise AppModelError(f"{source}: tensor {odd[0][0]!r} is {odd[0][1]}: Quorum averages float tensors only")
+        raise AppModelError(f"{source}: tensor {odd[0][0]!r} is {odd[0][1]}: Quorum averages float and integer "
+                            "tensors only")
     layout = ParamLayout(tuple(arrays), tuple(tuple(int(d) for d in a.shape) for a in arrays.values()))
     try:
         params = gather(list(arrays.items()), layout, f"{source}'s arrays")
@@ -84,6 +88,14 @@ def model_from_arrays(arrays: ArrayRecord, source: str, config: ConfigRecord | N
     lr = settings.pop("lr", None)
     return AppModel(params, layout, source, float(lr) if isinstance(lr, (int, float)) else None,
                     {k: v for k, v in settings.items() if k not in _OURS})
+
+
+def _kind(dtype: str) -> str:
+    """numpy's kind letter of a Flower ``Array``'s dtype name (``"?"`` when numpy does not know it)."""
+    try:
+        return np.dtype(dtype).kind
+    except TypeError:
+        return "?"
 
 
 def initial_model(grid: Grid, context: Context, own_serverapp: str | None) -> AppModel:

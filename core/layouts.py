@@ -28,6 +28,8 @@ __all__ = ["ParamLayout", "npy_bytes", "npy_view", "typed_array", "typed_view", 
 
 #: The one tensor name of a layout that knows no tensor names (a bare flat buffer).
 FLAT_NAME = "params"
+#: The largest integer size float32 holds exactly (every integer of at most 2^24 in size).
+FLOAT32_EXACT_INT = 2**24
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,9 @@ def _header_end(data: bytes) -> int | None:
 def npy_view(data: bytes, what: str = "update", dtype: np.dtype | None = None) -> np.ndarray:
     """A read-only view of a ``.npy`` payload: no copy, never unpickled.
 
-    The payload must hold floats of any width (float16/32/64), in C or Fortran
+    The payload must hold floats of any width (float16/32/64), or integers (a
+    BatchNorm's ``num_batches_tracked``: :func:`gather` checks that float32
+    holds them exactly), in C or Fortran
     order (scikit-learn's ``coef_`` is Fortran-ordered float64): a Fortran
     payload comes back as the transposed view of its bytes, so its shape and
     indexing are the array's own. With ``dtype`` (a compressed update's codes
@@ -136,9 +140,9 @@ def npy_view(data: bytes, what: str = "update", dtype: np.dtype | None = None) -
         Not a ``.npy`` buffer, another dtype (or Fortran order with ``dtype``), or truncated.
     """
     shape, fortran, found, offset = _npy_header(data, what)
-    if found.kind != "f" if dtype is None else (found != dtype or fortran):
+    if found.kind not in "fiu" if dtype is None else (found != dtype or fortran):
         raise UpdateRejected(f"{what} is {found} {'(Fortran order) ' if fortran else ''}data, "
-                             f"expected {'floats' if dtype is None else f'C-ordered {np.dtype(dtype)}'}")
+                             f"expected {'floats or integers' if dtype is None else f'C-ordered {np.dtype(dtype)}'}")
     count = math.prod(shape)
     if len(data) - offset != count * found.itemsize:
         raise UpdateRejected(f"{what} payload is truncated or padded")
@@ -193,7 +197,9 @@ def gather(tensors: Sequence[tuple[str, Array]], layout: ParamLayout, what: str 
 
     Each payload is parsed by :func:`npy_view` (any float dtype, C or Fortran
     order, cast and reordered while copying: the one conversion it costs); its
-    shape must be the layout's. A float64 value beyond float32's range becomes
+    shape must be the layout's. An integer tensor (a BatchNorm's
+    ``num_batches_tracked``) joins as floats, averaged like the rest, if
+    every value is at most 2^24 in size (float32 holds it exactly). A float64 value beyond float32's range becomes
     an infinity here, and is refused as one. This is the one copy a named
     reply costs before it joins the flat-buffer aggregation path.
     ``check_finite=False`` leaves the NaN / Inf scan to a caller that scans
@@ -214,6 +220,9 @@ def gather(tensors: Sequence[tuple[str, Array]], layout: ParamLayout, what: str 
         view = npy_view(data, f"{what} tensor {name!r}")
         if view.shape != shape:
             raise UpdateRejected(f"{what} tensor {name!r} has shape {view.shape}, expected {shape}")
+        if view.dtype.kind in "iu" and view.size and max(-int(view.min()), int(view.max())) > FLOAT32_EXACT_INT:
+            raise UpdateRejected(f"{what} tensor {name!r} is {view.dtype} with a value beyond 2^24, which the "
+                                 "float32 model does not hold exactly")
         with np.errstate(over="ignore"):  # a float64 beyond float32's range: an infinity, refused below
             out[offset:offset + n].reshape(shape)[...] = view  # C order whatever the payload's, one copy
         offset += n

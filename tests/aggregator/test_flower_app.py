@@ -136,11 +136,17 @@ def test_no_model_anywhere_is_an_error_naming_what_was_tried_and_the_hook() -> N
     assert "initial-arrays = \"module:attr\"" in message
 
 
-def test_a_non_float_tensor_is_refused_by_name() -> None:
-    arrays = ArrayRecord({"w": ArrayRecord([np.zeros(2)])["0"], "steps": ArrayRecord([np.zeros(1, np.int64)])["0"]})
+def test_an_integer_tensor_joins_the_model_and_other_kinds_are_refused_by_name() -> None:
+    w, steps = ArrayRecord([np.zeros(2)])["0"], ArrayRecord([np.array([7], np.int64)])["0"]
+    model = model_from_arrays(ArrayRecord({"w": w, "steps": steps}), "the test's arrays")
+    assert model.params.tolist() == [0.0, 0.0, 7.0] and model.layout.names == ("w", "steps")
 
-    with pytest.raises(AppModelError, match="tensor 'steps' is int64: Quorum averages float tensors only"):
-        model_from_arrays(arrays, "the test's arrays")
+    flags = ArrayRecord([np.zeros(1, np.bool_)])["0"]
+    with pytest.raises(AppModelError, match="tensor 'mask' is bool: Quorum averages float and integer tensors"):
+        model_from_arrays(ArrayRecord({"w": w, "mask": flags}), "the test's arrays")
+    huge = ArrayRecord([np.array([2**24 + 1], np.int64)])["0"]
+    with pytest.raises(AppModelError, match="'steps' is int64 with a value beyond 2\\^24"):
+        model_from_arrays(ArrayRecord({"w": w, "steps": huge}), "the test's arrays")
 
 
 # -- a whole run ---------------------------------------------------------------------------------------------
@@ -169,6 +175,58 @@ def test_a_flower_app_runs_with_its_own_model_lr_and_rounds(db_url: str) -> None
     recorded = store.get_run(run_id).scenario
     assert not {"task", "data", "model", "secagg", "dp"} & recorded.keys(), sorted(recorded)
     assert recorded["rounds"] == 2 and recorded["training"]["lr"] == 0.25
+
+
+def batchnorm_app() -> ClientApp:
+    """A PyTorch ClientApp as the quickstart writes one, its model with a BatchNorm layer: ``load_state_dict`` of
+    the server's arrays (its int64 ``num_batches_tracked`` among them), a few SGD steps, ``state_dict`` back."""
+    import torch
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+        net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        torch.manual_seed(context.node_id)
+        x, y = torch.randn(32, 3) + context.node_id, torch.randint(0, 2, (32,))
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        for _ in range(2 + context.node_id):  # node 1: 3 batches, node 2: 4
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            optimizer.step()
+        arrays = ArrayRecord(net.state_dict())
+        return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 32})}), reply_to=msg)
+
+    return app
+
+
+def batchnorm_server() -> ArrayRecord:
+    """The app's initial model (an `initial-arrays` hook): a fresh net's state dict, num_batches_tracked = 0."""
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    return ArrayRecord(net.state_dict())
+
+
+def test_a_pytorch_app_with_batchnorm_averages_its_integer_batch_counter(db_url: str) -> None:
+    # Execute: two rounds, each node trains 3 or 4 batches a round, FedAvg with equal weights
+    config = {"num-server-rounds": 2, "initial-arrays": f"{__name__}:batchnorm_server",
+              "fraction-evaluate": 0.0}
+    store, run_id, result = serve(batchnorm_app(), config, db_url)
+
+    # Assert: the int64 counter travelled and was averaged as Flower's FedAvg averages it: 0 -> 3.5 -> 7.5
+    # (node 1 loads 3.5 into its long buffer as 3 and adds 3, node 2 as 3 and adds 4)
+    assert result.status == "finished", result
+    model = store.get_run(run_id).info["model"]
+    assert "batchnorm_server" in model
+    state = store.load_state(run_id)
+    assert state is not None
+    names = [k for k in batchnorm_server()]
+    counter = names.index("1.num_batches_tracked")
+    offset = sum(int(np.prod(batchnorm_server()[k].shape)) for k in names[:counter])
+    assert state.params[offset] == (3 + 3 + 3 + 4) / 2
 
 
 def test_fraction_evaluate_asks_that_share_of_the_nodes_at_least_min_evaluate_nodes(db_url: str) -> None:

@@ -74,16 +74,24 @@ def test_a_fitted_logistic_regressions_coef_is_accepted_as_a_reply() -> None:
 
 
 @pytest.mark.parametrize(("tensor", "shape", "reason"), [
-    (np.ones((2, 3), np.int64, order="F"), (2, 3), "int64 .*data, expected floats"),
-    (np.ones((2, 3), np.complex64), (2, 3), "complex64 data, expected floats"),
+    (np.full((2, 3), -(2**24) - 1, np.int64, order="F"), (2, 3), "int64 with a value beyond 2\\^24"),
+    (np.ones((2, 3), np.complex64), (2, 3), "complex64 data, expected floats or integers"),
+    (np.ones((2, 3), np.bool_), (2, 3), "bool data, expected floats or integers"),
     (np.ones((3, 2), np.float64, order="F"), (2, 3), r"has shape \(3, 2\), expected \(2, 3\)"),
     (np.asfortranarray([[1.0, np.nan], [0.0, 1.0]]), (2, 2), "NaN or Inf"),
     (np.full((2, 2), 1e300, np.float64, order="F"), (2, 2), "NaN or Inf"),  # beyond float32: an infinity
-], ids=["integers", "complex", "wrong-shape", "nan", "beyond-float32"])
+], ids=["integers-beyond-2^24", "complex", "bool", "wrong-shape", "nan", "beyond-float32"])
 def test_non_floats_wrong_shapes_and_non_finite_values_are_still_refused(tensor: np.ndarray, shape: tuple,
                                                                          reason: str) -> None:
     with pytest.raises(UpdateRejected, match=reason):
         _parse(_reply(tensor), shape)
+
+
+def test_integer_tensors_join_as_exact_floats() -> None:
+    # a BatchNorm's num_batches_tracked (int64), Fortran order too, up to 2^24 either way
+    tensor = np.asfortranarray(np.array([[0, 2**24], [-(2**24), 5]], np.int64))
+    delta = _parse(_reply(tensor), (2, 2))
+    np.testing.assert_array_equal(delta, np.array([0, 2**24, -(2**24), 5], np.float32))
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])

@@ -105,7 +105,7 @@ def test_a_legacy_reply_in_float64_becomes_a_delta() -> None:
          "'metrics' is a ConfigRecord, expected a MetricRecord"),
         (legacy_reply(list(state_dict(GLOBAL).values()), code=5), "legacy client reported status 5: out of memory"),
         (legacy_reply(list(state_dict(GLOBAL).values())[:1]), r"update has 1 tensors, expected"),
-        (legacy_reply([np.zeros((2, 3), np.int64), np.zeros(2, np.int64)]), "int64"),
+        (legacy_reply([np.zeros((2, 3), np.complex64), np.zeros(2, np.complex64)]), "complex64"),
     ],
 )
 def test_a_reply_that_fits_no_layout_is_rejected_with_the_reason(content: RecordDict, reason: str) -> None:
