@@ -25,7 +25,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.heavy]  # real processes (docs/testin
 
 pytest.importorskip("ray", reason="the Ray engine needs quorum[simulation]")
 
-SCENARIO = {"federation": {"clients": 4, "fraction": 1.0, "min_clients": 2, "deadline_s": 60.0}}
+# SCAFFOLD: each client's control variate lives in its node state (context.state) from one round to the next;
+# were Ray's node state lost between rounds, round 2 would train with c_i = 0 and differ from in-process
+SCENARIO = {"federation": {"clients": 4, "fraction": 1.0, "min_clients": 2, "deadline_s": 60.0},
+            "strategy": {"name": "scaffold"}}
 
 RUN_ON_RAY = textwrap.dedent("""
     import json, sys
@@ -61,7 +64,7 @@ def test_ray_engine_runs_every_round_computes_what_inprocess_computes_and_cleans
     assert line is not None, f"no summary printed\n{processes.logs()}"
     store = RunStore(db)
     run = store.get_run(json.loads(line[len("SUMMARY "):])["run_id"])
-    assert (run.status, run.engine, run.rounds_done) == ("finished", "ray", 2)
+    assert (run.status, run.engine, run.rounds_done, run.strategy) == ("finished", "ray", 2, "scaffold")
     rounds = store.rounds(run.id)
     assert [r.round for r in rounds] == [1, 2]
     for r in rounds:
