@@ -24,6 +24,7 @@ stopped by PID at the module's end, where nothing of it may outlive it.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -185,6 +186,38 @@ def test_flowers_sklearn_and_numpy_quickstarts_run_on_a_superlink_under_quorums_
         row = store.rounds(run.id)[-1]
         if package == "sklearnexample":  # its evaluate reply's accuracy, and test_logloss read as the loss
             assert row.fed_accuracy is not None and row.fed_loss is not None, row.metrics
+
+
+def test_quorums_clientapp_trains_quickstart_sklearn_on_a_superlink_under_the_examples_own_serverapp(
+        processes: Processes, fleet: Fleet, sync_federation: Federation, tmp_path: Path) -> None:
+    # Prepare: the example as a user moving it to Quorum's ClientApp writes it (docs/runtimes.md, "the other way
+    # round"): its pyproject's serverapp its own, clientapp Quorum's, and a scenario-json key for the clients'
+    # scenario, whose [task] is the example's training (quorum_task.py beside it); one round on two SuperNodes
+    app = tmp_path / "quickstart-sklearn"
+    shutil.copytree(EXAMPLES / "quickstart-sklearn", app, ignore=shutil.ignore_patterns("__pycache__"))
+    pyproject = (app / "pyproject.toml").read_text()
+    pyproject = re.sub(r'serverapp = "aggregator.serverapp:app".*', 'serverapp = "sklearnexample.server_app:app"',
+                       pyproject)
+    pyproject = pyproject.replace('clientapp = "sklearnexample.client_app:app"', 'clientapp = "clients.clientapp:app"')
+    (app / "pyproject.toml").write_text(pyproject.replace('penalty = "l2"', 'penalty = "l2"\nscenario-json = ""'))
+    scenario = {"name": "quickstart-sklearn", "federation": {"clients": 2},
+                "task": {"entry": "quorum_task:SklearnExampleTask", "path": str(app)}}
+    run_config = tmp_path / "run-config.toml"
+    run_config.write_text(f"scenario-json = {json.dumps(json.dumps(scenario))}\nnum-server-rounds = 1\n")
+
+    # Execute
+    run = processes.start("flwr-run-sklearn-reverse", [str(VENV_BIN / "flwr"), "run", str(app), "local-test",
+                                                       "--stream", "--run-config", str(run_config)],
+                          sync_federation.env)
+    rc = run.popen.wait(timeout=RUN_TIMEOUT_S)
+
+    # Assert: Flower's FedAvg aggregated both nodes' replies in Flower's layout (eval_acc from the task's accuracy)
+    streamed = run.log.read_text(errors="replace")
+    assert rc == 0, f"{streamed[-3000:]}\n{_logs(processes, fleet)()}"
+    assert streamed.count("Received 2 results and 0 failures") == 2, streamed[-3000:]
+    accuracy = re.search(r"Aggregated MetricRecord: \{'eval_loss': [0-9.e-]+, 'eval_acc': ([0-9.]+)\}", streamed)
+    assert accuracy and float(accuracy[1]) > 0.6, streamed[-3000:]  # one round of SAGA on Iris: past chance (1/3)
+    assert "Saving final model to disk" in streamed  # the example's own ServerApp ran to its end
 
 
 def test_a_stock_flower_clientapp_runs_on_flowers_ray_simulation_under_quorums_serverapp(
