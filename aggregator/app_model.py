@@ -92,6 +92,8 @@ def model_from_arrays(arrays: ArrayRecord, source: str, config: ConfigRecord | N
 
 def _kind(dtype: str) -> str:
     """numpy's kind letter of a Flower ``Array``'s dtype name (``"?"`` when numpy does not know it)."""
+    if str(dtype).startswith("bfloat"):  # no numpy dtype; a float all the same (the payload decides)
+        return "f"
     try:
         return np.dtype(dtype).kind
     except TypeError:

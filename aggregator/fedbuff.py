@@ -44,7 +44,6 @@ from flwr.serverapp import Grid
 
 from aggregator.evaluation import ServerEvaluator, task_round_metrics
 from aggregator.step import advance, round_codec, train_config
-from aggregator.store import RunStore
 from core.aggregate import step_problem
 from core.errors import UpdateRejected
 from core.fit import accumulate
@@ -54,6 +53,7 @@ from core.outcomes import error_outcome
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState, Strategy
 from core.weighting import WeightPolicy
+from runs.store import RunStore
 from scenarios.schema import AsyncSpec, Scenario
 
 __all__ = ["DeviceSpeeds", "BufferedLoop", "staleness_weight"]

@@ -34,10 +34,10 @@ from flwr.serverapp import Grid
 from aggregator.app_model import AppModel, initial_model
 from aggregator.errors import AppModelError, RunFailed
 from aggregator.rounds import LoopResult
-from aggregator.store import RunStore
 from core.headline import format_value, round_scores
 from core.outcomes import count, round_line
 from core.records import RoundRecord
+from runs.store import RunStore
 from scenarios.flower_app import flower_app_scenario, min_available
 from scenarios.schema import Scenario
 

@@ -12,17 +12,17 @@ it is (:func:`has_ended`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 from aggregator.errors import ResumeRefused
-from aggregator.store import Run, RunStore
 from core.strategy import ServerState, Strategy
-from learning.record import scenario_record
-from learning.task import load_task
-from scenarios.schema import Scenario, scenario_from_dict
+from runs.store import Run, RunStore
+from scenarios.errors import ScenarioError
+from scenarios.schema import Scenario, build_options, scenario_from_dict
 
 __all__ = ["ENDED", "has_ended", "scenario_difference", "check_same_scenario", "parent_of", "start_state"]
 
@@ -69,14 +69,39 @@ def check_same_scenario(run: Run, scenario: Scenario) -> None:
     ResumeRefused
         Naming what differs, and how to start a new run from the old one instead.
     """
-    stored = scenario_from_dict(run.scenario, source=f"run {run.id}")  # as today's schema reads it
-    # compared as runs record them (learning.record): a section the run does not use cannot differ
-    diff = scenario_difference(scenario_record(stored, load_task(stored)),
-                               scenario_record(scenario, load_task(scenario)))
+    model = (run.info or {}).get("model")
+    if model:
+        raise ResumeRefused(f"run {run.id} trained a Flower app's own model ({model}), which Quorum cannot rebuild "
+                            "from a scenario; the run is left as it was (run the app again: quorum flower run, or "
+                            "flwr run)")
+    stored = scenario_from_dict(run.scenario, source=f"run {run.id}")  # as today's schema reads it (and a record
+    # leaves out what the run did not use: read back, those sections have their defaults again)
+    diff = scenario_difference(_comparable(stored, f"run {run.id}"), _comparable(scenario, "the scenario"))
     if diff is not None:
         raise ResumeRefused(f"run {run.id} has another scenario: {diff}; the run is left as it was (to train "
                             f"these settings from one of its rounds: quorum resume --from {run.id} --round N "
                             "SCENARIO)")
+
+
+def _comparable(scenario: Scenario, what: str) -> dict[str, Any]:
+    """``scenario`` in full, its task's options with their defaults (a run records them so, ``learning.record``).
+
+    Raises
+    ------
+    ResumeRefused
+        The task's class cannot be imported, or its options do not validate.
+    """
+    from learning.task import NoOptions, task_class  # the task's module (and torch) only when a resume is checked
+
+    raw = scenario.to_dict()
+    spec = scenario.task
+    try:
+        options = build_options(getattr(task_class(spec), "Options", NoOptions), dict(spec.options), what)
+    except ScenarioError as exc:
+        raise ResumeRefused(f"{what}'s task cannot be loaded to compare: {exc}") from None
+    if dataclasses.is_dataclass(options) and not isinstance(options, type):
+        raw["task"] = {**raw["task"], "options": json.loads(json.dumps(dataclasses.asdict(options), default=repr))}
+    return raw
 
 
 def parent_of(run: Run) -> tuple[str, int] | None:

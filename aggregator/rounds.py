@@ -19,7 +19,6 @@ from flwr.serverapp import Grid
 
 from aggregator.evaluation import EvalSummary, ServerEvaluator, federated_evaluate, task_round_metrics
 from aggregator.step import SKIPPED, advance, train_config
-from aggregator.store import RunStore
 from core.aggregate import step_problem
 from core.fit import FitOutcome, FitRequest, FitWorkflow, marked_clients
 from core.layouts import ParamLayout
@@ -28,6 +27,7 @@ from core.outcomes import FAILED, OK, REJECTED
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState, Strategy
 from learning.standardize import Standardization
+from runs.store import RunStore
 from scenarios.schema import Scenario
 
 __all__ = ["RoundLoop", "LoopResult"]

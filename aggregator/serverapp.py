@@ -27,11 +27,9 @@ from aggregator.evaluation import ServerEvaluator
 from aggregator.fedbuff import BufferedLoop
 from aggregator.fit import PlainFit
 from aggregator.flower_app import find_app, log_end, round_logger, serve_flower_app
-from aggregator.lease import Heartbeat
 from aggregator.resume import check_same_scenario, has_ended, scenario_difference, start_state
 from aggregator.rounds import LoopResult, RoundLoop
 from aggregator.standardize import standardize_run
-from aggregator.store import ClientResult, Run, RunStore, default_db_url
 from aggregator.strategies import (
     CenteredClipping,
     FedAdagrad,
@@ -59,10 +57,12 @@ from learning.standardize import Standardization
 from learning.task import TaskModel, load_task, task_headline
 from privacy.dp import make_dp_strategy
 from privacy.secagg.fit import SecAggFit
+from runs.lease import Heartbeat
+from runs.store import ClientResult, Run, RunStore, default_db_url
 from scenarios.errors import ScenarioError
 from scenarios.flower_app import is_flower_app
 from scenarios.runconfig import scenario_from_run_config
-from scenarios.schema import Scenario
+from scenarios.schema import Scenario, scenario_from_dict
 
 __all__ = ["app", "build_strategy", "build_fit", "run_federation", "fork_run", "RunHandle", "final_status"]
 
@@ -179,7 +179,7 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     Configuration errors of the strategy or the fit workflow surface (as
     :class:`ScenarioError`) before a run row exists; anything that fails once it
     exists marks the run ``failed`` with the message, so no row stays ``running``.
-    While it runs, this process renews the run's lease (:class:`~aggregator.lease.Heartbeat`).
+    While it runs, this process renews the run's lease (:class:`~runs.lease.Heartbeat`).
 
     ``resume_id`` continues that run with its own scenario only (another raises
     :class:`~aggregator.errors.ResumeRefused` and leaves the run as it was); a run
@@ -271,7 +271,8 @@ def _fitting_size(store: RunStore, parent: Run, server_round: int, scenario: Sce
     state = store.load_state(parent.id, server_round)
     size = int(TaskModel.build(load_task(scenario), scenario.seed).get_flat().size)
     if state is None or state.params.size != size:
-        what = scenario_difference({k: v for k, v in parent.scenario.items() if k in ("model", "task")},
+        stored = scenario_from_dict(parent.scenario, source=f"run {parent.id}").to_dict()  # a record, read back
+        what = scenario_difference({k: v for k, v in stored.items() if k in ("model", "task")},
                                    {k: v for k, v in scenario.to_dict().items() if k in ("model", "task")})
         raise ResumeRefused(f"the scenario's model does not fit round {server_round} of run {parent.id} "
                             f"({state.params.size if state else 0:,} parameters there, {size:,} here"

@@ -21,7 +21,6 @@ from flwr.serverapp import Grid
 
 from aggregator.fit import PlainFit
 from aggregator.step import train_config
-from aggregator.store import RunStore
 from aggregator.strategies import FedAvg
 from core.fit import FitOutcome, FitRequest, FitWorkflow
 from core.messages import TrainConfig
@@ -40,6 +39,7 @@ from learning.standardize import (
 )
 from learning.task import load_task
 from privacy.secagg.fit import SecAggFit
+from runs.store import RunStore
 from scenarios.schema import Scenario
 
 __all__ = ["StatisticsPassFailed", "federated_standardization", "statistics_fit", "standardize_run"]

@@ -80,7 +80,7 @@ _FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
 def _npy_view(data: bytes) -> np.ndarray:
-    view = npy_view(data)  # a view, never unpickled; refuses a bad header, non-floats, a wrong length
+    view = npy_view(data)  # a view, never unpickled; refuses a bad header, a wrong length, neither float nor int
     if view.dtype.name not in _FLOAT_DTYPES or view.ndim != 1:
         raise UpdateRejected(f"update payload is {view.dtype} {view.shape}, expected 1-D float32")
     if view.dtype == np.float32:

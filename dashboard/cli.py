@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from aggregator.store_url import default_db_url
 from dashboard.auth import TOKEN_ENV, check_bind, check_tls, is_loopback
 from dashboard.errors import InsecureBind
+from runs.store_url import default_db_url
 
 __all__ = ["app"]
 

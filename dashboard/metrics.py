@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from aggregator.store import Run
 from core.headline import Headline
 from dashboard.queries import Reader, RunStats
+from runs.store import Run
 
 __all__ = ["StoreCollector", "make_registry", "render_metrics", "CONTENT_TYPE"]
 

@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from aggregator.lease import INTERRUPTED, lease_expired
-from aggregator.store import ClientResult, Event, Round, Run, RunStore, as_shown, status_is
 from core.headline import Headline, round_scores
+from runs.lease import INTERRUPTED, lease_expired
+from runs.store import ClientResult, Event, Round, Run, RunStore, as_shown, status_is
 
 __all__ = ["Reader", "RunStats", "RunHead", "ClientSummary", "Participation", "TERMINAL", "changed_at"]
 

@@ -14,10 +14,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aggregator.report import client_scores
-from aggregator.store import ClientResult, Round, Run
 from core.headline import ACCURACY, Headline, round_scores
 from dashboard.queries import ClientSummary, RunStats
+from runs.report import client_scores
+from runs.store import ClientResult, Round, Run
 
 __all__ = ["run_data", "run_display", "round_data", "round_display", "client_result_data",
            "client_result_display", "client_summary_data", "outcome_text", "scenario_text",

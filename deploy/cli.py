@@ -170,9 +170,9 @@ def run(
 def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float, scenario: Scenario | None = None) -> None:
     """Print each round as it commits; exit with the run's code: 0 finished, 3 degraded, 1 failed or
     interrupted (``core.outcomes.exit_code``). Until the run opens, say how many devices are connected."""
-    from aggregator.store import RunStore
     from core.outcomes import exit_code
     from deploy.status import ServerAppWatch, find_stored_run
+    from runs.store import RunStore
 
     store, deadline, shown = RunStore(cfg.db_url), time.monotonic() + timeout_s, 0
     watch = ServerAppWatch(cfg, flower_run)

@@ -37,11 +37,15 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from aggregator.serverapp import run_federation
-from aggregator.store import RunStore, default_db_url
 from core.errors import RunNotFound
 from core.records import RoundRecord
 from core.strategy import ServerState
 from deploy.errors import DeployError
+from learning.errors import TaskError
+from learning.record import scenario_record
+from learning.task import load_task
+from runs.store import RunStore, default_db_url
+from scenarios.errors import ScenarioError
 from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario
 
@@ -98,7 +102,11 @@ def wait_for_clients(grid: Grid, want: int, least: int, timeout_s: float, poll_s
 def record_failed_start(store: LeasedRunStore, scenario: Scenario, flower_run: int, devices: dict,
                         why: str) -> str:
     """Store a run that never started as ``failed``, with the reason, under its Flower run id."""
-    run_id = store.create_run(name=scenario.name, scenario=scenario.to_dict(), seed=scenario.seed,
+    try:  # as every run records its scenario, unless the task is what failed to load
+        record = scenario_record(scenario, load_task(scenario))
+    except (ScenarioError, TaskError):
+        record = scenario.to_dict()
+    run_id = store.create_run(name=scenario.name, scenario=record, seed=scenario.seed,
                               strategy=scenario.strategy.name, rounds=scenario.rounds, engine=ENGINE,
                               info={"flower_run_id": flower_run, "devices": devices})
     store.take(run_id)

@@ -13,11 +13,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from aggregator.store import Run, RunStore
 from deploy.config import DeployConfig
 from deploy.enroll import load_registry, revoked_devices
 from deploy.errors import DeployError
 from deploy.flower import list_nodes
+from runs.store import Run, RunStore
 
 __all__ = ["collect_status", "render_status", "find_stored_run", "serverapp_pids", "ServerAppWatch",
            "stop_aggregator"]

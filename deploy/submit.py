@@ -9,11 +9,11 @@ from typing import Any
 
 from aggregator.errors import ResumeRefused
 from aggregator.resume import check_same_scenario, has_ended
-from aggregator.store import Run, RunStore
 from deploy.config import DeployConfig
 from deploy.enroll import device_names
 from deploy.errors import DeployError
 from deploy.flower import submit_run
+from runs.store import Run, RunStore
 from scenarios.schema import Scenario, load_scenario, scenario_from_dict
 
 __all__ = ["submit", "run_config", "submitted_scenario"]

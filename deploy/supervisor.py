@@ -32,13 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aggregator.store import RunStore
 from deploy.config import DeployConfig
 from deploy.errors import DeployError, ProcessFailed
 from deploy.flower import flower_env, stop_run, superlink_command, write_flower_home
 from deploy.pki import TlsFiles, ensure_tls, fingerprint
 from deploy.proxy import ProxySpec, nginx_command
 from deploy.submit import submit
+from runs.store import RunStore
 
 __all__ = ["Supervisor", "prepare", "health_url", "wait_healthy", "resumable_runs", "stop_leftover_serverapps"]
 

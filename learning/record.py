@@ -16,7 +16,9 @@ its own model and data. So the record leaves out:
   ``[compression]``) while they are off, that is at their defaults.
 
 Reading a record back (``scenarios.schema.scenario_from_dict``) gives every
-left-out section its defaults: the same scenario, whose record is the same.
+left-out section its defaults: the same scenario, whose record is the same
+(for a run of a task; a Flower app's record reads back with Quorum's default
+task, which its run never used, and such a run cannot be resumed).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from typing import Any
 
 from learning.task import Task
 from learning.tasks.classification import ClassificationTask
-from scenarios.schema import Scenario
+from scenarios.errors import ScenarioError
+from scenarios.schema import Scenario, build_options
 
 __all__ = ["scenario_record", "task_options", "OPTIONAL_SECTIONS"]
 
@@ -55,8 +58,20 @@ def scenario_record(scenario: Scenario, task: Task | None) -> dict[str, Any]:
 
 
 def task_options(task: Task, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The task's options in full (its ``Options`` with every default), as JSON values; else those given."""
+    """The task's options in full (its ``Options`` with every default), as JSON values; else those given.
+
+    The full form is kept only when it reads back as the same options: every
+    value plain JSON (no infinity or NaN, which JSON cannot hold), and the
+    task's own ``Options`` accepting it (a default of a type its keys do not
+    take, a tuple, would not), so a stored run can always be read again.
+    """
     options = getattr(task, "options", None)
     if not dataclasses.is_dataclass(options) or isinstance(options, type):
         return dict(given)
-    return json.loads(json.dumps(dataclasses.asdict(options), default=str))
+    try:
+        full = json.loads(json.dumps(dataclasses.asdict(options), allow_nan=False))
+        if build_options(type(options), full, "record") != options:
+            return dict(given)
+    except (TypeError, ValueError, ScenarioError):
+        return dict(given)
+    return full

@@ -7,9 +7,10 @@ cycled until that many batches were taken, the last pass cut short.
 Data are turned into tensors once per call (``torch.from_numpy``, no copy);
 each epoch gathers the shuffled examples once and takes batches as views, so
 there is no DataLoader overhead. The SGD step is written out (:class:`_SGD`,
-the arithmetic of ``torch.optim.SGD`` on CPU): ``torch.optim``'s ``step``
-imports ``torch._dynamo`` on its first call, about 2 s of CPU in every fresh
-process, and a deployed client is a fresh process per message. Shuffling uses a ``torch.Generator`` seeded
+the arithmetic of ``torch.optim.SGD`` on CPU): ``torch.optim`` imports
+``torch._dynamo`` when an optimiser is built (and again checks it in ``step``),
+about 2 s of CPU in every fresh process, and a deployed client is a fresh
+process per message. Shuffling uses a ``torch.Generator`` seeded
 from ``seed``: with one thread, the same seed gives the same weights bit for
 bit. The number of torch threads is the caller's choice.
 """

@@ -17,18 +17,18 @@ from rich.console import Console
 from rich.table import Table
 
 import scenarios
-from aggregator.store_url import default_db_url
 from core.errors import QuorumError
 from dashboard.cli import app as dashboard_command
 from deploy.agent_cli import app as client_app
 from deploy.cli import app as aggregator_app
 from privacy.dp.cli import app as privacy_app
 from quorum.flower import app as flower_app
+from runs.store_url import default_db_url
 from runtimes.parallel.cli import parallel as parallel_command
 from scenarios.errors import ScenarioError
 
 if TYPE_CHECKING:
-    from aggregator.store import Run, RunStore
+    from runs.store import Run, RunStore
 
 __all__ = ["app", "main"]
 
@@ -43,7 +43,7 @@ DEFAULT_DB = default_db_url()  # runs/quorum.db under the working directory
 
 def _store(db: str) -> RunStore:
     """The run store at ``db`` (imported here: SQLAlchemy is most of a command's start-up)."""
-    from aggregator.store import RunStore
+    from runs.store import RunStore
 
     return RunStore(db)
 
@@ -178,8 +178,8 @@ def runs(
     A run whose process stopped renewing its lease (killed, or its machine lost power) reads
     `interrupted`, with the time it was last seen; `quorum resume RUN` continues it.
     """
-    from aggregator.report import run_summary
     from core.headline import format_value
+    from runs.report import run_summary
 
     store = _store(db)
     listed = [(run, run_summary(store, run.id)["metric"]) for run in store.list_runs(status)]
@@ -218,7 +218,7 @@ def report(
     out: Annotated[Path | None, typer.Option(help="Output folder (default runs/reports/RUN).")] = None,
 ) -> None:
     """Write PNG plots per round and a JSON summary of a run."""
-    from aggregator.report import write_report
+    from runs.report import write_report
 
     try:
         store = _store(db)

@@ -52,7 +52,6 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from aggregator.store import RunStore
 from core.headline import headline_of, round_scores
 from learning.errors import TaskError
 from learning.federation import cached_federation
@@ -64,6 +63,7 @@ from learning.tasks.classification import ClassificationTask
 from learning.tasks.language import LanguageModelTask
 from quorum.errors import ExportError
 from quorum.task_source import imported_from, task_sources, write_sources
+from runs.store import RunStore
 from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario, scenario_from_dict
 

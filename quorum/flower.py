@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from aggregator.store_url import default_db_url
 from core.errors import QuorumError
+from runs.store_url import default_db_url
 from scenarios.errors import ScenarioError
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from flwr.clientapp import ClientApp
 
 from aggregator.errors import AppModelError
 from aggregator.flower_app import FlowerApp, read_app, serve_flower_app
-from aggregator.store import RunStore
 from core.records import RoundRecord
+from runs.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.simulation import RunSummary, summarize
 

@@ -179,8 +179,9 @@ class WorkerPool:
         with self._lock:
             if self._all or self._closed:
                 return
-            # (torch.optim's step imports torch's compiler stack, 2-3 s, on its first call: Quorum's own
-            # training does not use it (learning.training), so it is not imported here ahead of the fork)
+            # (building a torch.optim optimiser imports torch's compiler stack, 2-3 s: Quorum's own training
+            # does not use one (learning.training), so it is not imported here ahead of the fork; a task that
+            # does pays it once per worker)
             ctx = mp.get_context("fork")  # workers inherit the loaded data and the app; nothing is pickled
             # Frozen objects are skipped by the collector: a worker's garbage collection would otherwise
             # touch every inherited object (10,000 node contexts) and copy its page

@@ -32,9 +32,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from aggregator.collect import Outstanding, collect
 from aggregator.serverapp import run_federation
-from aggregator.store import RunStore
 from clients.clientapp import app as client_app
 from core.records import RoundRecord
+from runs.store import RunStore
 from runtimes.faults import FaultPlan
 from runtimes.ray_cluster import MARKER_ENV, Cluster, ray_processes, shutdown_ray
 from runtimes.simulation import secagg_identities

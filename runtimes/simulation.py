@@ -13,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aggregator.report import headline_summary
 from aggregator.serverapp import run_federation
-from aggregator.store import RunStore
 from clients.clientapp import app as client_app
 from core.headline import Headline, round_scores
 from core.records import RoundRecord
 from privacy.secagg.identity import node_config
+from runs.report import headline_summary
+from runs.store import RunStore
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.pool import default_workers

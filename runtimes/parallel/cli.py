@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from aggregator.store_url import default_db_url
 from core.errors import QuorumError
+from runs.store_url import default_db_url
 from runtimes.parallel.mode import CommHook, Mode
 from scenarios.errors import ScenarioError
 

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregator.store import RunStore, default_db_url
+from runs.store import RunStore, default_db_url
 from runtimes.parallel.errors import LaunchFailed, ParallelError
 from runtimes.parallel.job import check_scenario
 from runtimes.parallel.mode import CommHook, Mode

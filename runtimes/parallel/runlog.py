@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.lease import Heartbeat
-from aggregator.store import RunStore
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState
 from learning.record import scenario_record
 from learning.task import load_task
+from runs.lease import Heartbeat
+from runs.store import RunStore
 from runtimes.parallel.job import COLUMNS, Job, RoundResult
 from runtimes.parallel.mode import Mode
 from scenarios.schema import Scenario

@@ -29,10 +29,10 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from aggregator.evaluation import ServerEvaluator
-from aggregator.store import RunStore, default_db_url
 from core.strategy import ServerState
 from learning.models import num_params
 from learning.task import TaskModel, load_task
+from runs.store import RunStore, default_db_url
 from runtimes.parallel.comm import DEFAULT_BUCKET_BYTES, Comm, release_process_group
 from runtimes.parallel.errors import ParallelError, WorkerStopped
 from runtimes.parallel.job import Job, JobSpec, adopt, build_job, initial_state, run_round

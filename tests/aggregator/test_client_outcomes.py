@@ -18,9 +18,9 @@ from flwr.server.superlink.linkstate.utils import (
     create_message_error_unavailable_res_message,
 )
 
-from aggregator.store import RunStore
 from core.messages import parse_instruction
 from core.outcomes import DROPPED, FAILED, clean_reason, error_outcome, run_problems
+from runs.store import RunStore
 from tests.aggregator.test_untrusted_clients import NO_EVAL, honest, run_federation
 from tests.conftest import tiny_scenario
 

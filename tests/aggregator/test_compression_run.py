@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, RecordDict
 
-from aggregator.store import RunStore
 from clients.clientapp import RESIDUAL_KEY, _compress
 from core.compress import Codec
 from core.messages import TrainConfig, train_instruction, train_reply, wire_bytes
+from runs.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError
 from tests.conftest import tiny_scenario

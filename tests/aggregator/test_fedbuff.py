@@ -14,11 +14,11 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from aggregator.fedbuff import BufferedLoop, DeviceSpeeds, staleness_weight
 from aggregator.serverapp import run_federation
-from aggregator.store import RunStore
 from clients.clientapp import app as client_app
 from core.messages import TrainConfig, read_instruction, train_reply
 from core.records import RoundRecord
 from learning.task import TaskModel, load_task
+from runs.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError

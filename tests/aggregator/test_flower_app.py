@@ -26,7 +26,7 @@ from aggregator.app_model import arrays_of, first_reply_model, initial_model, mo
 from aggregator.errors import AppModelError, RunFailed
 from aggregator.flower_app import FlowerApp, find_app, read_app, serve_flower_app
 from aggregator.serverapp import app as quorum_serverapp
-from aggregator.store import RunStore
+from runs.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from scenarios.errors import ScenarioError
 from scenarios.flower_app import HONOURED, QUORUM_KEYS, REFUSED, flower_app_scenario
@@ -216,7 +216,7 @@ def test_a_pytorch_app_with_batchnorm_averages_its_integer_batch_counter(db_url:
               "fraction-evaluate": 0.0}
     store, run_id, result = serve(batchnorm_app(), config, db_url)
 
-    # Assert: the int64 counter travelled and was averaged as Flower's FedAvg averages it: 0 -> 3.5 -> 7.5
+    # Assert: the int64 counter travelled and was averaged as Flower's FedAvg averages it: 0 -> 3.5 -> 6.5
     # (node 1 loads 3.5 into its long buffer as 3 and adds 3, node 2 as 3 and adds 4)
     assert result.status == "finished", result
     model = store.get_run(run_id).info["model"]

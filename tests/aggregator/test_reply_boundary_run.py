@@ -14,11 +14,11 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from aggregator.serverapp import run_federation
-from aggregator.store import RunStore
 from core.layouts import encode_named
 from core.messages import parse_instruction, read_instruction, train_reply
 from privacy.secagg.flower_mod import secagg_mod
 from privacy.secagg.flower_records import MASKED_RECORD
+from runs.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from tests.aggregator.test_rounds import initial_params
 from tests.aggregator.test_untrusted_clients import NO_EVAL, attacked_by_node_4, honest, run

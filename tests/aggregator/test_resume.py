@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from aggregator.lease import LEASE_ENV
-from aggregator.store import RunStore
+from runs.lease import LEASE_ENV
+from runs.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 from tests.conftest import REPO, wait_for

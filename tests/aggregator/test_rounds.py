@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggregator.store import RunStore
 from aggregator.strategies import FedAvg
 from core.messages import client_seed
 from learning.federation import build_federation
 from learning.models import build_model, get_flat, set_flat
 from learning.training import train
+from runs.store import RunStore
 from runtimes.simulation import simulate
 from tests.conftest import tiny_scenario
 

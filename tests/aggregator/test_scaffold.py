@@ -12,10 +12,10 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
 from aggregator.serverapp import build_strategy
-from aggregator.store import RunStore
 from aggregator.strategies import Scaffold
 from clients.clientapp import CONTROL_KEY, app
 from core.messages import SCAFFOLD_CONTROL, TrainConfig, control_of, parse_train_reply, train_instruction, with_control
+from runs.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.parallel.errors import ParallelError
 from runtimes.parallel.job import check_scenario

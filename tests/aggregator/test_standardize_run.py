@@ -19,7 +19,6 @@ from flwr.app import Message, RecordDict
 from sklearn.datasets import load_digits
 
 from aggregator.serverapp import run_federation
-from aggregator.store import RunStore
 from core.messages import eval_reply, parse_instruction, train_reply
 from learning.standardize import (
     LIMIT_KEY,
@@ -32,6 +31,7 @@ from learning.standardize import (
 )
 from learning.task import load_task
 from quorum.export import export_run, load_model
+from runs.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError

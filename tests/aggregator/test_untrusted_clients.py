@@ -14,7 +14,6 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from aggregator.rounds import RoundLoop
 from aggregator.serverapp import final_status, run_federation
-from aggregator.store import RunStore
 from aggregator.strategies import FedAvg
 from core import aggregate
 from core.errors import StoreError
@@ -22,6 +21,7 @@ from core.fit import FitOutcome, FitRequest
 from core.messages import eval_reply, parse_instruction, train_reply
 from core.records import RoundRecord
 from core.strategy import ServerState
+from runs.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from tests.aggregator.test_rounds import initial_params
 from tests.conftest import tiny_scenario

@@ -184,3 +184,12 @@ def test_positional_arrays_of_the_wrong_shapes_or_count_are_refused() -> None:
     one = RecordDict({"arrays": named({"0": GLOBAL})})
     with pytest.raises(ValueError, match="lack"):
         read_instruction(one, LAYOUT, CONFIG)
+
+
+def test_a_model_whose_own_tensors_are_named_by_number_is_read_by_name() -> None:
+    # keys "0" and "1" that are the client model's own names are names, whatever their order in the record
+    layout = ParamLayout.of({"0": (2, 3), "1": (2,)})
+    content = RecordDict({"arrays": named({"1": GLOBAL[6:], "0": GLOBAL[:6].reshape(2, 3)})})
+    instruction = read_instruction(content, layout, CONFIG)
+    np.testing.assert_array_equal(instruction.params, GLOBAL)
+    assert instruction.layout == layout

@@ -15,11 +15,11 @@ from dashboard_support import FilledStore, state
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from aggregator.store import Round, RunStore
 from core.records import ClientRecord, RoundRecord
 from dashboard.app import create_app
 from dashboard.live import runs_events
 from dashboard.queries import Reader, RunHead
+from runs.store import Round, RunStore
 from tests.conftest import wait_for
 
 

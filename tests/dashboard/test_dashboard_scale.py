@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from dashboard_support import state
 
-from aggregator.store import RunStore
 from core.records import ClientRecord, RoundRecord
 from dashboard.app import create_app
+from runs.store import RunStore
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

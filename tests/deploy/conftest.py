@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.store import Run, RunStore
 from deploy.loopback import LoopbackFederation, Processes, write_device_data
 from deploy.pki import make_node_key
+from runs.store import Run, RunStore
 from tests.conftest import wait_for
 
 DEVICES = ("dev0", "dev1", "dev2")

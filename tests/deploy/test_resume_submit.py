@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from aggregator.errors import ResumeRefused
-from aggregator.store import RunStore
 from deploy.config import load_config
 from deploy.submit import run_config
+from runs.store import RunStore
 from tests.conftest import tiny_scenario
 
 

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import typer
 
-from aggregator.store import RunStore
 from deploy import cli, readiness, status
 from deploy.config import load_config
 from deploy.errors import DeployError
 from deploy.readiness import Fleet, await_devices, shortfall
 from deploy.serverapp import LeasedRunStore, record_failed_start
 from deploy.status import ServerAppWatch, find_stored_run
+from runs.store import RunStore
 from tests.conftest import tiny_scenario
 
 SCENARIO = tiny_scenario(name="five", federation={"clients": 5, "min_clients": 3})

@@ -165,7 +165,7 @@ def test_the_walkthrough_trains_three_devices_and_each_setup_mistake_names_its_f
 
 
 def _run_log_says(folder: Path, text: str) -> bool:
-    from aggregator.store import RunStore
+    from runs.store import RunStore
 
     store = RunStore(f"sqlite:///{folder / 'federation' / 'runs' / 'quorum.db'}")
     return any(text in e.message for run in store.list_runs() for e in store.events(run.id))
@@ -173,9 +173,7 @@ def _run_log_says(folder: Path, text: str) -> bool:
 
 def _the_three_mistakes(script: str, folder: Path) -> None:
     """The page's start line, one mistake at a time: each agent stops by itself with the page's line."""
-    t0 = time.monotonic()
     ready = run_bash(line_of(script, "quorum aggregator start"), folder, timeout_s=120)
-    print(f"TIMING restart {time.monotonic() - t0:.1f}")
     assert ready.returncode == 0, ready.stdout
     ensure_tls(folder / "wrong-ca", ["127.0.0.1"], name="another")
     keygen = run_bash("quorum client keygen stranger.key", folder, timeout_s=60)
@@ -207,7 +205,6 @@ def _the_three_mistakes(script: str, folder: Path) -> None:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
-    print(f"TIMING mistakes done {time.monotonic() - t0:.1f}")
     for mistake, proc in running.items():
         out = outputs[mistake]
         row = "a key never enrolled, or revoked" if mistake == "revoked" else mistake

@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from aggregator.store import RunStore
 from core.headline import headline_of, parse_headline
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState
@@ -33,6 +32,7 @@ from learning.task import task_headline
 from learning.tasks.classification import ClassificationTask
 from learning.tasks.language import LanguageModelTask
 from learning.tasks.regression import RegressionTask
+from runs.store import RunStore
 from scenarios.errors import ScenarioError
 from tests.learning.survival_task import BETA, HOSPITALS, SurvivalTask, c_index, hospital
 

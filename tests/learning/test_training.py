@@ -162,7 +162,7 @@ def test_sgd_matches_torch_optim_sgd_bit_for_bit(momentum: float) -> None:
 
 @pytest.mark.e2e  # a fresh interpreter (docs/testing.md)
 def test_training_does_not_import_torch_dynamo() -> None:
-    # torch.optim's step imports torch._dynamo (about 2 s of CPU) on its first call; a deployed client is a fresh
+    # building a torch.optim optimiser imports torch._dynamo (about 2 s of CPU); a deployed client is a fresh
     # process per message, so local training must not
     code = ("import sys, numpy as np\n"
             "from learning.datasets import ArrayDataset\nfrom learning.models import build_model\n"

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from aggregator.store import RunStore
 from privacy.dp import plan_epsilon
+from runs.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError
 from scenarios.schema import load_scenario

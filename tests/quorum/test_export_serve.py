@@ -20,12 +20,12 @@ import uvicorn
 from sklearn.datasets import load_diabetes
 
 import quorum
-from aggregator.store import RunStore
 from learning.federation import cached_federation
 from learning.models import get_flat
 from quorum.errors import ExportError
 from quorum.export import MANIFEST, WEIGHTS, export_run, load_export, load_model
 from quorum.serve import create_app
+from runs.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 from tests.conftest import REPO, tiny_scenario, wait_for

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from aggregator.store import RunStore
 from quorum.cli import app
+from runs.store import RunStore
 from tests.conftest import REPO
 
 NUMPY_APP = REPO / "tests" / "flower_examples" / "quickstart-numpy"

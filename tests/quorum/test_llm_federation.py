@@ -19,12 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from aggregator.store import RunStore
 from learning.task import TaskModel, load_task
 from quorum.cli import app
 from quorum.errors import ExportError
 from quorum.export import MANIFEST, export_run, load_export
 from quorum.serve import create_app
+from runs.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import scenario_from_dict
 

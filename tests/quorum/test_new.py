@@ -12,8 +12,8 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from aggregator.report import write_report
-from aggregator.store import RunStore
+from runs.report import write_report
+from runs.store import RunStore
 from tests.conftest import REPO
 
 

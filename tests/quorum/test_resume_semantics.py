@@ -19,8 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from aggregator.errors import ResumeRefused
-from aggregator.store import RunStore
 from quorum.cli import app
+from runs.store import RunStore
 from runtimes.simulation import simulate
 from tests.conftest import tiny_scenario
 

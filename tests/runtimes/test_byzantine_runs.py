@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from aggregator.store import RunStore
 from clients.attacks import AttackPlan
 from learning.federation import cached_federation
+from runs.store import RunStore
 from runtimes.simulation import simulate
 from tests.conftest import tiny_scenario
 

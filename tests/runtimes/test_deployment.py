@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.store import Run, RunStore
+from runs.store import Run, RunStore
 from tests.conftest import REPO, wait_for
 from tests.runtimes.processes import VENV_BIN, Processes, Started, describe, free_ports
 
@@ -140,8 +140,8 @@ def test_a_round_on_a_superlink_with_two_supernodes(processes: Processes, fleet:
     # first's ClientApp process, which on a loaded machine pushes it past the 90 s deadline)
     quorum = _flwr_run(processes, "flwr-run", quorum_app, scenario, tmp_path / "quorum.db", env, logs)
     t_quorum = time.monotonic()
-    example, example_run = _flwr_run_app(processes, "flwr-run-pytorch-example", PYTORCH_EXAMPLE, env, logs,
-                                         "num-server-rounds=1")
+    example, example_run = _flwr_run_app(processes, "flwr-run-pytorch-example", _copy(PYTORCH_EXAMPLE, tmp_path),
+                                         env, logs, "num-server-rounds=1")
     t_done = time.monotonic()
 
     # Assert: both finished the round with every client's update
@@ -166,7 +166,7 @@ def test_a_round_on_a_superlink_with_two_supernodes(processes: Processes, fleet:
 
 
 def test_flowers_sklearn_and_numpy_quickstarts_run_on_a_superlink_under_quorums_serverapp(
-        processes: Processes, fleet: Fleet, sync_federation: Federation) -> None:
+        processes: Processes, fleet: Fleet, sync_federation: Federation, tmp_path: Path) -> None:
     # Prepare: the two official examples as tests/flower_examples holds them (pyproject's serverapp: Quorum's),
     # one round each on the fleet's two SuperNodes (their node configs: partition-id 0 and 1 of 2)
     env, logs = sync_federation.env, _logs(processes, fleet)
@@ -174,7 +174,8 @@ def test_flowers_sklearn_and_numpy_quickstarts_run_on_a_superlink_under_quorums_
     for folder, package in (("quickstart-sklearn", "sklearnexample"), ("quickstart-numpy", "quickstart_numpy")):
         # Execute: `flwr run --stream` with the app's own run config, one round
         name = f"flwr-run-{folder}"
-        store, run = _flwr_run_app(processes, name, EXAMPLES / folder, env, logs, "num-server-rounds=1")
+        store, run = _flwr_run_app(processes, name, _copy(EXAMPLES / folder, tmp_path), env, logs,
+                                   "num-server-rounds=1")
 
         # Assert: both nodes answered both stages with the app's own arrays (float64, scikit-learn's coef_ in
         # Fortran order) and metrics; the model came from the app's own ServerApp; the round line was streamed
@@ -193,8 +194,7 @@ def test_quorums_clientapp_trains_quickstart_sklearn_on_a_superlink_under_the_ex
     # Prepare: the example as a user moving it to Quorum's ClientApp writes it (docs/runtimes.md, "the other way
     # round"): its pyproject's serverapp its own, clientapp Quorum's, and a scenario-json key for the clients'
     # scenario, whose [task] is the example's training (quorum_task.py beside it); one round on two SuperNodes
-    app = tmp_path / "quickstart-sklearn"
-    shutil.copytree(EXAMPLES / "quickstart-sklearn", app, ignore=shutil.ignore_patterns("__pycache__"))
+    app = _copy(EXAMPLES / "quickstart-sklearn", tmp_path)
     pyproject = (app / "pyproject.toml").read_text()
     pyproject = re.sub(r'serverapp = "aggregator.serverapp:app".*', 'serverapp = "sklearnexample.server_app:app"',
                        pyproject)
@@ -428,6 +428,14 @@ def _flwr_run_app(processes: Processes, name: str, app: Path, env: dict[str, str
 def example_run_log(processes: Processes, name: str) -> str:
     """What ``flwr run --stream`` of an example printed (the ServerApp's log, streamed)."""
     return "\n".join(p.log.read_text(errors="replace") for p in processes.started if p.name == name)
+
+
+def _copy(app: Path, tmp_path: Path) -> Path:
+    """A copy of a vendored app to run: `flwr run` rewrites an app's pyproject in place (it moves a
+    `[tool.flwr.federations]` table into Flower's own configuration), which must not touch the vendored files."""
+    copy = tmp_path / app.name
+    shutil.copytree(app, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
 
 
 def _project_name(app: Path) -> str:

@@ -16,8 +16,8 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 
 from aggregator.serverapp import run_federation
-from aggregator.store import RunStore
 from clients.clientapp import app as client_app
+from runs.store import RunStore
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.ray_engine import NODE_INFO, PartitionGrid, ScenarioClient

@@ -27,8 +27,9 @@ CPU = torch.device("cpu")
 
 class PytorchExampleTask(Task):
     def build_model(self, seed: int) -> nn.Module:
-        torch.manual_seed(seed)
-        return Net()
+        with torch.random.fork_rng():  # the example's Net, from the run's seed; torch's own generator untouched
+            torch.manual_seed(seed)
+            return Net()
 
     def partition(self, partition_id: int) -> Any:
         trainloader, valloader = load_data(partition_id, self.scenario.federation.clients,

@@ -13,8 +13,8 @@ import pytest
 import torch
 from parallel_support import reference_sync
 
-from aggregator.store import RunStore
 from learning.federation import build_federation
+from runs.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 

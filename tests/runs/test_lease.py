@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.lease import LEASE_ENV, LEASE_S, Heartbeat, lease_seconds
-from aggregator.store import RunStore
+from runs.lease import LEASE_ENV, LEASE_S, Heartbeat, lease_seconds
+from runs.store import RunStore
 from core.errors import StoreError
 from tests.conftest import wait_for
 

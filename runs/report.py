@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aggregator.store import ClientResult, Round, RunStore
+from runs.store import ClientResult, Round, RunStore
 from core.headline import Headline, round_scores, round_value
 
 __all__ = ["write_report", "run_summary", "numeric_metrics", "headline_summary", "client_scores"]

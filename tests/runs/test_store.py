@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.store import RunStore, read_checkpoint
+from runs.store import RunStore, read_checkpoint
 from core.errors import RunNotFound, StoreError
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState
