@@ -51,6 +51,7 @@ from core.layouts import ParamLayout
 from core.messages import broadcast_of, parse_train_reply, train_instruction, wire_bytes
 from core.outcomes import error_outcome
 from core.records import ClientRecord, RoundRecord
+from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState, Strategy
 from core.weighting import WeightPolicy
 from runs.store import RunStore
@@ -169,7 +170,7 @@ class BufferedLoop:
                 step_started, t0 = time.time(), time.monotonic()
             while idle and out.in_flight < spec.concurrency and state.round < self.scenario.rounds:
                 out.send(idle.pop(0), out.now(now), state)
-        status = "finished" if state.round >= self.scenario.rounds else "failed"
+        status = RunStatus.FINISHED if state.round >= self.scenario.rounds else RunStatus.FAILED
         return state, status, last
 
     def _dispatcher(self, grid: Grid, nodes: tuple[int, ...], clock: dict[str, Any]) -> tuple[_Dispatcher, float]:
@@ -183,7 +184,7 @@ class BufferedLoop:
         return out, out.start(float(clock.get(out.time_key.replace("-", "_"), 0.0)))
 
     def _give_up(self, futile: int, folded: list[ClientRecord], step: int) -> None:
-        reasons = Counter(c.reason for c in folded if c.outcome != "ok")
+        reasons = Counter(c.reason for c in folded if c.outcome != ClientStatus.OK)
         self.failure = (f"{futile} replies in a row could not be folded (most common: "
                         f"{reasons.most_common(1)[0][0]}); stopped before step {step}")
         self.store.log(self.run_id, self.failure, "error")
@@ -196,7 +197,7 @@ class BufferedLoop:
                 time_key.replace("-time-", "-duration-"): item.arrival - item.dispatched}
         label = str(item.node)
         if item.reply is None:
-            return ClientRecord(client=label, outcome="dropped", stage="train", reason="no reply",
+            return ClientRecord(client=label, outcome=ClientStatus.DROPPED, stage="train", reason="no reply",
                                 metrics=base), 0, None
         if item.reply.has_error():  # a node that is gone (dropped), or a task that raised (failed)
             outcome, reason = error_outcome(item.reply.error)
@@ -204,8 +205,8 @@ class BufferedLoop:
         nbytes = wire_bytes(item.reply.content)
         if staleness > spec.max_staleness:
             why = f"staleness {staleness} exceeds async.max_staleness = {spec.max_staleness}"
-            return ClientRecord(client=label, outcome="rejected", stage="train", bytes_in=nbytes, metrics=base,
-                                reason=why), nbytes, None
+            return ClientRecord(client=label, outcome=ClientStatus.REJECTED, stage="train", bytes_in=nbytes,
+                                metrics=base, reason=why), nbytes, None
         try:
             parsed = parse_train_reply(item.reply.content, size, int(self.scenario.federation.max_update_mb * 2**20),
                                        reference=item.params, layout=self.layout,
@@ -216,13 +217,13 @@ class BufferedLoop:
                 raise UpdateRejected(f"update norm {norm:.4g} exceeds the bound {limit:.4g} "
                                      "(max_update_ratio x model norm)")
         except UpdateRejected as exc:
-            return ClientRecord(client=label, outcome="rejected", stage="train", reason=str(exc), bytes_in=nbytes,
-                                metrics=base), nbytes, None
+            return ClientRecord(client=label, outcome=ClientStatus.REJECTED, stage="train", reason=str(exc),
+                                bytes_in=nbytes, metrics=base), nbytes, None
         # A count policy that needs the round's median has no round here: such updates weigh 1.
         weight = self.weighting.weight(parsed.num_examples) if self.weighting.streams else 1.0
         discount = staleness_weight(staleness, spec.staleness)
         loss = parsed.metrics.get("train-loss")
-        return ClientRecord(client=label, outcome="ok", num_examples=parsed.num_examples, bytes_in=nbytes,
+        return ClientRecord(client=label, outcome=ClientStatus.OK, num_examples=parsed.num_examples, bytes_in=nbytes,
                             train_loss=float(loss) if isinstance(loss, (int, float)) else None,
                             metrics={**base, "weight": weight, "discount": discount}), nbytes, parsed.delta
 
@@ -240,7 +241,7 @@ class BufferedLoop:
             new, status = replace(state, round=step), "rejected"
         clock = {out.time_key.replace("-", "_"): now, **counters}
         new = replace(new, extra={**new.extra, _CLOCK_KEY: json.dumps(clock)})
-        ok = [c for c in folded if c.outcome == "ok"]
+        ok = [c for c in folded if c.outcome == ClientStatus.OK]
         stale = [int(c.metrics["staleness"]) for c in ok if c.metrics]
         losses = [c.train_loss for c in ok if c.train_loss is not None]
         srv_loss = srv_acc = None

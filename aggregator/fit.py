@@ -26,6 +26,7 @@ from core.layouts import ParamLayout
 from core.messages import broadcast_of, parse_train_reply, train_instruction, wire_bytes
 from core.outcomes import error_outcome
 from core.records import ClientRecord
+from core.status import ClientStatus
 from core.strategy import Strategy
 from core.weighting import WeightPolicy
 
@@ -67,7 +68,7 @@ class PlainFit:
                               codec=Codec.from_extra(request.config.extra), reference=_reference(request))
         missing = collect(grid, push(grid, contents, "train", request.server_round), request.deadline_s, fold)
         for node in sorted(missing):
-            outcome.clients.append(ClientRecord(client=_label(node), outcome="dropped", stage="train",
+            outcome.clients.append(ClientRecord(client=_label(node), outcome=ClientStatus.DROPPED, stage="train",
                                                 reason=f"no reply within {request.deadline_s:g} s"))
         fold.flush()
         outcome.clients = [replace(c, bytes_out=sent) for c in outcome.clients]
@@ -116,14 +117,14 @@ class _FoldEachReply:
                                        reference=self.reference, layout=self.request.layout, codec=self.codec)
             self._fold(node, parsed.delta, parsed.num_examples)
         except UpdateRejected as exc:
-            self.outcome.clients.append(ClientRecord(client=_label(node), outcome="rejected", stage="train",
+            self.outcome.clients.append(ClientRecord(client=_label(node), outcome=ClientStatus.REJECTED, stage="train",
                                                      reason=str(exc), duration_s=elapsed, bytes_in=nbytes))
             return
         loss = _finite(parsed.metrics.get("train-loss"))
         if loss is not None:
             self.losses.append((loss, parsed.num_examples))
         self.outcome.clients.append(ClientRecord(
-            client=_label(node), outcome="ok", num_examples=parsed.num_examples, train_loss=loss,
+            client=_label(node), outcome=ClientStatus.OK, num_examples=parsed.num_examples, train_loss=loss,
             duration_s=_finite(parsed.metrics.get("duration-s")) or elapsed, bytes_in=nbytes,
             metrics={k: v for k, v in parsed.metrics.items() if isinstance(v, (int, float))}))
 
@@ -148,7 +149,7 @@ class _FoldEachReply:
             try:
                 self.outcome.aggregate = accumulate(self.strategy, self.outcome.aggregate, delta, weight, {})
             except UpdateRejected as exc:
-                self.outcome.clients = [replace(c, outcome="rejected", stage="train", reason=str(exc))
+                self.outcome.clients = [replace(c, outcome=ClientStatus.REJECTED, stage="train", reason=str(exc))
                                         if c.client == _label(node) else c for c in self.outcome.clients]
         self.pending.clear()
 

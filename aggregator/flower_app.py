@@ -37,6 +37,7 @@ from aggregator.rounds import LoopResult
 from core.headline import format_value, round_scores
 from core.outcomes import count, round_line
 from core.records import RoundRecord
+from core.status import RunStatus
 from runs.store import RunStore
 from scenarios.flower_app import flower_app_scenario, min_available
 from scenarios.schema import Scenario
@@ -193,9 +194,10 @@ def log_end(store: RunStore, run_id: str, result: LoopResult) -> None:
     """
     run = store.get_run(run_id)
     reason = f": {run.error}" if run.error else ""
-    level = {"finished": INFO, "stopped_budget": INFO, "degraded": WARNING}.get(result.status, ERROR)
+    levels: dict[str, int] = {RunStatus.FINISHED: INFO, RunStatus.STOPPED_BUDGET: INFO, RunStatus.DEGRADED: WARNING}
+    level = levels.get(result.status, ERROR)
     log(level, "[quorum] run %s %s after %d rounds%s (store %s)", run_id, result.status, run.rounds_done or 0,
         reason, store.url)
-    if result.status == "failed":
+    if result.status == RunStatus.FAILED:
         raise RunFailed(f"run {run_id} failed{reason}")
 

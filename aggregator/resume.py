@@ -19,21 +19,21 @@ from dataclasses import replace
 from typing import Any
 
 from aggregator.errors import ResumeRefused
+from core.status import ENDED, RunStatus
 from core.strategy import ServerState, Strategy
 from runs.store import Run, RunStore
 from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario, build_options, scenario_from_dict
 
-__all__ = ["ENDED", "has_ended", "scenario_difference", "check_same_scenario", "parent_of", "start_state"]
+__all__ = ["has_ended", "scenario_difference", "check_same_scenario", "parent_of", "start_state"]
 
 #: Statuses of a run that ran to its end (``quorum resume`` leaves such a run untouched).
-ENDED = frozenset({"finished", "degraded", "stopped_budget"})
 _SHOWN = 3  # differences named in one line
 
 
 def has_ended(run: Run) -> bool:
     """Ended: finished, degraded, out of privacy budget, or failed after its last round."""
-    return run.status in ENDED or (run.status == "failed" and run.rounds_done >= run.rounds_total)
+    return run.status in ENDED or (run.status == RunStatus.FAILED and run.rounds_done >= run.rounds_total)
 
 
 def _leaves(table: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

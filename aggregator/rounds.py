@@ -25,6 +25,7 @@ from core.layouts import ParamLayout
 from core.messages import TrainConfig
 from core.outcomes import FAILED, OK, REJECTED
 from core.records import ClientRecord, RoundRecord
+from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState, Strategy
 from learning.standardize import Standardization
 from runs.store import RunStore
@@ -61,9 +62,9 @@ class RoundLoop:
         while state.round < self.scenario.rounds:
             if self.strategy.would_exceed_budget(state):
                 self.store.log(self.run_id, f"privacy budget reached before round {state.round + 1}; stopping")
-                return LoopResult(state, "stopped_budget", last)
+                return LoopResult(state, RunStatus.STOPPED_BUDGET, last)
             state, last = self.run_round(grid, state)
-        return LoopResult(state, "finished", last)
+        return LoopResult(state, RunStatus.FINISHED, last)
 
     def run_round(self, grid: Grid, state: ServerState) -> tuple[ServerState, RoundRecord]:
         server_round = state.round + 1
@@ -130,7 +131,7 @@ class RoundLoop:
         clients = marked_clients(outcome)  # what a robust rule did to each update
         if server_round % ev.every == 0 or server_round == self.scenario.rounds:
             if ev.federated:
-                ok = [n for n in nodes if any(c.client == str(n) and c.outcome == "ok" for c in clients)]
+                ok = [n for n in nodes if any(c.client == str(n) and c.outcome == ClientStatus.OK for c in clients)]
                 targets = _eval_sample(sorted(grid.get_node_ids()) if ev.clients == "all" else (ok or nodes),
                                        self.scenario, server_round)
                 summary = federated_evaluate(grid, targets, state.params,

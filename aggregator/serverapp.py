@@ -49,6 +49,7 @@ from core.headline import Headline
 from core.layouts import ParamLayout
 from core.outcomes import run_problems
 from core.records import RoundRecord
+from core.status import RunStatus
 from core.strategy import ServerState
 from core.weighting import WeightPolicy
 from learning.models import layout_of
@@ -135,7 +136,7 @@ def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: st
     factory, test = _model_factory(scenario) if model is None else (None, None)
     if resume_id is not None:
         state = start_state(store, store.get_run(resume_id), strategy)
-        store.set_status(resume_id, "running")
+        store.set_status(resume_id, RunStatus.RUNNING)
         store.log(resume_id, f"resumed after round {state.round if state else 0}")
         if state is not None:
             return resume_id, state, factory, test
@@ -207,12 +208,12 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
         result = LoopResult(*loop.run(grid, state)) if isinstance(loop, BufferedLoop) else loop.run(grid, state)
     except BaseException as exc:
         heartbeat.stop()
-        store.set_status(run_id, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+        store.set_status(run_id, RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.FAILED,
                          error=f"{type(exc).__name__}: {exc}")
         raise
     try:
         status, error = final_status(store, run_id, result.status)
-        if isinstance(loop, BufferedLoop) and result.status == "failed":
+        if isinstance(loop, BufferedLoop) and result.status == RunStatus.FAILED:
             error = loop.failure
         store.set_status(run_id, status, error=error)
     finally:
@@ -304,7 +305,7 @@ def final_status(store: RunStore, run_id: str, loop_status: str) -> tuple[str, s
     ``finished`` otherwise. Other endings (a spent privacy budget) are kept as
     the loop reported them.
     """
-    if loop_status != "finished":
+    if loop_status != RunStatus.FINISHED:
         return loop_status, None
     statuses = [(r.round, (r.metrics or {}).get("status", "ok"), (r.metrics or {}).get("reason"))
                 for r in store.rounds(run_id)]
@@ -314,7 +315,8 @@ def final_status(store: RunStore, run_id: str, loop_status: str) -> tuple[str, s
         last, status, reason = idle[-1]
         why = f"round {last} {status}" + (f": {reason}" if reason else "")
         if len(idle) == len(statuses):
-            return "failed", f"no round changed the model: all {len(statuses)} rounds skipped or rejected ({why})"
+            return RunStatus.FAILED, (f"no round changed the model: all {len(statuses)} rounds skipped or rejected "
+                                      f"({why})")
         problems.append(f"{len(idle)} of {len(statuses)} rounds skipped or rejected ({why})")
     run = store.get_run(run_id)
     names = {str(k): str(v) for k, v in ((run.info or {}).get("devices") or {}).items()}
@@ -322,7 +324,7 @@ def final_status(store: RunStore, run_id: str, loop_status: str) -> tuple[str, s
         results = s.execute(select(ClientResult.client, ClientResult.outcome, ClientResult.reason,
                                    ClientResult.round).where(ClientResult.run_id == run_id)).all()
     problems += run_problems(results, names, drops_expected=_injects_drops(run.scenario))
-    return ("degraded", "; ".join(problems)) if problems else ("finished", None)
+    return (RunStatus.DEGRADED, "; ".join(problems)) if problems else (RunStatus.FINISHED, None)
 
 
 def _injects_drops(scenario: dict | None) -> bool:

@@ -24,6 +24,7 @@ from aggregator.step import train_config
 from aggregator.strategies import FedAvg
 from core.fit import FitOutcome, FitRequest, FitWorkflow
 from core.messages import TrainConfig
+from core.status import ClientStatus
 from core.strategy import ServerState
 from core.weighting import WeightPolicy
 from learning.standardize import (
@@ -108,7 +109,8 @@ def _pass(grid: Grid, scenario: Scenario, nodes: list[int], config: TrainConfig,
                          config=replace(config, extra={**config.extra, LIMIT_KEY: LIMIT}),
                          deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20))
     outcome = statistics_fit(scenario, size)(grid, request, FedAvg())
-    return _weighted_mean(outcome, str(config.extra[PASS_KEY])), sum(c.outcome == "ok" for c in outcome.clients)
+    answered = sum(c.outcome == ClientStatus.OK for c in outcome.clients)
+    return _weighted_mean(outcome, str(config.extra[PASS_KEY])), answered
 
 
 def standardize_run(grid: Grid, scenario: Scenario, store: RunStore, run_id: str,

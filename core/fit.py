@@ -20,6 +20,7 @@ from core.buffer import client_marks
 from core.layouts import ParamLayout
 from core.messages import TrainConfig
 from core.records import ClientRecord
+from core.status import ClientStatus
 from core.strategy import AggregateState, ServerState, Strategy
 
 __all__ = ["FitRequest", "FitOutcome", "FitWorkflow", "accumulate", "marked_clients"]
@@ -75,7 +76,7 @@ def marked_clients(outcome: FitOutcome) -> list[ClientRecord]:
         return list(outcome.clients)
     records, folded = [], 0
     for record in outcome.clients:
-        if record.outcome == "ok":
+        if record.outcome == ClientStatus.OK:
             mark = marks.get(folded)
             folded += 1
             if mark:

@@ -26,12 +26,16 @@ from typing import Protocol
 from flwr.app import Error
 from flwr.common.constant import ErrorCode
 
+from core.status import ClientStatus, RunStatus
+
 __all__ = ["OK", "DROPPED", "REJECTED", "FAILED", "LATE", "error_outcome", "clean_reason", "Counts", "count",
            "round_line", "run_problems", "EXIT_FINISHED", "EXIT_FAILED", "EXIT_DEGRADED", "exit_code"]
 
-OK, DROPPED, REJECTED, FAILED, LATE = "ok", "dropped", "rejected", "failed", "late"
+OK, DROPPED, REJECTED, FAILED, LATE = (ClientStatus.OK, ClientStatus.DROPPED, ClientStatus.REJECTED,
+                                       ClientStatus.FAILED, ClientStatus.LATE)
 #: Outcomes that count as each: ``error`` is what stores written before ``failed`` hold.
-_KINDS = {OK: OK, DROPPED: DROPPED, LATE: DROPPED, REJECTED: REJECTED, FAILED: FAILED, "error": FAILED}
+_KINDS: dict[str, ClientStatus] = {OK: OK, DROPPED: DROPPED, LATE: DROPPED, REJECTED: REJECTED, FAILED: FAILED,
+                                   ClientStatus.ERROR: FAILED}
 
 #: Flower's codes for a reply that never came from the client: the node, its message or its app is gone.
 _GONE = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE,
@@ -100,8 +104,8 @@ def round_line(sampled: int, counts: Counts, shown: int = 2) -> str:
     parts = [f"{counts.answered}/{sampled} answered"]
     if counts.dropped:
         parts.append(f"{counts.dropped} dropped ({_names(counts.dropped_clients, shown)})")
-    for n, word, clients in ((counts.rejected, "rejected", counts.rejected_clients),
-                             (counts.failed, "failed", counts.failed_clients)):
+    for n, word, clients in ((counts.rejected, REJECTED, counts.rejected_clients),
+                             (counts.failed, FAILED, counts.failed_clients)):
         if n:
             said = "; ".join(f"{c} {why}".strip() for c, why in clients[:shown])
             parts.append(f"{n} {word}: {said}" + ("; ..." if n > shown else ""))
@@ -115,7 +119,8 @@ def _names(clients: tuple[str, ...], shown: int) -> str:
 EXIT_FINISHED, EXIT_FAILED, EXIT_DEGRADED = 0, 1, 3
 #: A run's status -> the exit code of the command that ran or followed it; any other status (failed,
 #: interrupted, running) is 1.
-_EXIT = {"finished": EXIT_FINISHED, "stopped_budget": EXIT_FINISHED, "degraded": EXIT_DEGRADED}
+_EXIT: dict[str, int] = {RunStatus.FINISHED: EXIT_FINISHED, RunStatus.STOPPED_BUDGET: EXIT_FINISHED,
+                         RunStatus.DEGRADED: EXIT_DEGRADED}
 
 
 def exit_code(status: str) -> int:

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from core.headline import Headline
+from core.status import RunStatus
 from dashboard.queries import Reader, RunStats
 from runs.store import Run
 
@@ -98,7 +99,7 @@ def _status_counts(runs: list[tuple[Run, RunStats]]) -> GaugeMetricFamily:
     counts: dict[str, int] = {}
     for run, _ in runs:
         counts[run.status] = counts.get(run.status, 0) + 1
-    for status in sorted({"running", "finished", "degraded", "failed", "stopped_budget", "interrupted", *counts}):
+    for status in sorted({*RunStatus, *counts}):
         family.add_metric([status], counts.get(status, 0))
     return family
 

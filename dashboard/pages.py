@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from core.status import ClientStatus, RunStatus
 from dashboard.api import MAX_INT, RoundPath
 from dashboard.privacy import run_hides_clients, without_private_runs
 from dashboard.queries import Reader
@@ -28,7 +29,7 @@ from dashboard.views import (
 __all__ = ["router", "STATUSES"]
 
 router = APIRouter(include_in_schema=False)
-STATUSES = ("running", "finished", "degraded", "failed", "stopped_budget", "interrupted")
+STATUSES = tuple(RunStatus)
 PER_PAGE = 50
 
 
@@ -169,7 +170,7 @@ def client_page(request: Request, client: str, run: Annotated[str | None, Query(
         raise HTTPException(status_code=404, detail=f"Client {client!r} has not taken part in any round.")
     names = reader.run_names([r["run_id"] for r in rows])
     metrics = {run_id: reader.headline(run_id).name for run_id in names}
-    ok = sum(1 for r in rows if r["outcome"] == "ok")
+    ok = sum(1 for r in rows if r["outcome"] == ClientStatus.OK)
     device = all_device_names(r for r, _ in reader.runs()).get(client)
     return _render(request, "client.html", nav="clients", client=client, names=names, run=run or "", device=device,
                    rows=[(r, client_result_display(r, metrics.get(r["run_id"], "accuracy"))) for r in rows], ok=ok,

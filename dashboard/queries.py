@@ -18,6 +18,7 @@ from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from core.headline import Headline, round_scores
+from core.status import ClientStatus, RunStatus
 from runs.lease import INTERRUPTED, lease_expired
 from runs.store import ClientResult, Event, Round, Run, RunStore, as_shown, status_is
 
@@ -25,7 +26,7 @@ __all__ = ["Reader", "RunStats", "RunHead", "ClientSummary", "Participation", "T
 
 # Accuracy of a round: the server's held-out score when it has one, else the federated one.
 ACCURACY = func.coalesce(Round.server_accuracy, Round.fed_accuracy)
-TERMINAL = frozenset({"finished", "degraded", "failed", "stopped_budget", "interrupted"})
+TERMINAL = frozenset(RunStatus) - {RunStatus.RUNNING}
 RECENT = 30  # participations shown per client on the clients page
 
 
@@ -137,7 +138,7 @@ class Reader:
         """Runs whose row changed after ``since`` (new, new round, new status), and running runs whose
         lease expired after ``since`` (they now read ``interrupted``; :func:`changed_at` dates both)."""
         now = self.store.clock()
-        lapsed = and_(Run.status == "running", Run.lease_until > since, Run.lease_until < now)
+        lapsed = and_(Run.status == RunStatus.RUNNING, Run.lease_until > since, Run.lease_until < now)
         with self._session() as s:
             runs = [as_shown(r, now) for r in s.scalars(select(Run).where(or_(Run.updated_at > since, lapsed)))]
             stats = _stats(s, [r.id for r in runs]) if runs else {}
@@ -152,11 +153,11 @@ class Reader:
         now = self.store.clock()
         with self._session() as s:
             rows = s.execute(select(Run.status, func.count()).group_by(Run.status)).all()
-            lapsed = s.scalar(select(func.count()).select_from(Run).where(Run.status == "running",
+            lapsed = s.scalar(select(func.count()).select_from(Run).where(Run.status == RunStatus.RUNNING,
                                                                           Run.lease_until < now)) or 0
         counts = {status: count for status, count in rows}
         if lapsed:
-            counts["running"] -= lapsed
+            counts[RunStatus.RUNNING] -= lapsed
             counts[INTERRUPTED] = counts.get(INTERRUPTED, 0) + lapsed
         return {status: count for status, count in counts.items() if count}
 
@@ -330,10 +331,10 @@ def _natural_order() -> tuple[ColumnElement[Any], ...]:
 
 def _client_totals(runs: list[str] | None) -> Select:
     query = select(ClientResult.client, func.count().label("rounds"),
-                   _count_if(ClientResult.outcome == "ok").label("ok"),
-                   _count_if(ClientResult.outcome.in_(("dropped", "late"))).label("dropped"),
-                   _count_if(ClientResult.outcome == "rejected").label("rejected"),
-                   _count_if(ClientResult.outcome.in_(("failed", "error"))).label("failed"),
+                   _count_if(ClientResult.outcome == ClientStatus.OK).label("ok"),
+                   _count_if(ClientResult.outcome.in_((ClientStatus.DROPPED, ClientStatus.LATE))).label("dropped"),
+                   _count_if(ClientResult.outcome == ClientStatus.REJECTED).label("rejected"),
+                   _count_if(ClientResult.outcome.in_((ClientStatus.FAILED, ClientStatus.ERROR))).label("failed"),
                    func.count(ClientResult.run_id.distinct()).label("runs"),
                    func.sum(ClientResult.num_examples).label("examples"),
                    func.max(ClientResult.finished_at).label("last_seen")).group_by(ClientResult.client)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from core.headline import ACCURACY, Headline, round_scores
+from core.status import ClientStatus, RunStatus
 from dashboard.queries import ClientSummary, RunStats
 from runs.report import client_scores
 from runs.store import ClientResult, Round, Run
@@ -85,7 +86,7 @@ def _clean(x: float | None) -> float | None:
 # -- runs -----------------------------------------------------------------
 def run_data(run: Run, stats: RunStats, now: float | None = None) -> dict[str, Any]:
     """``last_seen``: when the run's process last renewed its lease (an ``interrupted`` run ended there)."""
-    end = run.finished_at or ((now or time.time()) if run.status == "running"
+    end = run.finished_at or ((now or time.time()) if run.status == RunStatus.RUNNING
                               else max(run.updated_at, run.heartbeat_at or 0.0))
     headline = Headline.from_info(run.info)
     best = stats.metric_high if headline.higher_is_better else stats.metric_low
@@ -195,7 +196,7 @@ def _headline_column(metric: str) -> str:
 # -- clients --------------------------------------------------------------
 def outcome_text(outcome: str, stage: str | None, reason: str | None) -> str:
     """One line for a client's part in a round: "ok", "dropped at train", ..."""
-    if outcome == "ok":
+    if outcome == ClientStatus.OK:
         return "ok"
     text = outcome if not stage else f"{outcome} at {stage}"
     return f"{text}: {reason}" if reason else text

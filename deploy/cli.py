@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from core.errors import QuorumError
+from core.status import RunStatus
 from deploy.config import DeployConfig, load_config
 from scenarios.errors import ScenarioError
 
@@ -188,13 +189,13 @@ def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float, scenario: Scen
             if waiting is not None:
                 waiting.poll()
         else:
-            if not opened and run.status == "running":
+            if not opened and run.status == RunStatus.RUNNING:
                 print(f"run {run.id} started: {run.rounds_total} rounds", flush=True)
             opened = True
             for r in store.rounds(run.id)[shown:]:
                 print(f"run {run.id} round {r.round}: {_round_line(store, run, r)}", flush=True)
                 shown = r.round
-            if run.status != "running":
+            if run.status != RunStatus.RUNNING:
                 print(f"run {run.id} {run.status}" + (f": {run.error}" if run.error else ""), flush=True)
                 raise typer.Exit(exit_code(run.status))
         time.sleep(0.5)

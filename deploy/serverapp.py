@@ -39,6 +39,7 @@ from flwr.serverapp import Grid, ServerApp
 from aggregator.serverapp import run_federation
 from core.errors import RunNotFound
 from core.records import RoundRecord
+from core.status import ENDED, RunStatus
 from core.strategy import ServerState
 from deploy.errors import DeployError
 from learning.errors import TaskError
@@ -110,7 +111,7 @@ def record_failed_start(store: LeasedRunStore, scenario: Scenario, flower_run: i
                               strategy=scenario.strategy.name, rounds=scenario.rounds, engine=ENGINE,
                               info={"flower_run_id": flower_run, "devices": devices})
     store.take(run_id)
-    store.set_status(run_id, "failed", f"never started: {why}")
+    store.set_status(run_id, RunStatus.FAILED, f"never started: {why}")
     return run_id
 
 
@@ -118,7 +119,7 @@ def _find_run(store: RunStore, flower_run_id: int) -> str | None:
     """The unfinished stored run a previous ServerApp opened for this Flower run, if any."""
     for run in store.list_runs():
         info = run.info or {}
-        if info.get("flower_run_id") == flower_run_id and run.status not in ("finished", "degraded", "stopped_budget"):
+        if info.get("flower_run_id") == flower_run_id and run.status not in ENDED:
             return run.id
     return None
 

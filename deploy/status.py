@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from core.status import RunStatus
 from deploy.config import DeployConfig
 from deploy.enroll import load_registry, revoked_devices
 from deploy.errors import DeployError
@@ -154,7 +155,7 @@ def _current_run(config: DeployConfig) -> dict[str, Any] | None:
     runs = [r for r in RunStore(config.db_url).list_runs() if r.engine == "deployment"]
     if not runs:
         return None
-    run = next((r for r in runs if r.status == "running"), runs[0])
+    run = next((r for r in runs if r.status == RunStatus.RUNNING), runs[0])
     return {"id": run.id, "name": run.name, "status": run.status, "rounds_done": run.rounds_done,
             "rounds_total": run.rounds_total, "error": run.error}
 

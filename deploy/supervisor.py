@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.status import RunStatus
 from deploy.config import DeployConfig
 from deploy.errors import DeployError, ProcessFailed
 from deploy.flower import flower_env, stop_run, superlink_command, write_flower_home
@@ -137,8 +138,8 @@ def resumable_runs(db_url: str) -> list[str]:
     for run in store.list_runs():
         if run.engine != "deployment" or run.rounds_done >= run.rounds_total:
             continue
-        crashed = run.status == "failed" and (run.error or "").startswith(("SystemExit", "KeyboardInterrupt"))
-        if run.status in ("running", "interrupted") or crashed:
+        crashed = run.status == RunStatus.FAILED and (run.error or "").startswith(("SystemExit", "KeyboardInterrupt"))
+        if run.status in (RunStatus.RUNNING, RunStatus.INTERRUPTED) or crashed:
             found.append(run.id)
     return found
 
@@ -186,7 +187,7 @@ class Supervisor:
         if self.resume:  # a ServerApp stopped just now wrote "failed: SystemExit": the run awaits its resume
 
             for run_id in resumable_runs(cfg.db_url):
-                RunStore(cfg.db_url).set_status(run_id, "interrupted", "the aggregator stopped; resuming")
+                RunStore(cfg.db_url).set_status(run_id, RunStatus.INTERRUPTED, "the aggregator stopped; resuming")
         logs = cfg.state.logs
         self._spawn("superlink", superlink_command(cfg, self.tls), flower_env(cfg), logs / "superlink.log")
         ca = self.tls.ca_cert if self.tls else None

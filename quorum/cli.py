@@ -18,6 +18,7 @@ from rich.table import Table
 
 import scenarios
 from core.errors import QuorumError
+from core.status import RunStatus
 from dashboard.cli import app as dashboard_command
 from deploy.agent_cli import app as client_app
 from deploy.cli import app as aggregator_app
@@ -206,7 +207,7 @@ def _final_metric(summary) -> str:
 
 def _status_text(run: Run) -> str:
     """The status column: an interrupted run says when its process was last seen."""
-    if run.status != "interrupted" or run.heartbeat_at is None:
+    if run.status != RunStatus.INTERRUPTED or run.heartbeat_at is None:
         return run.status
     return f"interrupted (last seen {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(run.heartbeat_at))})"
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from aggregator.errors import ResumeRefused
 from aggregator.resume import check_same_scenario, has_ended
 from aggregator.serverapp import fork_run
+from core.status import RunStatus
 from runs.store import Run, RunStore
 from scenarios.schema import Scenario, load_scenario, scenario_from_dict
 
@@ -58,7 +59,7 @@ def plan_resume(store: RunStore, run_id: str, path: Path | None = None) -> Plan:
         return Plan(run.id, scenario, run.engine, run.rounds_done, ended=True,
                     note=f"run {run.id} already ended ({run.status}, {run.rounds_done}/{run.rounds_total} rounds, "
                          f"at {_when(run.finished_at)}): nothing to resume, the run is left as it was")
-    if run.status == "running" and run.lease_until is not None:  # still renewed (a run without a lease is older)
+    if run.status == RunStatus.RUNNING and run.lease_until is not None:  # renewed (a run without a lease is older)
         now = store.clock()
         raise ResumeRefused(f"run {run.id} is running: its process renewed its lease "
                             f"{max(0.0, now - (run.heartbeat_at or now)):.0f} s ago; if that process is gone, "

@@ -18,6 +18,7 @@ slack for clocks of two hosts sharing a PostgreSQL store.
 
 from __future__ import annotations
 
+from core.status import RunStatus
 import math
 import os
 import threading
@@ -37,7 +38,7 @@ RENEWALS = 6
 #: The environment variable that sets the lease in seconds (tests use a second or two).
 LEASE_ENV = "QUORUM_LEASE_S"
 #: What readers show for a ``running`` run whose lease has expired.
-INTERRUPTED = "interrupted"
+INTERRUPTED = RunStatus.INTERRUPTED
 
 
 def lease_seconds() -> float:
@@ -61,7 +62,7 @@ def lease_expired(status: str, lease_until: float | None, now: float) -> bool:
     Only a ``running`` run has a lease to lose; one without a lease (written
     by a Quorum older than the lease) is taken at its word.
     """
-    return status == "running" and lease_until is not None and lease_until < now
+    return status == RunStatus.RUNNING and lease_until is not None and lease_until < now
 
 
 class _Renews(Protocol):

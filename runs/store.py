@@ -10,6 +10,7 @@ either the whole round or none of it.
 
 from __future__ import annotations
 
+from core.status import ClientStatus, RunStatus
 import json
 import time
 import uuid
@@ -169,11 +170,11 @@ def make_engine(url: str) -> Engine:
 def status_is(status: str, now: float) -> ColumnElement[bool]:
     """The runs that read ``status`` at ``now`` (a running run whose lease expired reads ``interrupted``),
     in plain SQL that SQLite and PostgreSQL both run."""
-    expired = and_(Run.status == "running", Run.lease_until < now)
+    expired = and_(Run.status == RunStatus.RUNNING, Run.lease_until < now)
     if status == INTERRUPTED:
         return or_(Run.status == INTERRUPTED, expired)
-    if status == "running":
-        return and_(Run.status == "running", or_(Run.lease_until.is_(None), Run.lease_until >= now))
+    if status == RunStatus.RUNNING:
+        return and_(Run.status == RunStatus.RUNNING, or_(Run.lease_until.is_(None), Run.lease_until >= now))
     return Run.status == status
 
 
@@ -214,7 +215,7 @@ class RunStore:
         run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         now = self.clock()
         with self.session() as s, s.begin():
-            s.add(Run(id=run_id, name=name, scenario=scenario, seed=seed, status="running",
+            s.add(Run(id=run_id, name=name, scenario=scenario, seed=seed, status=RunStatus.RUNNING,
                       engine=engine, strategy=strategy, rounds_total=rounds, rounds_done=rounds_done,
                       num_params=num_params, started_at=now, updated_at=now, info=info or {},
                       heartbeat_at=now, lease_until=now + lease_seconds()))
@@ -258,16 +259,16 @@ class RunStore:
             if run is None:
                 raise RunNotFound(f"no run {run_id!r} in {self.url}")
             run.status, run.error, run.updated_at = status, error, time.time()
-            run.finished_at = time.time() if status != "running" else None
+            run.finished_at = time.time() if status != RunStatus.RUNNING else None
             run.heartbeat_at = now = self.clock()
-            run.lease_until = now + lease_seconds() if status == "running" else None
+            run.lease_until = now + lease_seconds() if status == RunStatus.RUNNING else None
 
     def renew_lease(self, run_id: str, lease_s: float) -> None:
         """Note that the run's owner is alive, until ``lease_s`` from now (a running run only: a run
         that ended stays ended). ``updated_at`` is left alone: nothing a page shows has changed."""
         now = self.clock()
         with self.session() as s, s.begin():
-            s.execute(update(Run).where(Run.id == run_id, Run.status == "running")
+            s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING)
                       .values(heartbeat_at=now, lease_until=now + lease_s))
 
     def update_info(self, run_id: str, **info: Any) -> None:
@@ -380,8 +381,10 @@ def _real(value: Any) -> float | None:
 
 def _round_row(run_id: str, r: RoundRecord, checkpoint: str, headline: Headline) -> Round:
     return Round(run_id=run_id, round=r.round, started_at=r.started_at, duration_s=r.duration_s,
-                 sampled=r.sampled, answered=r.count("ok"), dropped=r.count("dropped") + r.count("late"),
-                 rejected=r.count("rejected"), failed=r.count("failed") + r.count("error"),
+                 sampled=r.sampled, answered=r.count(ClientStatus.OK),
+                 dropped=r.count(ClientStatus.DROPPED) + r.count(ClientStatus.LATE),
+                 rejected=r.count(ClientStatus.REJECTED),
+                 failed=r.count(ClientStatus.FAILED) + r.count(ClientStatus.ERROR),
                  train_loss=_real(r.train_loss),
                  fed_loss=_real(r.fed_loss), fed_accuracy=_real(r.fed_accuracy), server_loss=_real(r.server_loss),
                  server_accuracy=_real(r.server_accuracy), bytes_in=r.bytes_in, bytes_out=r.bytes_out,

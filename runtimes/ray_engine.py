@@ -34,6 +34,7 @@ from aggregator.collect import Outstanding, collect
 from aggregator.serverapp import run_federation
 from clients.clientapp import app as client_app
 from core.records import RoundRecord
+from core.status import RunStatus
 from runs.store import RunStore
 from runtimes.faults import FaultPlan
 from runtimes.ray_cluster import MARKER_ENV, Cluster, ray_processes, shutdown_ray
@@ -97,12 +98,12 @@ def run_on_ray(scenario: Scenario, db_url: str, resume_id: str | None = None,
                            num_supernodes=scenario.federation.clients,
                            backend_config=_backend_config(options, run.cluster.temp_dir))
     except KeyboardInterrupt:
-        run.stopped = "interrupted"
+        run.stopped = RunStatus.INTERRUPTED
         raise
     finally:
         run.stopped = run.stopped or "stopped"  # a ServerApp thread still running must end now
         shutdown_ray(run.cluster)
-    if run.stopped == "interrupted":
+    if run.stopped == RunStatus.INTERRUPTED:
         raise KeyboardInterrupt(f"Ray simulation interrupted (run {run.run_id})")
     if run.run_id is None:  # the ServerApp died before opening the run
         raise RuntimeError(f"Ray simulation ended without a run: {run.error or 'unknown error'}")
@@ -122,7 +123,7 @@ class _RayRun:
     cluster: Cluster
     run_id: str | None = None
     error: str | None = None
-    stopped: str | None = None  # set once Ray is gone: "interrupted" (Ctrl-C) or "stopped"
+    stopped: str | None = None  # set once Ray is gone: RunStatus.INTERRUPTED (Ctrl-C) or "stopped"
 
     def server_app(self) -> ServerApp:
         app = ServerApp()
@@ -139,14 +140,14 @@ class _RayRun:
                            on_round=self.on_round, on_start=self._started)
         except BaseException as exc:
             self.error = f"{type(exc).__name__}: {exc}"
-            if not (isinstance(exc, KeyboardInterrupt) and self.stopped == "interrupted"):
+            if not (isinstance(exc, KeyboardInterrupt) and self.stopped == RunStatus.INTERRUPTED):
                 raise  # else recorded as interrupted; run_on_ray raises it in the main thread
         finally:
             self.cluster.snapshot()  # the actors are still up: Flower stops them after main returns
 
     def _alive(self) -> None:
         """Raise in the ServerApp thread once Ray is gone, instead of waiting out deadlines."""
-        if self.stopped == "interrupted":
+        if self.stopped == RunStatus.INTERRUPTED:
             raise KeyboardInterrupt("the Ray simulation was interrupted")
         if self.stopped:
             raise RuntimeError("the Ray simulation runtime stopped")
@@ -326,7 +327,7 @@ def _first_interrupt_stops(run: _RayRun) -> Iterator[None]:
         return
 
     def stop(_signum: int, _frame: object) -> None:
-        run.stopped = "interrupted"
+        run.stopped = RunStatus.INTERRUPTED
         signal.signal(signal.SIGINT, previous)
 
     signal.signal(signal.SIGINT, stop)

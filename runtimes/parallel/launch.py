@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.status import RunStatus
 from runs.store import RunStore, default_db_url
 from runtimes.parallel.errors import LaunchFailed, ParallelError
 from runtimes.parallel.job import check_scenario
@@ -199,10 +200,10 @@ def launch(spec: LaunchSpec) -> RunSummary:
         except ChildFailedError as exc:
             run_id = _run_id(spec, id_file)
             message = f"parallel job failed: {describe_failures(exc.failures)}"
-            _mark_failed(store, run_id, "failed", message)
+            _mark_failed(store, run_id, RunStatus.FAILED, message)
             raise LaunchFailed(message + (f" (run {run_id})" if run_id else "")) from None
         except BaseException as exc:
-            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            status = RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.FAILED
             _mark_failed(store, _run_id(spec, id_file), status, f"launcher: {type(exc).__name__}: {exc}")
             raise
         run_id = _run_id(spec, id_file)

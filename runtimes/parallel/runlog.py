@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from core.records import ClientRecord, RoundRecord
+from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState
 from learning.record import scenario_record
 from learning.task import load_task
@@ -54,7 +55,7 @@ class RunWriter:
     def __init__(self, store: RunStore, run_id: str) -> None:
         self.store, self.run_id = store, run_id
         self.resumed: ServerState | None = store.load_state(run_id)
-        store.set_status(run_id, "running")
+        store.set_status(run_id, RunStatus.RUNNING)
         self.heartbeat = Heartbeat(store, run_id).start()
         if self.resumed is not None:
             store.log(run_id, f"parallel job resumed after round {self.resumed.round}")
@@ -100,7 +101,7 @@ def _epsilon(job: Job, state: ServerState) -> float | None:
 
 
 def _client(label: str, row: np.ndarray) -> ClientRecord:
-    return ClientRecord(client=label, outcome="ok", num_examples=int(row[_C["examples"]]),
+    return ClientRecord(client=label, outcome=ClientStatus.OK, num_examples=int(row[_C["examples"]]),
                         train_loss=_ratio(row[_C["loss_sum"]], row[_C["examples"]]),
                         eval_loss=_ratio(row[_C["eval_loss_sum"]], row[_C["eval_n"]]),
                         eval_accuracy=_ratio(row[_C["eval_correct"]], row[_C["eval_n"]]),

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from aggregator.evaluation import ServerEvaluator
+from core.status import RunStatus
 from core.strategy import ServerState
 from learning.models import num_params
 from learning.task import TaskModel, load_task
@@ -136,7 +137,7 @@ def train_rounds(job: Job, writer: RunWriter | None) -> tuple[ServerState, str]:
         if job.spec.mode is Mode.LOCALSGD and job.strategy.would_exceed_budget(state):
             if writer is not None:
                 writer.store.log(writer.run_id, f"privacy budget reached before round {server_round}; stopping")
-            return state, "stopped_budget"
+            return state, RunStatus.STOPPED_BUDGET
         started, t0 = time.time(), time.monotonic()
         result = run_round(job, state, server_round)
         state = result.state
@@ -145,7 +146,7 @@ def train_rounds(job: Job, writer: RunWriter | None) -> tuple[ServerState, str]:
             record = round_record(job, result, server_round, started, time.monotonic() - t0, server)
             writer.commit(record, state)
             _progress(job, record)
-    return state, "finished"
+    return state, RunStatus.FINISHED
 
 
 def _server_due(job: Job, server_round: int) -> bool:
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace, comm: Comm) -> str:
     except BaseException as exc:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish recording the failure; torchrun SIGKILLs late
         if writer is not None:
-            writer.finish("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+            writer.finish(RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.FAILED,
                           error=f"{type(exc).__name__}: {exc}")
         raise
     if writer is not None:

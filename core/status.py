@@ -1,0 +1,48 @@
+"""The statuses of a run and of a client's reply: one enum each, the one place their names are spelled.
+
+Both are ``StrEnum``: a member is its string (``RunStatus.FINISHED ==
+"finished"``), so the run store, JSON, the API and the pages hold the same
+plain values they always held, and a status read back from any of them
+compares equal to its member.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["RunStatus", "ClientStatus", "ENDED"]
+
+
+class RunStatus(StrEnum):
+    """Where a run stands (``runs.store.Run.status``)."""
+
+    RUNNING = "running"
+    #: every round ran and every client contributed
+    FINISHED = "finished"
+    #: it reached its end, but some client failed, was rejected, or never contributed
+    DEGRADED = "degraded"
+    FAILED = "failed"
+    #: DP's privacy budget was spent before the last round, as the scenario allows
+    STOPPED_BUDGET = "stopped_budget"
+    #: stopped by Ctrl-C, or (derived by readers, ``runs.lease``) running with a lease that expired
+    INTERRUPTED = "interrupted"
+
+
+#: A run that ran to its end: never resumed, and exits 0 or 3.
+ENDED = frozenset({RunStatus.FINISHED, RunStatus.DEGRADED, RunStatus.STOPPED_BUDGET})
+
+
+class ClientStatus(StrEnum):
+    """What became of one client's reply in a round (``core.records.ClientRecord.outcome``)."""
+
+    OK = "ok"
+    #: no reply: the node, its message or its app is gone, or the deadline passed
+    DROPPED = "dropped"
+    #: replied after the deadline (counted as dropped)
+    LATE = "late"
+    #: replied, and the reply was refused (malformed, wrong shape, NaN, over the size limit)
+    REJECTED = "rejected"
+    #: its task raised
+    FAILED = "failed"
+    #: what stores written before ``failed`` existed hold (counted as failed)
+    ERROR = "error"
