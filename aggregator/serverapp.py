@@ -56,7 +56,7 @@ from learning.models import layout_of
 from learning.record import scenario_record
 from learning.standardize import Standardization
 from learning.task import TaskModel, load_task, task_headline
-from privacy.dp import make_dp_strategy
+from privacy.dp.build import make_dp_strategy
 from privacy.secagg.fit import SecAggFit
 from runs.lease import Heartbeat
 from runs.store import ClientResult, Run, RunStore, default_db_url

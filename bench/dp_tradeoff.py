@@ -82,7 +82,9 @@ def run(fed: Federation, z: float, args: argparse.Namespace) -> dict[str, Any]:
     from aggregator.strategies import FedAvgM
     from learning.models import build_model, get_flat, set_flat
     from learning.training import evaluate, train
-    from privacy.dp import DPFedAvg, client_payload, sample_clients
+    from privacy.dp.mechanisms import client_payload
+    from privacy.dp.sampling import sample_clients
+    from privacy.dp.strategy import DPFedAvg
 
     n = len(fed.train)
     dp = DPFedAvg(FedAvgM(server_lr=args.server_lr, momentum=0.9), clip_norm=args.clip, noise_multiplier=z,

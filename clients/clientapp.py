@@ -48,7 +48,9 @@ from learning.standardize import (
     statistics_vector,
 )
 from learning.task import LocalData, Metrics, Task, TaskModel, load_task
-from privacy.dp import ClientDPConfig, client_payload, secure_rng, train_client
+from privacy.dp.dpsgd import train_client
+from privacy.dp.mechanisms import ClientDPConfig, client_payload
+from privacy.dp.rng import secure_rng
 from privacy.secagg.flower_mod import secagg_mod
 from privacy.secagg.flower_records import RECORD
 from scenarios.runconfig import scenario_from_run_config

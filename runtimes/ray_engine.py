@@ -36,9 +36,9 @@ from clients.clientapp import app as client_app
 from core.records import RoundRecord
 from core.status import RunStatus
 from runs.store import RunStore
+from runtimes.enrolment import secagg_identities
 from runtimes.faults import FaultPlan
 from runtimes.ray_cluster import MARKER_ENV, Cluster, ray_processes, shutdown_ray
-from runtimes.simulation import secagg_identities
 from scenarios.schema import Scenario
 
 __all__ = ["run_on_ray", "RayOptions", "ScenarioClient", "PartitionGrid", "ray_processes", "NODE_INFO"]

@@ -17,9 +17,9 @@ from aggregator.serverapp import run_federation
 from clients.clientapp import app as client_app
 from core.headline import Headline, round_scores
 from core.records import RoundRecord
-from privacy.secagg.identity import node_config
 from runs.report import headline_summary
 from runs.store import RunStore
+from runtimes.enrolment import secagg_identities
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.pool import default_workers
@@ -105,15 +105,6 @@ def _run_inprocess(scenario: Scenario, store: RunStore, resume_id: str | None,
         run_id, _ = run_federation(grid, scenario, store, engine="inprocess", resume_id=resume_id,
                                    on_round=on_round, on_start=on_start)
     return run_id
-
-
-def secagg_identities(scenario: Scenario) -> dict[int, dict[str, str]]:
-    """Simulation enrolment: under secure aggregation every virtual node (id ``partition + 1``)
-    gets its own identity key, the directory of all of them and the scenario's threat model
-    through its node config (a deployment's nodes get theirs from their operator)."""
-    if not scenario.secagg.enabled:
-        return {}
-    return node_config(range(1, scenario.federation.clients + 1), scenario.secagg.threat_model)
 
 
 def summarize(store: RunStore, run_id: str, wall_s: float) -> RunSummary:

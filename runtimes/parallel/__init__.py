@@ -12,26 +12,7 @@ model over many processes or machines (``torchrun``; gloo on CPU). Two modes:
   core, the scenario's strategy applied (:mod:`.localsgd`).
 
 Rank 0 commits rounds to the run store (``engine = "parallel"``). See
-``docs/parallel.md``. Names are loaded on first use, so importing the package
-(e.g. for the CLI) does not load torch.
+``docs/parallel.md``. Import each name from its module (``.launch``'s
+``launch``, ``.mode``'s ``Mode``, ...): the package itself loads nothing, so
+the CLI starts without torch.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-__all__ = ["Comm", "JobSpec", "LaunchFailed", "LaunchSpec", "Mode", "ParallelError", "SyncSGD",
-           "WorkerLost", "WorkerStopped", "launch", "torchrun_command"]
-
-_HOMES = {
-    "Comm": "comm", "JobSpec": "job", "LaunchFailed": "errors", "LaunchSpec": "launch", "Mode": "mode",
-    "ParallelError": "errors", "SyncSGD": "sync", "WorkerLost": "errors", "WorkerStopped": "errors",
-    "launch": "launch", "torchrun_command": "launch",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

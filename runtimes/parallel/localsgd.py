@@ -45,7 +45,9 @@ from core.strategy import ServerState, Strategy
 from learning.datasets import ArrayDataset, Federation
 from learning.models import get_flat, set_flat
 from learning.training import TrainResult, train
-from privacy.dp import ClientDPConfig, client_payload, secure_rng, train_client
+from privacy.dp.dpsgd import train_client
+from privacy.dp.mechanisms import ClientDPConfig, client_payload
+from privacy.dp.rng import secure_rng
 from runtimes.parallel.comm import Comm
 from runtimes.parallel.errors import ParallelError
 from runtimes.parallel.shards import owner

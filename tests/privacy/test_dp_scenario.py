@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from privacy.dp import plan_epsilon
+from privacy.dp.accountant import plan_epsilon
 from runs.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError
@@ -28,7 +28,7 @@ def test_dp_scenario_records_epsilon_every_round_and_stops_at_budget(db_url: str
     # Stopped before, not after, the round that would exceed the budget.
     assert eps[-1] <= 12.0 < plan_epsilon(0.3, len(eps) + 1, 0.8, 1e-5, "poisson")
     # The accountant's history travels with the checkpoint (what resume reads back).
-    from privacy.dp import DPState
+    from privacy.dp.state import DPState
 
     dp = DPState.from_json(store.load_state(summary.run_id).extra["dp"])
     assert dp.rounds == len(rounds) and dp.epsilon == eps[-1]
@@ -53,7 +53,8 @@ def test_distributed_noise_without_secure_aggregation_is_refused() -> None:
 
 def test_secagg_round_with_too_few_sampled_clients_is_skipped_and_accounted(db_url: str,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from privacy.dp import DPFedAvg, DPState
+    from privacy.dp.state import DPState
+    from privacy.dp.strategy import DPFedAvg
 
     # Prepare: distributed DP under secure aggregation, q = 4 / 8; the sample comes out as 1 client,
     # then none, then all 8 (secure aggregation needs at least 2)
@@ -93,7 +94,7 @@ def test_central_adaptive_dp_updates_are_all_folded(db_url: str) -> None:
     assert row.metrics == {"status": "ok", "eval-bytes-in": row.metrics["eval-bytes-in"],
                            "eval-bytes-out": row.metrics["eval-bytes-out"]}
     assert row.metrics["eval-bytes-in"] > 0 and row.metrics["eval-bytes-out"] > 0
-    from privacy.dp import DPState
+    from privacy.dp.state import DPState
 
     assert DPState.from_json(store.load_state(summary.run_id).extra["dp"]).clip != 1.0
 

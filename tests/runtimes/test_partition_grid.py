@@ -18,10 +18,11 @@ from flwr.app import Context, Message, RecordDict
 from aggregator.serverapp import run_federation
 from clients.clientapp import app as client_app
 from runs.store import RunStore
+from runtimes.enrolment import secagg_identities
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.ray_engine import NODE_INFO, PartitionGrid, ScenarioClient
-from runtimes.simulation import secagg_identities, simulate
+from runtimes.simulation import simulate
 from tests.conftest import tiny_scenario, wait_for
 
 

@@ -8,8 +8,7 @@ import dp_accounting
 import pytest
 from dp_accounting.rdp import RdpAccountant
 
-from privacy.dp import RoundEvent, epsilon_of, noise_for_epsilon, plan_epsilon
-from privacy.dp.accountant import fixed_pair
+from privacy.dp.accountant import RoundEvent, epsilon_of, fixed_pair, noise_for_epsilon, plan_epsilon
 from privacy.dp.errors import DPConfigError, DPStateError
 
 

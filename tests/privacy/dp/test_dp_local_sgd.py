@@ -13,7 +13,7 @@ from dp_support import blobs
 from core.messages import TrainConfig
 from learning.models import build_model, get_flat
 from learning.training import train
-from privacy.dp import DP_SGD_METRIC, train_client
+from privacy.dp.dpsgd import DP_SGD_METRIC, train_client
 from scenarios.schema import DPSpec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privacy.dp import ClientDPConfig, client_payload, clip_update, gaussian_noise, privatize_update, secure_rng
 from privacy.dp.errors import DPConfigError
-from privacy.dp.mechanisms import l2_norm
+from privacy.dp.mechanisms import ClientDPConfig, client_payload, clip_update, gaussian_noise, l2_norm, privatize_update
+from privacy.dp.rng import secure_rng
 
 
 @pytest.mark.parametrize("scale", [1e-3, 0.5, 0.999999, 1.0, 1.000001, 3.0, 1e6])

@@ -12,8 +12,11 @@ from dp_accounting.rdp import RdpAccountant
 
 from aggregator.strategies import FedAvg, ServerState
 from core import aggregate
-from privacy.dp import AdaptiveClipConfig, DPFedAvg, client_payload, plan_epsilon
+from privacy.dp.accountant import plan_epsilon
+from privacy.dp.adaptive import AdaptiveClipConfig
 from privacy.dp.errors import DPConfigError
+from privacy.dp.mechanisms import client_payload
+from privacy.dp.strategy import DPFedAvg
 
 Z, CLIP, M, N = 0.8, 1.0, 30, 100  # the settings: z = 0.8, m = 30 expected of 100 (q = 0.3)
 

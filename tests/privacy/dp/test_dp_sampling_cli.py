@@ -8,8 +8,9 @@ import warnings
 import numpy as np
 import pytest
 
-from privacy.dp import plan_epsilon, sample_clients
+from privacy.dp.accountant import plan_epsilon
 from privacy.dp.errors import DPConfigError
+from privacy.dp.sampling import sample_clients
 
 
 def test_poisson_sampling_includes_each_client_with_rate_q(rng: np.random.Generator) -> None:

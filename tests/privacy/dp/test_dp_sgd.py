@@ -17,8 +17,7 @@ from torch.nn import functional as F
 from learning.datasets import ArrayDataset
 from learning.models import build_model, get_flat
 from learning.training import evaluate
-from privacy.dp import train_dp_sgd
-from privacy.dp.dpsgd import _clipped_sum
+from privacy.dp.dpsgd import _clipped_sum, train_dp_sgd
 from privacy.dp.errors import DPConfigError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

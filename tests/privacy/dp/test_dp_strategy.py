@@ -10,8 +10,12 @@ import pytest
 
 from aggregator.strategies import FedAvg, FedAvgM, ServerState
 from core.errors import UpdateRejected
-from privacy.dp import AdaptiveClipConfig, DPFedAvg, client_payload, make_dp_strategy, plan_epsilon
+from privacy.dp.accountant import plan_epsilon
+from privacy.dp.adaptive import AdaptiveClipConfig
+from privacy.dp.build import make_dp_strategy
 from privacy.dp.errors import DPConfigError, DPStateError
+from privacy.dp.mechanisms import client_payload
+from privacy.dp.strategy import DPFedAvg
 from scenarios.schema import DPSpec
 
 
