@@ -13,10 +13,12 @@ from flwr.serverapp import Grid
 
 from aggregator.collect import collect, push
 from core.errors import UpdateRejected
+from core.eval_replies import parse_eval_reply
+from core.instructions import TrainConfig, evaluate_instruction
 from core.layouts import ParamLayout
-from core.messages import TrainConfig, evaluate_instruction, parse_eval_reply, wire_bytes
 from core.outcomes import FAILED, error_outcome
 from core.weighting import WeightPolicy
+from core.wire import wire_bytes
 from learning.task import Metrics, TaskModel
 
 __all__ = ["EvalSummary", "federated_evaluate", "ServerEvaluator", "task_round_metrics"]
@@ -42,7 +44,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
                        deadline_s: float, layout: ParamLayout | None = None) -> EvalSummary:
     """Ask ``nodes`` to evaluate ``params``; the weighted mean of what comes back.
 
-    Replies are range-checked (:func:`core.messages.parse_eval_reply`) and each
+    Replies are range-checked (:func:`core.eval_replies.parse_eval_reply`) and each
     client's example count is capped at 3x the median (:class:`WeightPolicy`),
     so no client that claims a huge test set decides the federated score. A
     refused reply (a NaN loss, an accuracy of 2) counts for nothing, and its

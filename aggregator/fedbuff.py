@@ -47,13 +47,15 @@ from aggregator.step import advance, round_codec, train_config
 from core.aggregate import step_problem
 from core.errors import UpdateRejected
 from core.fit import accumulate
+from core.instructions import broadcast_of, train_instruction
 from core.layouts import ParamLayout
-from core.messages import broadcast_of, parse_train_reply, train_instruction, wire_bytes
 from core.outcomes import error_outcome
 from core.records import ClientRecord, RoundRecord
+from core.replies import parse_train_reply
 from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState, Strategy
 from core.weighting import WeightPolicy
+from core.wire import wire_bytes
 from runs.store import RunStore
 from scenarios.schema import AsyncSpec, Scenario
 

@@ -22,13 +22,15 @@ from aggregator.collect import collect, push
 from core.compress import Codec
 from core.errors import UpdateRejected
 from core.fit import FitOutcome, FitRequest, accumulate
+from core.instructions import broadcast_of, train_instruction
 from core.layouts import ParamLayout
-from core.messages import broadcast_of, parse_train_reply, train_instruction, wire_bytes
 from core.outcomes import error_outcome
 from core.records import ClientRecord
+from core.replies import parse_train_reply
 from core.status import ClientStatus
 from core.strategy import Strategy
 from core.weighting import WeightPolicy
+from core.wire import wire_bytes
 
 __all__ = ["PlainFit"]
 

@@ -21,8 +21,8 @@ from aggregator.evaluation import EvalSummary, ServerEvaluator, federated_evalua
 from aggregator.step import SKIPPED, advance, train_config
 from core.aggregate import step_problem
 from core.fit import FitOutcome, FitRequest, FitWorkflow, marked_clients
+from core.instructions import TrainConfig
 from core.layouts import ParamLayout
-from core.messages import TrainConfig
 from core.outcomes import FAILED, OK, REJECTED
 from core.records import ClientRecord, RoundRecord
 from core.status import ClientStatus, RunStatus

@@ -23,7 +23,7 @@ from aggregator.fit import PlainFit
 from aggregator.step import train_config
 from aggregator.strategies import FedAvg
 from core.fit import FitOutcome, FitRequest, FitWorkflow
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from core.status import ClientStatus
 from core.strategy import ServerState
 from core.weighting import WeightPolicy

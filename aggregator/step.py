@@ -16,7 +16,7 @@ import numpy as np
 
 from core.aggregate import MeanState
 from core.compress import Codec
-from core.messages import DOWNLINK_BITS, TrainConfig
+from core.instructions import DOWNLINK_BITS, TrainConfig
 from core.strategy import ServerState, Strategy
 from scenarios.schema import Scenario
 

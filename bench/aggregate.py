@@ -87,7 +87,7 @@ def make_replies(base: np.ndarray, clients: int, seed: int) -> Iterator[Any]:
 
 
 def _reply(base: np.ndarray, rng: np.random.Generator) -> Any:
-    from core.messages import train_reply
+    from core.replies import train_reply
 
     update = np.roll(base, int(rng.integers(base.shape[0])))
     update *= np.float32(rng.uniform(0.5, 1.5))
@@ -116,7 +116,7 @@ def ours_aggregate(replies: Iterable[Any], size: int) -> tuple[Any, np.ndarray]:
     from flwr.app import ArrayRecord
 
     from aggregator.strategies.fedavg import FedAvg
-    from core.messages import encode_flat, parse_train_reply
+    from core.replies import encode_flat, parse_train_reply
 
     strategy, max_bytes = FedAvg(), size * 4 + 4096
     start = clocks()

@@ -15,7 +15,7 @@ CNN, FedAvg) runs once per method, same seed, same number of rounds:
   is secure aggregation's default 32-bit ring over every coordinate (both clip at 0.5).
 
 Bytes are what the run store recorded: every message serialised as Flower's
-wire carries it (``core.messages.wire_bytes``), so the secure-aggregation
+wire carries it (``core.wire.wire_bytes``), so the secure-aggregation
 rows include the protocol's keys, shares and unmasking. For each method: the
 uplink bytes until the server's held-out accuracy first reaches the target
 (90%), the final accuracy, and the total bytes each way.

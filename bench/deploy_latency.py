@@ -68,7 +68,8 @@ bench_app = ServerApp()
 @bench_app.main()
 def _bench_main(grid: Grid, context: Context) -> None:
     """Rounds of one train message per node, with the loop the run_config names; timings to a file."""
-    from core.messages import TrainConfig, parse_train_reply, train_instruction
+    from core.instructions import TrainConfig, train_instruction
+    from core.replies import parse_train_reply
     from learning.federation import cached_federation
     from learning.models import build_model, get_flat
     from scenarios.runconfig import scenario_from_run_config

@@ -43,7 +43,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from core.messages import TrainConfig  # noqa: E402
+from core.instructions import TrainConfig  # noqa: E402
 from learning.task import TaskModel, load_task  # noqa: E402
 from learning.tasks.language import perplexity  # noqa: E402
 from learning.text import TextData  # noqa: E402

@@ -61,7 +61,7 @@ from statistics import NormalDist
 import numpy as np
 from flwr.app import Context, Error, Message
 
-from core.messages import train_reply
+from core.replies import train_reply
 from learning.standardize import asks_for_statistics
 from scenarios.schema import ByzantineSpec, Scenario
 

@@ -24,16 +24,9 @@ from flwr.clientapp import ClientApp
 from clients.attacks import AttackMod, AttackPlan, flip_labels
 from core.compress import Codec, with_feedback
 from core.errors import UpdateRejected
-from core.messages import (
-    Instruction,
-    TrainConfig,
-    client_seed,
-    control_of,
-    eval_reply,
-    parse_instruction,
-    read_instruction,
-    train_reply,
-)
+from core.eval_replies import eval_reply
+from core.instructions import Instruction, TrainConfig, client_seed, control_of, parse_instruction, read_instruction
+from core.replies import train_reply
 from learning.federation import cached_federation
 from learning.models import layout_of
 from learning.scaffold import control_update, corrected_gradients

@@ -85,7 +85,7 @@ def check_update(update: np.ndarray, size: int, *, finite: bool = True) -> np.nd
     """Validate one client update and return it as a 1-D float32 view.
 
     ``finite=False`` skips the NaN/Inf scan, for callers that decoded the
-    update through :func:`core.messages.decode_flat`, which already did it.
+    update through :func:`core.replies.decode_flat`, which already did it.
 
     Raises
     ------

@@ -1,7 +1,6 @@
 """Evaluate replies: encoded on the client, decoded and validated on the aggregator.
 
-The other half of :mod:`core.replies` (train replies); import these names from
-:mod:`core.messages`. Quorum's client names its figures ``eval-<name>``; a
+The other half of :mod:`core.replies` (train replies). Quorum's client names its figures ``eval-<name>``; a
 Flower app names them as it likes (``eval_loss``, quickstart-sklearn's
 ``test_logloss`` and ``accuracy``, a survival task's ``c_index``): the loss and
 the accuracy are found by the names in :data:`LOSS_NAMES` and

@@ -17,8 +17,8 @@ import numpy as np
 from flwr.serverapp import Grid
 
 from core.buffer import client_marks
+from core.instructions import TrainConfig
 from core.layouts import ParamLayout
-from core.messages import TrainConfig
 from core.records import ClientRecord
 from core.status import ClientStatus
 from core.strategy import AggregateState, ServerState, Strategy

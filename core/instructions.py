@@ -1,7 +1,8 @@
 """The instructions the aggregator sends a client, and how a client reads them.
 
-Half of the wire format whose front is :mod:`core.messages` (the replies are
-:mod:`core.replies`); import these names from there. An instruction carries
+Half of the wire format (the replies are :mod:`core.replies` and
+:mod:`core.eval_replies`): these three modules are the only ones that spell a
+message key, and both sides import them. An instruction carries
 the global model once, as ``arrays``: an ``ArrayRecord`` shaped like the
 model's ``state_dict`` (:mod:`core.layouts`), in float32 or the lighter
 precision of :func:`broadcast_of`, with the :class:`TrainConfig` settings in

@@ -6,7 +6,7 @@ API carries a model as an ``ArrayRecord`` shaped like a torch ``state_dict``
 in the order of the flat buffer) converts between the two with one copy each
 way: :func:`encode_named` slices the buffer into ``.npy`` payloads,
 :func:`gather` concatenates received tensors into one new flat buffer. Message
-keys are :mod:`core.messages`' business; nothing here names one.
+keys are the wire format's business (:mod:`core.instructions`, :mod:`core.replies`); nothing here names one.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Train and evaluate replies: encoded on the client, decoded and validated on the aggregator.
 
-Half of the wire format whose front is :mod:`core.messages` (the instructions
-are :mod:`core.instructions`); import these names from there. A client answers
+Half of the wire format (the instructions are :mod:`core.instructions`, the
+evaluate replies :mod:`core.eval_replies`). A client answers
 in the layout its instruction came in (:class:`~core.instructions.Wire`). A
 Quorum update travels as one flat float32 ``Array`` (numpy ``.npy`` bytes,
 never pickle) and is decoded without copying; a Flower reply's full weights

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from core import aggregate
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 
 __all__ = ["AggregateState", "ServerState", "Strategy"]
 
@@ -111,7 +111,7 @@ class Strategy(ABC):
         """Fold one client's update (a delta), weighted by its example count.
 
         ``checked=True``: the update was already scanned for NaN/Inf (decoded by
-        :func:`core.messages.decode_flat`), so it is not scanned again.
+        :func:`core.replies.decode_flat`), so it is not scanned again.
         """
         return aggregate.add(agg, update, float(num_examples), checked=checked)
 

@@ -31,7 +31,7 @@ import numpy as np
 from torch import nn
 
 from core.headline import Headline, headline_of
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.errors import TaskError
 from learning.models import get_trainable_flat, set_trainable_flat, trainable_names
 from scenarios.errors import ScenarioError

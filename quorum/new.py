@@ -49,7 +49,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.datasets import load_digits
 from learning.task import Split, Task
 from scenarios.schema import bad_value

@@ -31,7 +31,7 @@ from runs.lease import INTERRUPTED, lease_expired, lease_seconds
 from runs.store_url import default_db_url
 from core.errors import RunNotFound, StoreError
 from core.headline import Headline, round_value
-from core.messages import MAX_EXAMPLES, clean_metrics
+from core.replies import MAX_EXAMPLES, clean_metrics
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState
 

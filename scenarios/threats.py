@@ -53,7 +53,7 @@ class ByzantineSpec:
     scale: float = 10.0
     epsilon: float = 0.5
     z: float | None = None
-    inflated_examples: int = 10**9  # core.messages.MAX_EXAMPLES: the most a reply may claim
+    inflated_examples: int = 10**9  # core.replies.MAX_EXAMPLES: the most a reply may claim
     data: Literal["own", "iid"] = "own"
 
     @property

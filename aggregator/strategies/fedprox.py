@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from aggregator.strategies.fedavg import FedAvg
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 
 __all__ = ["FedProx"]
 

@@ -30,7 +30,7 @@ import numpy as np
 from core import aggregate
 from core.aggregate import MeanState
 from core.errors import UpdateRejected
-from core.messages import TrainConfig, with_control
+from core.instructions import TrainConfig, with_control
 from core.strategy import ServerState, Strategy
 
 __all__ = ["Scaffold", "CONTROL_SLOT"]

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import nn
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.datasets import ArrayDataset, ClientData, Federation, csv_header, load_client_data
 from learning.errors import DataError
 from learning.federation import cached_federation

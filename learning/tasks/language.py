@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.causal_lm import SMOLLM2_ID, require, smollm2, smollm2_folder, smollm2_sha256, tiny_llama
 from learning.errors import DataError, TaskError
 from learning.task import Metrics, Split, Task

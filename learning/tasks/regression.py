@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.errors import DataError
 from learning.partition import iid
 from learning.task import Metrics, Split, Task

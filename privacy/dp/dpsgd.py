@@ -26,7 +26,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.datasets import ArrayDataset
 from learning.training import TrainResult, train
 from privacy.dp.errors import DPConfigError

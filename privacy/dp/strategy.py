@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from core import aggregate
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from core.strategy import ServerState, Strategy
 from privacy.dp import adaptive as adapt
 from privacy.dp.accountant import RoundEvent, Sampling, epsilon_of

@@ -20,7 +20,7 @@ from core import aggregate
 from core.compress import Codec
 from core.errors import UpdateRejected
 from core.fit import FitOutcome, FitRequest
-from core.messages import train_instruction
+from core.instructions import train_instruction
 from core.records import ClientRecord
 from core.strategy import Strategy
 from privacy.secagg.config import SecAggConfig

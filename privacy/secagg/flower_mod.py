@@ -24,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricR
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.constant import ErrorCode
 
-from core.messages import QUORUM_WIRE, TrainConfig
+from core.instructions import QUORUM_WIRE, TrainConfig
 from privacy.dp.discrete import GridNoise
 from privacy.dp.mechanisms import ClientDPConfig
 from privacy.secagg.client import client_step

@@ -21,8 +21,9 @@ from flwr.app.message_type import MessageType
 from flwr.serverapp import Grid
 
 from core.boundary import one_line
-from core.messages import clean_metrics, wire_bytes
 from core.outcomes import FAILED, error_outcome
+from core.replies import clean_metrics
+from core.wire import wire_bytes
 from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggCryptoError, SecAggProtocolError
 from privacy.secagg.flower_mod import METRICS_RECORD

@@ -51,7 +51,7 @@ class StageStats:
         Of which spent in server computation.
     wire_up, wire_down : Mapping[int, int]
         Per client: its reply and its request as serialised on Flower's wire
-        (``core.messages.wire_bytes``; the embedded global model included).
+        (``core.wire.wire_bytes``; the embedded global model included).
     rejected : Mapping[int, str]
         Per client whose reply the server refused at this stage: why, on one line.
     failed : Mapping[int, str]

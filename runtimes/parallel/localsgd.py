@@ -40,7 +40,7 @@ from aggregator.step import advance
 from core import aggregate
 from core.compress import Codec, with_feedback
 from core.fit import accumulate
-from core.messages import TrainConfig, client_seed
+from core.instructions import TrainConfig, client_seed
 from core.strategy import ServerState, Strategy
 from learning.datasets import ArrayDataset, Federation
 from learning.models import get_flat, set_flat

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from core.messages import client_seed
+from core.instructions import client_seed
 from learning.datasets import ArrayDataset, Federation
 from runtimes.parallel.errors import ParallelError
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.task import Metrics, NoOptions, Split, Task
 from learning.training import train
 

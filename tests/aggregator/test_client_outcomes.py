@@ -18,7 +18,7 @@ from flwr.server.superlink.linkstate.utils import (
     create_message_error_unavailable_res_message,
 )
 
-from core.messages import parse_instruction
+from core.instructions import parse_instruction
 from core.outcomes import DROPPED, FAILED, clean_reason, error_outcome, run_problems
 from runs.store import RunStore
 from tests.aggregator.test_untrusted_clients import NO_EVAL, honest, run_federation

@@ -8,7 +8,9 @@ from flwr.app import ArrayRecord, Context, RecordDict
 
 from clients.clientapp import RESIDUAL_KEY, _compress
 from core.compress import Codec
-from core.messages import TrainConfig, train_instruction, train_reply, wire_bytes
+from core.instructions import TrainConfig, train_instruction
+from core.replies import train_reply
+from core.wire import wire_bytes
 from runs.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError

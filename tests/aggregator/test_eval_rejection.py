@@ -11,7 +11,7 @@ import math
 import numpy as np
 from flwr.app import RecordDict
 
-from core.messages import eval_reply
+from core.eval_replies import eval_reply
 from tests.aggregator.test_untrusted_clients import honest, run
 from tests.conftest import tiny_scenario
 

@@ -15,8 +15,9 @@ from flwr.supercore.task_identity import TaskIdentity
 from aggregator.fedbuff import BufferedLoop, DeviceSpeeds, staleness_weight
 from aggregator.serverapp import run_federation
 from clients.clientapp import app as client_app
-from core.messages import TrainConfig, read_instruction, train_reply
+from core.instructions import TrainConfig, read_instruction
 from core.records import RoundRecord
+from core.replies import train_reply
 from learning.task import TaskModel, load_task
 from runs.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec

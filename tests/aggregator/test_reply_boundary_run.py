@@ -14,8 +14,9 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from aggregator.serverapp import run_federation
+from core.instructions import parse_instruction, read_instruction
 from core.layouts import encode_named
-from core.messages import parse_instruction, read_instruction, train_reply
+from core.replies import train_reply
 from privacy.secagg.flower_mod import secagg_mod
 from privacy.secagg.flower_records import MASKED_RECORD
 from runs.store import RunStore

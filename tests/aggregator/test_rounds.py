@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from aggregator.strategies import FedAvg
-from core.messages import client_seed
+from core.instructions import client_seed
 from learning.federation import build_federation
 from learning.models import build_model, get_flat, set_flat
 from learning.training import train

@@ -14,7 +14,8 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from aggregator.serverapp import build_strategy
 from aggregator.strategies import Scaffold
 from clients.clientapp import CONTROL_KEY, app
-from core.messages import SCAFFOLD_CONTROL, TrainConfig, control_of, parse_train_reply, train_instruction, with_control
+from core.instructions import SCAFFOLD_CONTROL, TrainConfig, control_of, train_instruction, with_control
+from core.replies import parse_train_reply
 from runs.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.parallel.errors import ParallelError

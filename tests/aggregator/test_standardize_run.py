@@ -19,7 +19,9 @@ from flwr.app import Message, RecordDict
 from sklearn.datasets import load_digits
 
 from aggregator.serverapp import run_federation
-from core.messages import eval_reply, parse_instruction, train_reply
+from core.eval_replies import eval_reply
+from core.instructions import parse_instruction
+from core.replies import train_reply
 from learning.standardize import (
     LIMIT_KEY,
     MEAN_KEY,

@@ -7,7 +7,7 @@ import pytest
 
 from aggregator.serverapp import build_strategy
 from aggregator.strategies import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedProx, FedYogi
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from tests.conftest import tiny_scenario
 
 

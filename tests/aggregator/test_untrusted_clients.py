@@ -17,9 +17,11 @@ from aggregator.serverapp import final_status, run_federation
 from aggregator.strategies import FedAvg
 from core import aggregate
 from core.errors import StoreError
+from core.eval_replies import eval_reply
 from core.fit import FitOutcome, FitRequest
-from core.messages import eval_reply, parse_instruction, train_reply
+from core.instructions import parse_instruction
 from core.records import RoundRecord
+from core.replies import train_reply
 from core.strategy import ServerState
 from runs.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec

@@ -9,7 +9,8 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 
 from clients.attacks import AttackMod, AttackPlan, alie, alie_z, flip_labels, ipm, scaling, signflip
-from core.messages import TrainConfig, parse_train_reply, train_instruction, train_reply
+from core.instructions import TrainConfig, train_instruction
+from core.replies import parse_train_reply, train_reply
 from runtimes.faults import FaultPlan
 from scenarios.schema import ByzantineSpec, FaultSpec
 

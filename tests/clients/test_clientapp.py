@@ -2,7 +2,7 @@
 
 A node's data comes from its node config (``partition-id``) and the scenario
 from the run config (``scenario-json``); the instruction and the reply are
-the wire format of ``core.messages``, so the aggregator's own parser must
+the wire format of ``core.instructions`` and ``core.replies``, so the aggregator's own parser must
 accept what the client sends.
 """
 
@@ -16,7 +16,9 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 
 from clients.clientapp import app
-from core.messages import TrainConfig, parse_eval_reply, parse_train_reply, train_instruction
+from core.eval_replies import parse_eval_reply
+from core.instructions import TrainConfig, train_instruction
+from core.replies import parse_train_reply
 from learning.federation import cached_federation
 from learning.models import build_model, get_flat
 from runtimes.inprocess import InProcessGrid, NodeSpec

@@ -17,7 +17,8 @@ from hypothesis.extra import numpy as hnp
 
 from core.errors import UpdateRejected
 from core.layouts import ParamLayout
-from core.messages import decode_flat, parse_train_reply, wire_bytes
+from core.replies import decode_flat, parse_train_reply
+from core.wire import wire_bytes
 
 LIMIT = 10**7
 

@@ -7,8 +7,9 @@ import pytest
 from flwr.app import MetricRecord, RecordDict
 
 from core.errors import UpdateRejected
+from core.eval_replies import eval_reply, parse_eval_reply
+from core.instructions import Instruction, TrainConfig, Wire
 from core.layouts import ParamLayout
-from core.messages import Instruction, TrainConfig, Wire, eval_reply, parse_eval_reply
 
 CONFIG = TrainConfig(round=1, epochs=1, batch_size=4, lr=0.1, seed=0)
 

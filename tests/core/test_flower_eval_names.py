@@ -2,7 +2,7 @@
 
 Quickstart-sklearn answers ``test_logloss`` and ``accuracy``; a survival
 task ``c_index`` and no loss at all. The loss is the first of
-``core.messages.LOSS_NAMES`` present, or absent; every other finite number is
+``core.eval_replies.LOSS_NAMES`` present, or absent; every other finite number is
 kept under its own name.
 """
 
@@ -16,7 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from core.errors import UpdateRejected
-from core.messages import LOSS_NAMES, parse_eval_reply
+from core.eval_replies import LOSS_NAMES, parse_eval_reply
 
 
 def _reply(**metrics: object) -> RecordDict:

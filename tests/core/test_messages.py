@@ -5,16 +5,9 @@ import pytest
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from core.errors import UpdateRejected
-from core.messages import (
-    TrainConfig,
-    decode_flat,
-    eval_reply,
-    parse_eval_reply,
-    parse_instruction,
-    parse_train_reply,
-    train_instruction,
-    train_reply,
-)
+from core.eval_replies import eval_reply, parse_eval_reply
+from core.instructions import TrainConfig, parse_instruction, train_instruction
+from core.replies import decode_flat, parse_train_reply, train_reply
 
 
 def test_instruction_round_trip() -> None:

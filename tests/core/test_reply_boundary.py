@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 from core.boundary import one_line, rejects_any
 from core.errors import UpdateRejected
+from core.eval_replies import parse_eval_reply
 from core.layouts import ParamLayout, npy_bytes, npy_view
-from core.messages import parse_eval_reply, parse_train_reply
+from core.replies import parse_train_reply
 from privacy.secagg.errors import SecAggProtocolError
 from privacy.secagg.flower_records import MASKED_RECORD, RECORD, read_reply
 from privacy.secagg.messages import MaskedInput

@@ -16,14 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import UpdateRejected
-from core.messages import (
-    MAX_EXAMPLES,
-    clean_metrics,
-    eval_reply,
-    parse_eval_reply,
-    parse_train_reply,
-    train_reply,
-)
+from core.eval_replies import eval_reply, parse_eval_reply
+from core.replies import MAX_EXAMPLES, clean_metrics, parse_train_reply, train_reply
 
 SIZE = 4
 

@@ -7,20 +7,18 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from core.errors import UpdateRejected
-from core.layouts import ParamLayout, npy_bytes
-from core.messages import (
+from core.eval_replies import eval_reply, parse_eval_reply
+from core.instructions import (
     TrainConfig,
     Wire,
-    content_bytes,
-    eval_reply,
     evaluate_instruction,
-    parse_eval_reply,
     parse_instruction,
-    parse_train_reply,
     read_instruction,
     train_instruction,
-    train_reply,
 )
+from core.layouts import ParamLayout, npy_bytes
+from core.replies import parse_train_reply, train_reply
+from core.wire import content_bytes
 
 LAYOUT = ParamLayout.of({"0.weight": (2, 3), "0.bias": (2,)})  # 8 values
 GLOBAL = np.arange(8, dtype=np.float32)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.task import Metrics, Split, Task
 from scenarios.schema import bad_value
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.errors import DataError
 from learning.task import TaskModel, load_task
 from scenarios.errors import ScenarioError

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.errors import DataError
 from learning.task import TaskModel, load_task
 from learning.tasks.language import LanguageModelTask, perplexity

@@ -15,7 +15,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from aggregator.step import train_config
 from clients.clientapp import app
-from core.messages import TrainConfig, parse_train_reply, train_instruction
+from core.instructions import TrainConfig, train_instruction
+from core.replies import parse_train_reply
 from learning import training
 from learning.datasets import ArrayDataset
 from learning.federation import cached_federation

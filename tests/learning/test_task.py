@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.errors import TaskError
 from learning.federation import cached_federation
 from learning.models import build_model, get_flat, get_trainable_flat, num_trainable, set_trainable_flat

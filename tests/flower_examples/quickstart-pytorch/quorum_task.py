@@ -19,7 +19,7 @@ from pytorchexample.task import test as test_fn
 from pytorchexample.task import train as train_fn
 from torch import nn
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.task import Metrics, Split, Task
 
 CPU = torch.device("cpu")

@@ -28,7 +28,7 @@ from sklearnexample.task import (
 )
 from torch import nn
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.task import Metrics, Split, Task
 
 

@@ -10,7 +10,7 @@ import pytest
 from dp_accounting.rdp import RdpAccountant
 from dp_support import blobs
 
-from core.messages import TrainConfig
+from core.instructions import TrainConfig
 from learning.models import build_model, get_flat
 from learning.training import train
 from privacy.dp.dpsgd import DP_SGD_METRIC, train_client

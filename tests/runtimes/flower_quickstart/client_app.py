@@ -27,7 +27,7 @@ from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from core.messages import client_seed
+from core.instructions import client_seed
 from learning.federation import cached_federation
 from scenarios.runconfig import scenario_from_run_config
 

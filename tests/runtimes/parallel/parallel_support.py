@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from core.messages import client_seed
+from core.instructions import client_seed
 from learning.federation import build_federation
 from learning.models import build_model, get_flat
 from tests.conftest import wait_for
