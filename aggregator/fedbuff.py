@@ -57,7 +57,8 @@ from core.strategy import ServerState, Strategy
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
 from runs.store import RunStore
-from scenarios.schema import AsyncSpec, Scenario
+from scenarios.schema import Scenario
+from scenarios.sections import AsyncSpec
 
 __all__ = ["DeviceSpeeds", "BufferedLoop", "staleness_weight"]
 

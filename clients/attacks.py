@@ -63,7 +63,8 @@ from flwr.app import Context, Error, Message
 
 from core.replies import train_reply
 from learning.standardize import asks_for_statistics
-from scenarios.schema import ByzantineSpec, Scenario
+from scenarios.schema import Scenario
+from scenarios.threats import ByzantineSpec
 
 __all__ = ["AttackPlan", "alie", "alie_z", "ipm", "signflip", "scaling", "flip_labels", "AttackMod",
            "HonestTrainer"]

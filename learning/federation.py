@@ -31,7 +31,8 @@ from learning.datasets import (
 )
 from learning.errors import DataError
 from learning.partition import dirichlet, iid, shards
-from scenarios.schema import DataSpec, Scenario
+from scenarios.schema import Scenario
+from scenarios.sections import DataSpec
 
 __all__ = ["cached_federation", "build_federation", "ResampledClients"]
 

@@ -35,7 +35,8 @@ from core.instructions import TrainConfig
 from learning.errors import TaskError
 from learning.models import get_trainable_flat, set_trainable_flat, trainable_names
 from scenarios.errors import ScenarioError
-from scenarios.schema import Scenario, TaskSpec, build_options
+from scenarios.schema import Scenario, build_options
+from scenarios.sections import TaskSpec
 
 __all__ = ["Task", "LocalData", "Split", "NoOptions", "TaskModel", "Metrics", "BUILTIN_ENTRY", "load_task",
            "task_class", "check_metrics", "task_headline", "REQUIRED_METHODS"]

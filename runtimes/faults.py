@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message
 
-from scenarios.schema import CORRUPTIONS, FaultSpec
+from scenarios.threats import CORRUPTIONS, FaultSpec
 
 __all__ = ["FaultPlan", "stage_of"]
 

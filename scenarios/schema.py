@@ -10,7 +10,7 @@ This module holds the top-level :class:`Scenario`, the checks that span
 sections, and the loaders. The sections themselves live in
 :mod:`scenarios.sections` (what is trained and how rounds run),
 :mod:`scenarios.threats` (``[faults]``, ``[secagg]``, ``[dp]``) and
-:mod:`scenarios.compression`; every one is re-exported here.
+:mod:`scenarios.compression`: import each from its own module.
 """
 
 from __future__ import annotations
@@ -26,10 +26,7 @@ from scenarios.compression import CompressionSpec, check_compression
 from scenarios.errors import ScenarioError
 from scenarios.parse import Bad, at_least, at_most, build, positive, show, show_key
 from scenarios.sections import (
-    MAX_CLIENTS,
     MAX_ROUNDS,
-    ROBUST_STRATEGIES,
-    TASK_KEYS,
     AsyncSpec,
     DataSpec,
     EvaluationSpec,
@@ -39,16 +36,10 @@ from scenarios.sections import (
     TaskSpec,
     TrainingSpec,
 )
-from scenarios.threats import ATTACKS, CORRUPTIONS, FAULT_STAGES, ByzantineSpec, DPSpec, FaultSpec, SecAggSpec
+from scenarios.threats import DPSpec, FaultSpec, SecAggSpec
 
-__all__ = [
-    "DataSpec", "ModelSpec", "FederationSpec", "TrainingSpec", "StrategySpec",
-    "EvaluationSpec", "FaultSpec", "ByzantineSpec", "SecAggSpec", "DPSpec", "TaskSpec", "CompressionSpec", "Scenario",
-    "load_scenario", "loads_scenario", "scenario_from_dict", "build_options", "bad_value", "FAULT_STAGES",
-    "MAX_SCENARIO_BYTES",
-    # re-exported from scenarios.sections and scenarios.threats, where they moved
-    "AsyncSpec", "CORRUPTIONS", "ATTACKS", "MAX_ROUNDS", "MAX_CLIENTS", "ROBUST_STRATEGIES", "TASK_KEYS",
-]
+__all__ = ["Scenario", "load_scenario", "loads_scenario", "scenario_from_dict", "build_options", "bad_value",
+           "MAX_SCENARIO_BYTES"]
 
 
 @dataclass(frozen=True)

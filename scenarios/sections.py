@@ -3,8 +3,7 @@
 ``[data]``, ``[model]``, ``[federation]``, ``[training]``, ``[strategy]``,
 ``[evaluation]``, ``[async]`` and ``[task]``: one frozen dataclass each, whose
 ``_check`` validates the section's own keys (the combinations across sections
-are refused by :class:`scenarios.schema.Scenario`). Import them from
-``scenarios.schema``, which re-exports every section.
+are refused by :class:`scenarios.schema.Scenario`). Import them from here.
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@
 their attacks), ``[secagg]`` (secure aggregation) and ``[dp]`` (differential
 privacy): one frozen dataclass each, whose ``_check`` validates the section's
 own keys (the combinations across sections are refused by
-:class:`scenarios.schema.Scenario`). Import them from ``scenarios.schema``,
-which re-exports every section.
+:class:`scenarios.schema.Scenario`). Import them from here.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from privacy.dp import adaptive as adapt
 from privacy.dp.accountant import noise_for_epsilon
 from privacy.dp.errors import DPConfigError
 from privacy.dp.strategy import DPFedAvg
-from scenarios.schema import DPSpec
+from scenarios.threats import DPSpec
 
 __all__ = ["make_dp_strategy"]
 

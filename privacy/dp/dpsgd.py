@@ -31,7 +31,7 @@ from learning.datasets import ArrayDataset
 from learning.training import TrainResult, train
 from privacy.dp.errors import DPConfigError
 from privacy.dp.mechanisms import gaussian_noise
-from scenarios.schema import DPSpec
+from scenarios.threats import DPSpec
 
 __all__ = ["train_dp_sgd", "dp_sgd_epsilon", "train_client", "DP_SGD_METRIC"]
 

@@ -27,7 +27,7 @@ from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggAborted, SecAggConfigError
 from privacy.secagg.flower_workflow import run_secagg
 from privacy.secagg.result import SecureSumResult
-from scenarios.schema import SecAggSpec
+from scenarios.threats import SecAggSpec
 
 __all__ = ["SecAggFit", "config_from_spec"]
 

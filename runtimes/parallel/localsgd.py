@@ -51,7 +51,8 @@ from privacy.dp.rng import secure_rng
 from runtimes.parallel.comm import Comm
 from runtimes.parallel.errors import ParallelError
 from runtimes.parallel.shards import owner
-from scenarios.schema import DPSpec, Scenario
+from scenarios.schema import Scenario
+from scenarios.threats import DPSpec
 
 __all__ = ["ClientRun", "round_nodes", "owned_nodes", "train_steps", "local_updates", "finish_round"]
 

@@ -23,7 +23,8 @@ from runs.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError
-from scenarios.schema import AsyncSpec, scenario_from_dict
+from scenarios.schema import scenario_from_dict
+from scenarios.sections import AsyncSpec
 from tests.conftest import tiny_scenario
 
 ASYNC = {"enabled": True, "concurrency": 6, "buffer_size": 3, "stragglers": 0.25, "straggler_factor": 10.0}

@@ -12,7 +12,7 @@ from clients.attacks import AttackMod, AttackPlan, alie, alie_z, flip_labels, ip
 from core.instructions import TrainConfig, train_instruction
 from core.replies import parse_train_reply, train_reply
 from runtimes.faults import FaultPlan
-from scenarios.schema import ByzantineSpec, FaultSpec
+from scenarios.threats import ByzantineSpec, FaultSpec
 
 HONEST_ROWS = np.array([[1, 2], [3, 2]], dtype=np.float32)  # mean (2, 2), std (1, 0)
 

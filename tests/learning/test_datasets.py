@@ -17,7 +17,7 @@ from learning.datasets import (
 )
 from learning.errors import DataError
 from learning.federation import build_federation
-from scenarios.schema import DataSpec
+from scenarios.sections import DataSpec
 
 
 def _all_rows(fed: Federation) -> np.ndarray:

@@ -10,7 +10,8 @@ from aggregator.serverapp import build_strategy
 from aggregator.strategies import CenteredClipping, FedMedian, FedTrimmedMean, Krum
 from clients.attacks import AttackPlan
 from scenarios.errors import ScenarioError
-from scenarios.schema import ByzantineSpec, load_scenario, scenario_from_dict
+from scenarios.schema import load_scenario, scenario_from_dict
+from scenarios.threats import ByzantineSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from core.instructions import TrainConfig
 from learning.models import build_model, get_flat
 from learning.training import train
 from privacy.dp.dpsgd import DP_SGD_METRIC, train_client
-from scenarios.schema import DPSpec
+from scenarios.threats import DPSpec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -16,7 +16,7 @@ from privacy.dp.build import make_dp_strategy
 from privacy.dp.errors import DPConfigError, DPStateError
 from privacy.dp.mechanisms import client_payload
 from privacy.dp.strategy import DPFedAvg
-from scenarios.schema import DPSpec
+from scenarios.threats import DPSpec
 
 
 def make_dp(**overrides: object) -> DPFedAvg:

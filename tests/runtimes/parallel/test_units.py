@@ -31,7 +31,8 @@ from runtimes.parallel.localsgd import owned_nodes, round_nodes, train_steps
 from runtimes.parallel.mode import Mode
 from runtimes.parallel.shards import assign_clients, epoch_batches, steps_per_epoch
 from runtimes.parallel.sync import SyncSGD
-from scenarios.schema import DataSpec, load_scenario
+from scenarios.schema import load_scenario
+from scenarios.sections import DataSpec
 
 
 def _state(update: list[float], weight: float) -> aggregate.MeanState:
