@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from core.errors import QuorumError
 
-__all__ = ["ResumeRefused", "AppModelError", "RunFailed"]
+__all__ = ["ResumeRefused", "AppModelError", "RunFailed", "TooFewClients"]
 
 
 class ResumeRefused(QuorumError):
@@ -19,3 +19,7 @@ class AppModelError(QuorumError):
 class RunFailed(QuorumError):
     """A run ended ``failed``: raised by the ServerApp under ``flwr run``, so Flower records the run as failed
     (its log has the reason)."""
+
+
+class TooFewClients(QuorumError):
+    """Fewer clients than a run needs connected in the time it waits for them (``wait_for_nodes``)."""

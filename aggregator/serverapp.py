@@ -22,7 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 from sqlalchemy import select
 
 from aggregator.app_model import AppModel
-from aggregator.errors import ResumeRefused
+from aggregator.errors import ResumeRefused, TooFewClients
 from aggregator.evaluation import ServerEvaluator
 from aggregator.fedbuff import BufferedLoop
 from aggregator.fit import PlainFit
@@ -334,12 +334,32 @@ def _injects_drops(scenario: dict | None) -> bool:
     return any(v > 0 for v in dropouts.values()) or (faults.get("stragglers") or 0) > 0
 
 
-def wait_for_nodes(grid: Grid, expected: int, timeout_s: float, poll_s: float = 0.5) -> int:
-    """Wait until ``expected`` nodes are connected (or ``timeout_s``); returns how many are."""
+#: How long a run waits for its clients before round 1 when the run config does not say (``wait-clients-s``).
+WAIT_CLIENTS_S = 60.0
+
+
+def wait_for_nodes(grid: Grid, want: int, timeout_s: float, least: int = 0, poll_s: float = 0.2) -> int:
+    """Wait until ``want`` nodes are connected, or ``timeout_s`` passed with at least ``least``; returns how many.
+
+    The one wait of every ServerApp (a simulation's, a Flower app's, a deployment's). With ``least = 0`` it
+    returns at ``timeout_s`` whatever connected (the run then samples what is there).
+
+    Raises
+    ------
+    TooFewClients
+        Fewer than ``least`` connected by ``timeout_s`` and a grace of as long again (at least 60 s).
+    """
     deadline = time.monotonic() + timeout_s
-    while (count := len(list(grid.get_node_ids()))) < expected and time.monotonic() < deadline:
+    grace = deadline + max(timeout_s, 60.0)
+    while True:
+        count = len(list(grid.get_node_ids()))
+        now = time.monotonic()
+        if count >= want or (now >= deadline and count >= least):
+            return count
+        if now >= grace:
+            raise TooFewClients(f"only {count} of the {least} clients the scenario needs connected "
+                                f"within {timeout_s + max(timeout_s, 60.0):.0f} s")
         time.sleep(poll_s)
-    return count
 
 
 app = ServerApp()
@@ -352,7 +372,7 @@ def main(grid: Grid, context: Context) -> None:
     run's ending go to Flower's log; a failed run raises :class:`~aggregator.errors.RunFailed`."""
     config = dict(context.run_config)
     store = RunStore(str(config.get("db") or os.environ.get("QUORUM_DB") or default_db_url()))
-    engine, wait_s = str(config.get("engine", "flower")), float(config.get("wait-clients-s", 60))
+    engine, wait_s = str(config.get("engine", "flower")), float(config.get("wait-clients-s", WAIT_CLIENTS_S))
     if is_flower_app(config):
         run_id, result = serve_flower_app(grid, context, store, app=find_app(), engine=engine, wait_s=wait_s,
                                           log_rounds=True)
@@ -363,7 +383,7 @@ def main(grid: Grid, context: Context) -> None:
     if overrides:
         scenario = scenario.with_overrides(**overrides)
     resume = str(config.get("resume", "")) or None
-    wait_for_nodes(grid, scenario.federation.clients, wait_s)
+    wait_for_nodes(grid, scenario.federation.clients, wait_s)  # least 0: the round loop reports a shortfall
     run_id, result = run_federation(grid, scenario, store, engine=engine, resume_id=resume,
                                     on_round=round_logger(scenario.rounds))
     log_end(store, run_id, result)

@@ -29,14 +29,14 @@ import faulthandler
 import json
 import os
 import signal
-import time
 import uuid
 from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from aggregator.serverapp import run_federation
+from aggregator.errors import TooFewClients
+from aggregator.serverapp import WAIT_CLIENTS_S, run_federation, wait_for_nodes
 from core.errors import RunNotFound
 from core.records import RoundRecord
 from core.status import ENDED, RunStatus
@@ -50,7 +50,7 @@ from scenarios.errors import ScenarioError
 from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario
 
-__all__ = ["app", "LeasedRunStore", "LeaseLost", "wait_for_clients", "record_failed_start"]
+__all__ = ["app", "LeasedRunStore", "LeaseLost", "record_failed_start"]
 
 ENGINE = "deployment"
 
@@ -85,19 +85,6 @@ class LeasedRunStore(RunStore):
     def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
         self._check(run_id)
         super().set_status(run_id, status, error)
-
-
-def wait_for_clients(grid: Grid, want: int, least: int, timeout_s: float, poll_s: float = 0.2) -> int:
-    """Wait until ``want`` nodes are connected, or ``timeout_s`` passed with ``least``; returns how many."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        count = len(list(grid.get_node_ids()))
-        if count >= want or (time.monotonic() >= deadline and count >= least):
-            return count
-        if time.monotonic() >= deadline + max(timeout_s, 60.0):
-            raise DeployError(f"only {count} of the {least} clients the scenario needs connected "
-                              f"within {timeout_s + max(timeout_s, 60.0):.0f} s")
-        time.sleep(poll_s)
 
 
 def record_failed_start(store: LeasedRunStore, scenario: Scenario, flower_run: int, devices: dict,
@@ -167,8 +154,8 @@ def main(grid: Grid, context: Context) -> None:
     fed = scenario.federation
     devices = json.loads(str(config.get("devices") or "{}"))
     try:
-        wait_for_clients(grid, fed.clients, fed.min_clients, float(config.get("wait-clients-s", 120.0)))
-    except DeployError as exc:
+        wait_for_nodes(grid, fed.clients, float(config.get("wait-clients-s", WAIT_CLIENTS_S)), least=fed.min_clients)
+    except TooFewClients as exc:
         if not resume:  # a run that never started is still a stored, visible, failed run
             record_failed_start(store, scenario, context.run_id, devices, str(exc))
         raise

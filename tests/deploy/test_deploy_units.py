@@ -16,6 +16,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from aggregator.errors import TooFewClients
+from aggregator.serverapp import wait_for_nodes
 from core.records import RoundRecord
 from core.strategy import ServerState
 from deploy.agent import (
@@ -31,7 +33,7 @@ from deploy.agent import (
 from deploy.config import ConfigError, load_config
 from deploy.pki import ensure_tls, fingerprint, load_public_key, make_node_key, public_key_fingerprint
 from deploy.proxy import FLEET_RPCS, ProxySpec, render_nginx_conf
-from deploy.serverapp import LeasedRunStore, LeaseLost, wait_for_clients
+from deploy.serverapp import LeasedRunStore, LeaseLost
 from deploy.supervisor import resumable_runs
 from tests.conftest import wait_for
 
@@ -315,5 +317,15 @@ class _Grid:
 
 
 def test_a_run_waits_for_the_whole_federation_then_settles_for_min_clients() -> None:
-    assert wait_for_clients(_Grid([1, 2, 3]), want=3, least=2, timeout_s=5, poll_s=0.0) == 3
-    assert wait_for_clients(_Grid([2]), want=3, least=2, timeout_s=0.05, poll_s=0.01) == 2
+    assert wait_for_nodes(_Grid([1, 2, 3]), want=3, least=2, timeout_s=5, poll_s=0.0) == 3
+    assert wait_for_nodes(_Grid([2]), want=3, least=2, timeout_s=0.05, poll_s=0.01) == 2
+    assert wait_for_nodes(_Grid([1]), want=3, timeout_s=0.05, poll_s=0.01) == 1  # least 0: what is there
+
+
+def test_too_few_clients_past_the_grace_is_an_error_naming_the_counts() -> None:
+    # the grace is as long as the wait again, at least 60 s: a clock that jumps makes it pass at once
+    times = iter([0.0, 0.0, 30.0, 200.0])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("aggregator.serverapp.time.monotonic", lambda: next(times))
+        with pytest.raises(TooFewClients, match="only 1 of the 2 clients the scenario needs connected within 70 s"):
+            wait_for_nodes(_Grid([1]), want=3, least=2, timeout_s=10, poll_s=0.0)
