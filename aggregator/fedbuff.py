@@ -56,7 +56,7 @@ from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState, Strategy
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
-from runs.store import RunStore
+from runstore.store import RunStore
 from scenarios.schema import Scenario
 from scenarios.sections import AsyncSpec
 

@@ -38,7 +38,7 @@ from core.headline import format_value, round_scores
 from core.outcomes import count, round_line
 from core.records import RoundRecord
 from core.status import RunStatus
-from runs.store import RunStore
+from runstore.store import RunStore
 from scenarios.flower_app import flower_app_scenario, min_available
 from scenarios.schema import Scenario
 

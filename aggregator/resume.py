@@ -21,7 +21,7 @@ from typing import Any
 from aggregator.errors import ResumeRefused
 from core.status import ENDED, RunStatus
 from core.strategy import ServerState, Strategy
-from runs.store import Run, RunStore
+from runstore.store import Run, RunStore
 from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario, build_options, scenario_from_dict
 

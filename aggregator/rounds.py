@@ -28,7 +28,7 @@ from core.records import ClientRecord, RoundRecord
 from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState, Strategy
 from learning.standardize import Standardization
-from runs.store import RunStore
+from runstore.store import RunStore
 from scenarios.schema import Scenario
 
 __all__ = ["RoundLoop", "LoopResult"]

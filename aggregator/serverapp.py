@@ -58,8 +58,8 @@ from learning.standardize import Standardization
 from learning.task import TaskModel, load_task, task_headline
 from privacy.dp.build import make_dp_strategy
 from privacy.secagg.fit import SecAggFit
-from runs.lease import Heartbeat
-from runs.store import ClientResult, Run, RunStore, default_db_url
+from runstore.lease import Heartbeat
+from runstore.store import ClientResult, Run, RunStore, default_db_url
 from scenarios.errors import ScenarioError
 from scenarios.flower_app import is_flower_app
 from scenarios.runconfig import scenario_from_run_config
@@ -180,7 +180,7 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     Configuration errors of the strategy or the fit workflow surface (as
     :class:`ScenarioError`) before a run row exists; anything that fails once it
     exists marks the run ``failed`` with the message, so no row stays ``running``.
-    While it runs, this process renews the run's lease (:class:`~runs.lease.Heartbeat`).
+    While it runs, this process renews the run's lease (:class:`~runstore.lease.Heartbeat`).
 
     ``resume_id`` continues that run with its own scenario only (another raises
     :class:`~aggregator.errors.ResumeRefused` and leaves the run as it was); a run

@@ -40,7 +40,7 @@ from learning.standardize import (
 )
 from learning.task import load_task
 from privacy.secagg.fit import SecAggFit
-from runs.store import RunStore
+from runstore.store import RunStore
 from scenarios.schema import Scenario
 
 __all__ = ["StatisticsPassFailed", "federated_standardization", "statistics_fit", "standardize_run"]

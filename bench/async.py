@@ -41,7 +41,7 @@ from flwr.common.constant import ErrorCode  # noqa: E402
 from aggregator.fedbuff import DeviceSpeeds  # noqa: E402
 from aggregator.serverapp import run_federation  # noqa: E402
 from clients.clientapp import app as client_app  # noqa: E402
-from runs.store import RunStore  # noqa: E402
+from runstore.store import RunStore  # noqa: E402
 from runtimes.inprocess import InProcessGrid, NodeSpec  # noqa: E402
 from runtimes.simulation import simulate  # noqa: E402
 from scenarios.schema import Scenario, load_scenario, scenario_from_dict  # noqa: E402

@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from runs.store import RunStore  # noqa: E402
+from runstore.store import RunStore  # noqa: E402
 from runtimes.simulation import simulate  # noqa: E402
 from scenarios.schema import Scenario, load_scenario, scenario_from_dict  # noqa: E402
 

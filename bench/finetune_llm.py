@@ -47,7 +47,7 @@ from core.instructions import TrainConfig  # noqa: E402
 from learning.task import TaskModel, load_task  # noqa: E402
 from learning.tasks.language import perplexity  # noqa: E402
 from learning.text import TextData  # noqa: E402
-from runs.store import RunStore  # noqa: E402
+from runstore.store import RunStore  # noqa: E402
 from runtimes.simulation import simulate  # noqa: E402
 from scenarios.schema import Scenario, scenario_from_dict  # noqa: E402
 

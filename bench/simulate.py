@@ -109,7 +109,7 @@ def child(runtime: str, clients: int, rounds: int, quick: bool, out: Path) -> No
     """Run one cell and write its round end times and final model to ``out``."""
     import numpy as np
 
-    from runs.store import RunStore
+    from runstore.store import RunStore
     from runtimes.simulation import simulate
 
     ends: list[float] = []

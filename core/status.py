@@ -14,7 +14,7 @@ __all__ = ["RunStatus", "ClientStatus", "ENDED"]
 
 
 class RunStatus(StrEnum):
-    """Where a run stands (``runs.store.Run.status``)."""
+    """Where a run stands (``runstore.store.Run.status``)."""
 
     RUNNING = "running"
     #: every round ran and every client contributed
@@ -24,7 +24,7 @@ class RunStatus(StrEnum):
     FAILED = "failed"
     #: DP's privacy budget was spent before the last round, as the scenario allows
     STOPPED_BUDGET = "stopped_budget"
-    #: stopped by Ctrl-C, or (derived by readers, ``runs.lease``) running with a lease that expired
+    #: stopped by Ctrl-C, or (derived by readers, ``runstore.lease``) running with a lease that expired
     INTERRUPTED = "interrupted"
 
 

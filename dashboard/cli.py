@@ -9,7 +9,7 @@ from rich.console import Console
 
 from dashboard.auth import TOKEN_ENV, check_bind, check_tls, is_loopback
 from dashboard.errors import InsecureBind
-from runs.store_url import default_db_url
+from runstore.store_url import default_db_url
 
 __all__ = ["app"]
 

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from core.headline import Headline
 from core.status import RunStatus
 from dashboard.queries import Reader, RunStats
-from runs.store import Run
+from runstore.store import Run
 
 __all__ = ["StoreCollector", "make_registry", "render_metrics", "CONTENT_TYPE"]
 

@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 
 from core.headline import Headline, round_scores
 from core.status import ClientStatus, RunStatus
-from runs.lease import INTERRUPTED, lease_expired
-from runs.store import ClientResult, Event, Round, Run, RunStore, as_shown, status_is
+from runstore.lease import INTERRUPTED, lease_expired
+from runstore.store import ClientResult, Event, Round, Run, RunStore, as_shown, status_is
 
 __all__ = ["Reader", "RunStats", "RunHead", "ClientSummary", "Participation", "TERMINAL", "changed_at"]
 

@@ -17,8 +17,8 @@ from typing import Any
 from core.headline import ACCURACY, Headline, round_scores
 from core.status import ClientStatus, RunStatus
 from dashboard.queries import ClientSummary, RunStats
-from runs.report import client_scores
-from runs.store import ClientResult, Round, Run
+from runstore.report import client_scores
+from runstore.store import ClientResult, Round, Run
 
 __all__ = ["run_data", "run_display", "round_data", "round_display", "client_result_data",
            "client_result_display", "client_summary_data", "outcome_text", "scenario_text",

@@ -173,7 +173,7 @@ def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float, scenario: Scen
     interrupted (``core.outcomes.exit_code``). Until the run opens, say how many devices are connected."""
     from core.outcomes import exit_code
     from deploy.status import ServerAppWatch, find_stored_run
-    from runs.store import RunStore
+    from runstore.store import RunStore
 
     store, deadline, shown = RunStore(cfg.db_url), time.monotonic() + timeout_s, 0
     watch = ServerAppWatch(cfg, flower_run)

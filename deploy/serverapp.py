@@ -45,7 +45,7 @@ from deploy.errors import DeployError
 from learning.errors import TaskError
 from learning.record import scenario_record
 from learning.task import load_task
-from runs.store import RunStore, default_db_url
+from runstore.store import RunStore, default_db_url
 from scenarios.errors import ScenarioError
 from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario

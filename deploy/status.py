@@ -18,7 +18,7 @@ from deploy.config import DeployConfig
 from deploy.enroll import load_registry, revoked_devices
 from deploy.errors import DeployError
 from deploy.flower import list_nodes
-from runs.store import Run, RunStore
+from runstore.store import Run, RunStore
 
 __all__ = ["collect_status", "render_status", "find_stored_run", "serverapp_pids", "ServerAppWatch",
            "stop_aggregator"]

@@ -13,7 +13,7 @@ from deploy.config import DeployConfig
 from deploy.enroll import device_names
 from deploy.errors import DeployError
 from deploy.flower import submit_run
-from runs.store import Run, RunStore
+from runstore.store import Run, RunStore
 from scenarios.schema import Scenario, load_scenario, scenario_from_dict
 
 __all__ = ["submit", "run_config", "submitted_scenario"]

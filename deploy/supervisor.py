@@ -39,7 +39,7 @@ from deploy.flower import flower_env, stop_run, superlink_command, write_flower_
 from deploy.pki import TlsFiles, ensure_tls, fingerprint
 from deploy.proxy import ProxySpec, nginx_command
 from deploy.submit import submit
-from runs.store import RunStore
+from runstore.store import RunStore
 
 __all__ = ["Supervisor", "prepare", "health_url", "wait_healthy", "resumable_runs", "stop_leftover_serverapps"]
 

@@ -24,12 +24,12 @@ from deploy.agent_cli import app as client_app
 from deploy.cli import app as aggregator_app
 from privacy.dp.cli import app as privacy_app
 from quorum.flower import app as flower_app
-from runs.store_url import default_db_url
+from runstore.store_url import default_db_url
 from runtimes.parallel.cli import parallel as parallel_command
 from scenarios.errors import ScenarioError
 
 if TYPE_CHECKING:
-    from runs.store import Run, RunStore
+    from runstore.store import Run, RunStore
 
 __all__ = ["app", "main"]
 
@@ -44,7 +44,7 @@ DEFAULT_DB = default_db_url()  # runs/quorum.db under the working directory
 
 def _store(db: str) -> RunStore:
     """The run store at ``db`` (imported here: SQLAlchemy is most of a command's start-up)."""
-    from runs.store import RunStore
+    from runstore.store import RunStore
 
     return RunStore(db)
 
@@ -180,7 +180,7 @@ def runs(
     `interrupted`, with the time it was last seen; `quorum resume RUN` continues it.
     """
     from core.headline import format_value
-    from runs.report import run_summary
+    from runstore.report import run_summary
 
     store = _store(db)
     listed = [(run, run_summary(store, run.id)["metric"]) for run in store.list_runs(status)]
@@ -219,7 +219,7 @@ def report(
     out: Annotated[Path | None, typer.Option(help="Output folder (default runs/reports/RUN).")] = None,
 ) -> None:
     """Write PNG plots per round and a JSON summary of a run."""
-    from runs.report import write_report
+    from runstore.report import write_report
 
     try:
         store = _store(db)

@@ -63,7 +63,7 @@ from learning.tasks.classification import ClassificationTask
 from learning.tasks.language import LanguageModelTask
 from quorum.errors import ExportError
 from quorum.task_source import imported_from, task_sources, write_sources
-from runs.store import RunStore
+from runstore.store import RunStore
 from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario, scenario_from_dict
 

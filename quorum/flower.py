@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from core.errors import QuorumError
-from runs.store_url import default_db_url
+from runstore.store_url import default_db_url
 from scenarios.errors import ScenarioError
 
 if TYPE_CHECKING:

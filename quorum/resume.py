@@ -19,7 +19,7 @@ from aggregator.errors import ResumeRefused
 from aggregator.resume import check_same_scenario, has_ended
 from aggregator.serverapp import fork_run
 from core.status import RunStatus
-from runs.store import Run, RunStore
+from runstore.store import Run, RunStore
 from scenarios.schema import Scenario, load_scenario, scenario_from_dict
 
 __all__ = ["Plan", "plan_resume", "plan_fork"]

@@ -23,7 +23,7 @@ from flwr.clientapp import ClientApp
 from aggregator.errors import AppModelError
 from aggregator.flower_app import FlowerApp, read_app, serve_flower_app
 from core.records import RoundRecord
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.simulation import RunSummary, summarize
 

@@ -35,7 +35,7 @@ from aggregator.serverapp import run_federation
 from clients.clientapp import app as client_app
 from core.records import RoundRecord
 from core.status import RunStatus
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.enrolment import secagg_identities
 from runtimes.faults import FaultPlan
 from runtimes.ray_cluster import MARKER_ENV, Cluster, ray_processes, shutdown_ray

@@ -17,8 +17,8 @@ from aggregator.serverapp import run_federation
 from clients.clientapp import app as client_app
 from core.headline import Headline, round_scores
 from core.records import RoundRecord
-from runs.report import headline_summary
-from runs.store import RunStore
+from runstore.report import headline_summary
+from runstore.store import RunStore
 from runtimes.enrolment import secagg_identities
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec

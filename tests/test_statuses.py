@@ -14,7 +14,7 @@ from pathlib import Path
 from core.status import ClientStatus, RunStatus
 from tests.conftest import REPO
 
-PRODUCT = ("core", "runs", "scenarios", "learning", "privacy", "aggregator", "clients", "runtimes", "deploy",
+PRODUCT = ("core", "runstore", "scenarios", "learning", "privacy", "aggregator", "clients", "runtimes", "deploy",
            "dashboard", "quorum")
 #: Run statuses that are no other word Quorum uses ("failed" is also a count's column name).
 RUN_ONLY = {s.value for s in RunStatus} - {"failed"}

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from core.errors import QuorumError
-from runs.store_url import default_db_url
+from runstore.store_url import default_db_url
 from runtimes.parallel.mode import CommHook, Mode
 from scenarios.errors import ScenarioError
 

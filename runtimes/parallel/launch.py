@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.status import RunStatus
-from runs.store import RunStore, default_db_url
+from runstore.store import RunStore, default_db_url
 from runtimes.parallel.errors import LaunchFailed, ParallelError
 from runtimes.parallel.job import check_scenario
 from runtimes.parallel.mode import CommHook, Mode

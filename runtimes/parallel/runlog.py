@@ -19,8 +19,8 @@ from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState
 from learning.record import scenario_record
 from learning.task import load_task
-from runs.lease import Heartbeat
-from runs.store import RunStore
+from runstore.lease import Heartbeat
+from runstore.store import RunStore
 from runtimes.parallel.job import COLUMNS, Job, RoundResult
 from runtimes.parallel.mode import Mode
 from scenarios.schema import Scenario

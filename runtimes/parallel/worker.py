@@ -33,7 +33,7 @@ from core.status import RunStatus
 from core.strategy import ServerState
 from learning.models import num_params
 from learning.task import TaskModel, load_task
-from runs.store import RunStore, default_db_url
+from runstore.store import RunStore, default_db_url
 from runtimes.parallel.comm import DEFAULT_BUCKET_BYTES, Comm, release_process_group
 from runtimes.parallel.errors import ParallelError, WorkerStopped
 from runtimes.parallel.job import Job, JobSpec, adopt, build_job, initial_state, run_round

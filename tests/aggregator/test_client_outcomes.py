@@ -20,7 +20,7 @@ from flwr.server.superlink.linkstate.utils import (
 
 from core.instructions import parse_instruction
 from core.outcomes import DROPPED, FAILED, clean_reason, error_outcome, run_problems
-from runs.store import RunStore
+from runstore.store import RunStore
 from tests.aggregator.test_untrusted_clients import NO_EVAL, honest, run_federation
 from tests.conftest import tiny_scenario
 

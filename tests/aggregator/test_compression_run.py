@@ -11,7 +11,7 @@ from core.compress import Codec
 from core.instructions import TrainConfig, train_instruction
 from core.replies import train_reply
 from core.wire import wire_bytes
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError
 from tests.conftest import tiny_scenario

@@ -19,7 +19,7 @@ from core.instructions import TrainConfig, read_instruction
 from core.records import RoundRecord
 from core.replies import train_reply
 from learning.task import TaskModel, load_task
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError

@@ -26,7 +26,7 @@ from aggregator.app_model import arrays_of, first_reply_model, initial_model, mo
 from aggregator.errors import AppModelError, RunFailed
 from aggregator.flower_app import FlowerApp, find_app, read_app, serve_flower_app
 from aggregator.serverapp import app as quorum_serverapp
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from scenarios.errors import ScenarioError
 from scenarios.flower_app import HONOURED, QUORUM_KEYS, REFUSED, flower_app_scenario

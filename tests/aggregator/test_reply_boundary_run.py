@@ -19,7 +19,7 @@ from core.layouts import encode_named
 from core.replies import train_reply
 from privacy.secagg.flower_mod import secagg_mod
 from privacy.secagg.flower_records import MASKED_RECORD
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from tests.aggregator.test_rounds import initial_params
 from tests.aggregator.test_untrusted_clients import NO_EVAL, attacked_by_node_4, honest, run

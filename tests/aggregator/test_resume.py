@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from runs.lease import LEASE_ENV
-from runs.store import RunStore
+from runstore.lease import LEASE_ENV
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 from tests.conftest import REPO, wait_for

@@ -10,7 +10,7 @@ from core.instructions import client_seed
 from learning.federation import build_federation
 from learning.models import build_model, get_flat, set_flat
 from learning.training import train
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from tests.conftest import tiny_scenario
 

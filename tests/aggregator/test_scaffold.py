@@ -16,7 +16,7 @@ from aggregator.strategies import Scaffold
 from clients.clientapp import CONTROL_KEY, app
 from core.instructions import SCAFFOLD_CONTROL, TrainConfig, control_of, train_instruction, with_control
 from core.replies import parse_train_reply
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.parallel.errors import ParallelError
 from runtimes.parallel.job import check_scenario

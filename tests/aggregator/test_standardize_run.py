@@ -33,7 +33,7 @@ from learning.standardize import (
 )
 from learning.task import load_task
 from quorum.export import export_run, load_model
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError

@@ -23,7 +23,7 @@ from core.instructions import parse_instruction
 from core.records import RoundRecord
 from core.replies import train_reply
 from core.strategy import ServerState
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from tests.aggregator.test_rounds import initial_params
 from tests.conftest import tiny_scenario

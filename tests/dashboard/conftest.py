@@ -15,7 +15,7 @@ import pytest
 from dashboard_support import ROOT, FilledStore, add_dp_run, add_xss_run  # first: puts the repo on the path
 
 from dashboard.app import create_app
-from runs.store import RunStore
+from runstore.store import RunStore
 
 with warnings.catch_warnings():  # starlette's import-time deprecations (httpx2, anyio aliases), not ours
     warnings.simplefilter("ignore")

@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:  # the repo root is the import root when quorum is
 
 from core.records import ClientRecord, RoundRecord  # noqa: E402
 from core.strategy import ServerState  # noqa: E402
-from runs.store import RunStore  # noqa: E402 (after the path fix)
+from runstore.store import RunStore  # noqa: E402 (after the path fix)
 
 XSS_NAME = "<script>alert(1)</script>"
 XSS_CLIENT = "<img src=x onerror=alert(2)>"

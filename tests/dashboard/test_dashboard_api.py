@@ -19,7 +19,7 @@ from core.records import ClientRecord, RoundRecord
 from dashboard.app import create_app
 from dashboard.live import runs_events
 from dashboard.queries import Reader, RunHead
-from runs.store import Round, RunStore
+from runstore.store import Round, RunStore
 from tests.conftest import wait_for
 
 

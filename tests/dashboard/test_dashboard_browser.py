@@ -22,7 +22,7 @@ import pytest
 from dashboard_support import ROOT, XSS_NAME, add_xss_run, free_port, stop
 from playwright.sync_api import Page, sync_playwright
 
-from runs.store import RunStore
+from runstore.store import RunStore
 from tests.conftest import wait_for
 
 CHROMIUM = shutil.which("chromium")

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from core.records import ClientRecord, RoundRecord
 from dashboard.app import create_app
-from runs.store import RunStore
+from runstore.store import RunStore
 
 LOOPBACK = {"host": "127.0.0.1"}  # without a token the dashboard answers loopback Host headers only
 HUGE = [2**63, 2**64, 10**30, -(2**63) - 1]

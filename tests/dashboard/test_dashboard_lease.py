@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from dashboard.app import create_app
 from dashboard.live import runs_events
 from dashboard.queries import Reader, changed_at
-from runs.lease import LEASE_S
-from runs.store import RunStore
+from runstore.lease import LEASE_S
+from runstore.store import RunStore
 
 LAST_SEEN = 1_700_000_000.0  # the dead run's process was last seen then (2023-11-14)
 

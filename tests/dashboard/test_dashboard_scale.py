@@ -18,7 +18,7 @@ from dashboard_support import state
 
 from core.records import ClientRecord, RoundRecord
 from dashboard.app import create_app
-from runs.store import RunStore
+from runstore.store import RunStore
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -43,7 +43,7 @@ def test_round_page_marks_the_updates_krum_rejected(tmp_path: Path) -> None:
 
 def test_dashboard_pages_name_deployed_devices(tmp_path: Path) -> None:
     # Prepare: a run whose info maps node ids to enrolled names, as a deployed ServerApp records it
-    from runs.store import RunStore
+    from runstore.store import RunStore
     url = f"sqlite:///{tmp_path / 'runs.db'}"
     run_id = simulate(tiny_scenario(rounds=1, federation={"clients": 2, "deadline_s": 300.0}), db_url=url).run_id
     store = RunStore(url)

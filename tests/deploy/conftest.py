@@ -18,7 +18,7 @@ import pytest
 
 from deploy.loopback import LoopbackFederation, Processes, write_device_data
 from deploy.pki import make_node_key
-from runs.store import Run, RunStore
+from runstore.store import Run, RunStore
 from tests.conftest import wait_for
 
 DEVICES = ("dev0", "dev1", "dev2")

@@ -16,7 +16,7 @@ import pytest
 from aggregator.errors import ResumeRefused
 from deploy.config import load_config
 from deploy.submit import run_config
-from runs.store import RunStore
+from runstore.store import RunStore
 from tests.conftest import tiny_scenario
 
 

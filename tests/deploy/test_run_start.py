@@ -25,7 +25,7 @@ from deploy.errors import DeployError
 from deploy.readiness import Fleet, await_devices, shortfall
 from deploy.serverapp import LeasedRunStore, record_failed_start
 from deploy.status import ServerAppWatch, find_stored_run
-from runs.store import RunStore
+from runstore.store import RunStore
 from tests.conftest import tiny_scenario
 
 SCENARIO = tiny_scenario(name="five", federation={"clients": 5, "min_clients": 3})

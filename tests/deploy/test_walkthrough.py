@@ -165,7 +165,7 @@ def test_the_walkthrough_trains_three_devices_and_each_setup_mistake_names_its_f
 
 
 def _run_log_says(folder: Path, text: str) -> bool:
-    from runs.store import RunStore
+    from runstore.store import RunStore
 
     store = RunStore(f"sqlite:///{folder / 'federation' / 'runs' / 'quorum.db'}")
     return any(text in e.message for run in store.list_runs() for e in store.events(run.id))

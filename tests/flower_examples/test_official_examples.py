@@ -25,7 +25,7 @@ from flwr.serverapp.strategy.result import Result
 
 from aggregator.flower_app import FlowerApp, read_app, serve_flower_app
 from clients.clientapp import app as quorum_client_app
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 
 HERE = Path(__file__).resolve().parent

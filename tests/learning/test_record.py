@@ -13,7 +13,7 @@ from aggregator.errors import ResumeRefused
 from aggregator.resume import check_same_scenario
 from learning.record import scenario_record
 from learning.task import load_task
-from runs.store import Run
+from runstore.store import Run
 from scenarios.schema import Scenario, scenario_from_dict
 from tests.conftest import tiny_scenario
 from tests.learning.survival_task import SurvivalTask

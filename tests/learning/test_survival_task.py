@@ -32,7 +32,7 @@ from learning.task import task_headline
 from learning.tasks.classification import ClassificationTask
 from learning.tasks.language import LanguageModelTask
 from learning.tasks.regression import RegressionTask
-from runs.store import RunStore
+from runstore.store import RunStore
 from scenarios.errors import ScenarioError
 from tests.learning.survival_task import BETA, HOSPITALS, SurvivalTask, c_index, hospital
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from privacy.dp.accountant import plan_epsilon
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError
 from scenarios.schema import load_scenario

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from privacy.secagg.fit import config_from_spec
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError
 from scenarios.schema import load_scenario

@@ -18,7 +18,7 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from runs.store import RunStore
+from runstore.store import RunStore
 from tests.conftest import REPO
 
 TINY = """

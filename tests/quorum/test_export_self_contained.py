@@ -23,7 +23,7 @@ from learning.datasets import load_digits
 from quorum.errors import ExportError
 from quorum.export import MANIFEST, example_shape, export_run, load_export
 from quorum.serve import create_app
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import scenario_from_dict
 

@@ -25,7 +25,7 @@ from learning.models import get_flat
 from quorum.errors import ExportError
 from quorum.export import MANIFEST, WEIGHTS, export_run, load_export, load_model
 from quorum.serve import create_app
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 from tests.conftest import REPO, tiny_scenario, wait_for

@@ -7,7 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from quorum.cli import app
-from runs.store import RunStore
+from runstore.store import RunStore
 from tests.conftest import REPO
 
 NUMPY_APP = REPO / "tests" / "flower_examples" / "quickstart-numpy"

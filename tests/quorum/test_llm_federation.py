@@ -24,7 +24,7 @@ from quorum.cli import app
 from quorum.errors import ExportError
 from quorum.export import MANIFEST, export_run, load_export
 from quorum.serve import create_app
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import scenario_from_dict
 

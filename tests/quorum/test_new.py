@@ -12,8 +12,8 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from runs.report import write_report
-from runs.store import RunStore
+from runstore.report import write_report
+from runstore.store import RunStore
 from tests.conftest import REPO
 
 

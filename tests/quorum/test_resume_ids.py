@@ -2,7 +2,7 @@
 
 ``quorum resume 20261202-1`` used to say "no run" when two runs started so,
 and ``%`` / ``_`` acted as SQL wildcards. Every command that takes a run id
-goes through :meth:`runs.store.RunStore.get_run`.
+goes through :meth:`runstore.store.RunStore.get_run`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from core.errors import RunNotFound
 from quorum.cli import app
-from runs.store import Run, RunStore
+from runstore.store import Run, RunStore
 
 FIRST, SECOND, OTHER = "20261202-101500-a1b2c3", "20261202-113000-d4e5f6", "20261203-090000-abcdef"
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from aggregator.errors import ResumeRefused
 from quorum.cli import app
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from tests.conftest import tiny_scenario
 

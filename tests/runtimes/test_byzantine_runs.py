@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from clients.attacks import AttackPlan
 from learning.federation import cached_federation
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from tests.conftest import tiny_scenario
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from runs.store import Run, RunStore
+from runstore.store import Run, RunStore
 from tests.conftest import REPO, wait_for
 from tests.runtimes.processes import VENV_BIN, Processes, Started, describe, free_ports
 

@@ -30,7 +30,7 @@ from aggregator.serverapp import run_federation
 from clients.clientapp import app as quorum_client_app
 from learning.federation import cached_federation
 from learning.task import TaskModel, load_task
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from scenarios.schema import Scenario
 from tests.conftest import tiny_scenario

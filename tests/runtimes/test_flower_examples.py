@@ -35,7 +35,7 @@ import runtimes.flower_app as flower_runtime
 from aggregator.errors import AppModelError
 from aggregator.flower_app import read_app
 from clients.clientapp import app as quorum_client_app
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.flower_app import app_nodes, app_run_config, load_client_app, run_flower_app
 from runtimes.inprocess import InProcessGrid
 from tests.conftest import REPO

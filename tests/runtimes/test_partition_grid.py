@@ -17,7 +17,7 @@ from flwr.app import Context, Message, RecordDict
 
 from aggregator.serverapp import run_federation
 from clients.clientapp import app as client_app
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.enrolment import secagg_identities
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec

@@ -25,7 +25,7 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.simulation import simulate
 from tests.conftest import REPO, tiny_scenario, wait_for

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from tests.conftest import REPO, tiny_scenario, wait_for
 from tests.runtimes.processes import VENV_BIN, Processes, free_ports

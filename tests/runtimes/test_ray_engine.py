@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from tests.conftest import REPO, tiny_scenario
 from tests.runtimes.processes import Processes, describe

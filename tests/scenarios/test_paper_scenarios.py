@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 from tests.conftest import REPO

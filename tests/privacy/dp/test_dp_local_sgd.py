@@ -54,7 +54,7 @@ def test_local_dp_sgd_without_noise_reports_no_epsilon(rng: np.random.Generator)
 
 
 def test_clients_report_dp_sgd_epsilon_through_a_federation(db_url: str) -> None:
-    from runs.store import RunStore
+    from runstore.store import RunStore
     from runtimes.simulation import simulate
     from tests.conftest import tiny_scenario
 

@@ -12,7 +12,7 @@ from parallel_support import reference_sync
 from torch.nn import functional as F
 
 from learning.models import build_model, get_flat
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.parallel.comm import Comm, release_process_group
 from runtimes.parallel.errors import ParallelError
 from runtimes.parallel.hooks import HookedSyncSGD, step_totals

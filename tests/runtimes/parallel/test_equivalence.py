@@ -14,7 +14,7 @@ import torch
 from parallel_support import reference_sync
 
 from learning.federation import build_federation
-from runs.store import RunStore
+from runstore.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.schema import load_scenario
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from parallel_support import reference_sync, wait_for
 
-from runs.store import RunStore
+from runstore.store import RunStore
 from scenarios.schema import load_scenario
 
 pytestmark = [pytest.mark.e2e, pytest.mark.heavy]  # real processes (docs/testing.md)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from runs.lease import LEASE_ENV, LEASE_S, Heartbeat, lease_seconds
-from runs.store import RunStore
 from core.errors import StoreError
+from runstore.lease import LEASE_ENV, LEASE_S, Heartbeat, lease_seconds
+from runstore.store import RunStore
 from tests.conftest import wait_for
 
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runs.store import ClientResult, Round, RunStore
 from core.headline import Headline, round_scores, round_value
+from runstore.store import ClientResult, Round, RunStore
 
 __all__ = ["write_report", "run_summary", "numeric_metrics", "headline_summary", "client_scores"]
 

@@ -1,7 +1,7 @@
 """Where the run store lives by default, apart from the store itself.
 
 Every command names the default store in its ``--help``; importing
-:mod:`runs.store` for that (SQLAlchemy, numpy, Flower's records) cost
+:mod:`runstore.store` for that (SQLAlchemy, numpy, Flower's records) cost
 each ``quorum`` process about 0.7 s of start-up before it did anything.
 """
 

@@ -5,10 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runs.store import RunStore, read_checkpoint
 from core.errors import RunNotFound, StoreError
 from core.records import ClientRecord, RoundRecord
 from core.strategy import ServerState
+from runstore.store import RunStore, read_checkpoint
 
 
 def make_run(store: RunStore) -> str:

@@ -10,7 +10,6 @@ either the whole round or none of it.
 
 from __future__ import annotations
 
-from core.status import ClientStatus, RunStatus
 import json
 import time
 import uuid
@@ -27,13 +26,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql import ColumnElement, and_, or_, update
 
-from runs.lease import INTERRUPTED, lease_expired, lease_seconds
-from runs.store_url import default_db_url
 from core.errors import RunNotFound, StoreError
 from core.headline import Headline, round_value
-from core.replies import MAX_EXAMPLES, clean_metrics
 from core.records import ClientRecord, RoundRecord
+from core.replies import MAX_EXAMPLES, clean_metrics
+from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState
+from runstore.lease import INTERRUPTED, lease_expired, lease_seconds
+from runstore.store_url import default_db_url
 
 __all__ = ["RunStore", "Run", "Round", "ClientResult", "Event", "RoundRecord", "ClientRecord",
            "default_db_url", "status_is", "as_shown"]
@@ -60,7 +60,7 @@ class Run(Base):
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     info: Mapped[dict] = mapped_column(JSON, default=dict)
-    # The owner's lease (runs/lease.py): when it last renewed ("last seen"), and until when
+    # The owner's lease (runstore/lease.py): when it last renewed ("last seen"), and until when
     # the run counts as alive; a running run past ``lease_until`` reads ``interrupted``.
     heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     lease_until: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -210,7 +210,7 @@ class RunStore:
     def create_run(self, *, name: str, scenario: dict, seed: int, strategy: str, rounds: int,
                    engine: str = "inprocess", num_params: int = 0, info: dict | None = None,
                    rounds_done: int = 0) -> str:
-        """A new ``running`` run, with a first lease (its owner's :class:`~runs.lease.Heartbeat`
+        """A new ``running`` run, with a first lease (its owner's :class:`~runstore.lease.Heartbeat`
         renews it); ``rounds_done`` is above 0 for a run that starts from another's checkpoint."""
         run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         now = self.clock()

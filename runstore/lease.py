@@ -18,7 +18,6 @@ slack for clocks of two hosts sharing a PostgreSQL store.
 
 from __future__ import annotations
 
-from core.status import RunStatus
 import math
 import os
 import threading
@@ -27,6 +26,7 @@ from typing import Protocol
 from sqlalchemy.exc import SQLAlchemyError
 
 from core.errors import StoreError
+from core.status import RunStatus
 
 __all__ = ["LEASE_S", "RENEWALS", "LEASE_ENV", "INTERRUPTED", "lease_seconds", "lease_expired", "Heartbeat"]
 
