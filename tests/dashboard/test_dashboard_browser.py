@@ -132,8 +132,11 @@ def _check_live_run_page(page: Page, stack: Stack, run_id: str) -> None:
     print(f"round {newest} reached the open page {latency:.2f} s after its commit")
     assert latency < 3.0, f"round {newest} reached the page {latency:.2f} s after its commit"
     assert page.locator("#live-indicator").is_visible()
-    assert page.locator("#chart-loss .scatterlayer .trace").count() == 3
-    assert page.locator("#chart-clients .barlayer .trace").count() == 4  # answered, dropped, rejected, failed
+    # the charts are redrawn as each round arrives: wait for the redraw, then count (three loss curves; answered,
+    # dropped, rejected, failed)
+    page.wait_for_function("() => document.querySelectorAll('#chart-loss .scatterlayer .trace').length === 3 && "
+                           "document.querySelectorAll('#chart-clients .barlayer .trace').length === 4",
+                           timeout=10_000)
     # accuracy against cumulative bytes: one point per round on each of its two curves
     bytes_points = "() => document.querySelectorAll('#chart-bytes .scatterlayer .trace .points path').length"
     page.wait_for_function(f"(n) => ({bytes_points})() >= 2 * n", arg=rows, timeout=10_000)

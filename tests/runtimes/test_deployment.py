@@ -190,12 +190,12 @@ def test_flowers_sklearn_and_numpy_quickstarts_run_on_a_superlink_under_quorums_
 
 
 #: The other way round, per example: its package, the Quorum task of its training (quorum_task.py beside it), the
-#: last key of its run config (the scenario-json key goes after it), the run config given, the [training] that
-#: carries its ClientApp's own keys, and the least aggregated accuracy after one round (chance: 1/3, 1/10).
+#: last key of its run config (the scenario-json key goes after it), and the [training] that carries its
+#: ClientApp's own keys (local-epochs, batch-size).
 REVERSE = {
-    "quickstart-sklearn": ("sklearnexample", "SklearnExampleTask", 'penalty = "l2"', "", {}, 0.6),
-    "quickstart-pytorch": ("pytorchexample", "PytorchExampleTask", "batch-size = 32", "learning-rate = 0.05\n",
-                           {"local_epochs": 1, "batch_size": 32}, 0.15),
+    "quickstart-sklearn": ("sklearnexample", "SklearnExampleTask", 'penalty = "l2"', {}),
+    "quickstart-pytorch": ("pytorchexample", "PytorchExampleTask", "batch-size = 32",
+                           {"local_epochs": 1, "batch_size": 32}),
 }
 
 
@@ -205,7 +205,7 @@ def test_quorums_clientapp_trains_an_example_on_a_superlink_under_the_examples_o
     # Prepare: the example as a user moving it to Quorum's ClientApp writes it (docs/runtimes.md, "the other way
     # round"): its pyproject's serverapp its own, clientapp Quorum's, and a scenario-json key for the clients'
     # scenario, whose [task] is the example's training (quorum_task.py beside it); one round on two SuperNodes
-    package, task, last_key, extra, training, floor = REVERSE[example]
+    package, task, last_key, training = REVERSE[example]
     app = _copy(EXAMPLES / example, tmp_path)
     pyproject = (app / "pyproject.toml").read_text()
     pyproject = re.sub(r'serverapp = "aggregator.serverapp:app".*', f'serverapp = "{package}.server_app:app"',
@@ -215,7 +215,7 @@ def test_quorums_clientapp_trains_an_example_on_a_superlink_under_the_examples_o
     scenario = {"name": example, "federation": {"clients": 2}, "training": training,
                 "task": {"entry": f"quorum_task:{task}", "path": str(app)}}
     run_config = tmp_path / "run-config.toml"
-    run_config.write_text(f"scenario-json = {json.dumps(json.dumps(scenario))}\nnum-server-rounds = 1\n{extra}")
+    run_config.write_text(f"scenario-json = {json.dumps(json.dumps(scenario))}\nnum-server-rounds = 1\n")
 
     # Execute
     run = processes.start(f"flwr-run-{example}-reverse", [str(VENV_BIN / "flwr"), "run", str(app), "local-test",
@@ -227,9 +227,15 @@ def test_quorums_clientapp_trains_an_example_on_a_superlink_under_the_examples_o
     streamed = run.log.read_text(errors="replace")
     assert rc == 0, f"{streamed[-3000:]}\n{_logs(processes, fleet)()}"
     assert streamed.count("Received 2 results and 0 failures") == 2, streamed[-3000:]
-    accuracy = re.search(r"Aggregated MetricRecord: \{'eval_loss': [0-9.e-]+, 'eval_acc': ([0-9.]+)\}", streamed)
-    assert accuracy and float(accuracy[1]) > floor, streamed[-3000:]  # one round: past chance
+    assert re.search(r"Aggregated MetricRecord: \{'eval_loss': [0-9.e-]+, 'eval_acc': [0-9.]+\}", streamed), streamed
     assert "Saving final model to disk" in streamed  # the example's own ServerApp ran to its end
+    if example == "quickstart-sklearn":  # one round of SAGA on Iris: well past chance (1/3)
+        accuracy = re.search(r"'eval_acc': ([0-9.]+)\}", streamed)
+        assert accuracy and float(accuracy[1]) > 0.6, streamed[-3000:]
+    else:  # the example's own centralized evaluation: one round of its SGD lowered the test loss (a CNN's first
+        # round moves it little, and its accuracy from a random start may still be at chance)
+        losses = [float(x) for x in re.findall(r"'accuracy': [0-9.e-]+, 'loss': ([0-9.e-]+)\}", streamed)]
+        assert len(losses) >= 2 and losses[1] < losses[0], streamed[-3000:]
 
 
 def test_a_stock_flower_clientapp_runs_on_flowers_ray_simulation_under_quorums_serverapp(
