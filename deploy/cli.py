@@ -203,8 +203,8 @@ def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float, scenario: Scen
 
 
 #: While a submitted run has not opened: how often the connected devices are counted again (each count
-#: is one ``flwr supernode list``, a second or two).
-WAIT_COUNT_S = 10.0
+#: is one Control API call, milliseconds; the count is printed only when it changes).
+WAIT_COUNT_S = 2.0
 
 
 @dataclass

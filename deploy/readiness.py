@@ -55,7 +55,7 @@ def shortfall(scenario: Scenario, devices: Fleet, insecure: bool) -> str | None:
 
 
 def await_devices(config: DeployConfig, scenario: Scenario, say: Callable[[str], None],
-                  poll_s: float = 2.0) -> Fleet:
+                  poll_s: float = 0.5) -> Fleet:
     """Wait, with a count, until ``min_clients`` devices are online, up to ``wait_clients_s``.
 
     Raises

@@ -64,7 +64,7 @@ fraction = 1.0
 min_clients = 2
 deadline_s = 90.0
 [training]
-local_epochs = 1
+local_epochs = 2                 # one epoch of one round can end at 0.21 (seed 1, in-process): two reach 0.54+
 batch_size = 32
 lr = 0.1
 [evaluation]
@@ -153,7 +153,7 @@ def test_a_round_on_a_superlink_with_two_supernodes(processes: Processes, fleet:
         results = store.client_results(stored.id, 1)
         assert [c.outcome for c in results] == ["ok", "ok"], [(c.client, c.outcome, c.reason) for c in results]
     accuracy = quorum[0].rounds(quorum[1].id)[-1].server_accuracy
-    assert accuracy is not None and accuracy > 0.2  # one round of one epoch: past chance (0.1)
+    assert accuracy is not None and accuracy > 0.3  # one round of two epochs: well past chance (0.1)
     # the example's own model (its Net, from its server_app.py) and its round line in `flwr run --stream`
     assert "pytorchexample.server_app:app" in example_run.info["model"]
     assert "[quorum] round 1/1: " in example_run_log(processes, "flwr-run-pytorch-example"), logs()
