@@ -67,7 +67,8 @@ def run_summary(store: RunStore, run_id: str) -> dict[str, Any]:
 
 def headline_summary(headline: Headline, rounds: Sequence[Round]) -> dict[str, Any]:
     """The run's headline metric: its name and direction, its value after the last round that scored it
-    (``final``, and the ``split`` it came from: ``server`` or ``federated``) and its ``best`` over the rounds."""
+    (``final``, and the ``split`` it came from: ``server`` or ``federated``) and its ``best`` over the rounds.
+    """
     values = [round_value(headline, r) for r in rounds]
     scored = [(v, split) for v, split in values if v is not None]
     final, split = scored[-1] if scored else (None, None)
@@ -76,7 +77,8 @@ def headline_summary(headline: Headline, rounds: Sequence[Round]) -> dict[str, A
 
 def client_scores(result: ClientResult) -> dict[str, float]:
     """One client's own scores of the global model in one round, in the task's names (``loss``, ``accuracy``,
-    ``c_index``, ...): its columns and its ``eval-<name>`` metrics (``eval-examples``, its weight, left out)."""
+    ``c_index``, ...): its columns and its ``eval-<name>`` metrics (``eval-examples``, its weight, left out).
+    """
     named: dict[str, Any] = {"loss": result.eval_loss, "accuracy": result.eval_accuracy}
     named.update({k.removeprefix("eval-"): v for k, v in (result.metrics or {}).items()
                   if k.startswith("eval-") and k != "eval-examples"})

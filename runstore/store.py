@@ -19,9 +19,7 @@ from typing import Any
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
-from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, create_engine, event, insert, inspect, select
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, insert, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql import ColumnElement, and_, or_, update
@@ -33,6 +31,7 @@ from core.replies import MAX_EXAMPLES, clean_metrics
 from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState
 from runstore.lease import INTERRUPTED, lease_expired, lease_seconds
+from runstore.schema import make_engine, upgrade
 from runstore.store_url import default_db_url
 
 __all__ = ["RunStore", "Run", "Round", "ClientResult", "Event", "RoundRecord", "ClientRecord",
@@ -122,54 +121,10 @@ class Event(Base):
     message: Mapped[str] = mapped_column(Text)
 
 
-#: Columns added after a store's first release: (table, column, SQL type and default). A store
-#: written by an earlier version gets them on open, so its runs stay readable.
-_ADDED_COLUMNS = (("client_results", "bytes_out", "INTEGER DEFAULT 0"), ("runs", "heartbeat_at", "FLOAT"),
-                  ("runs", "lease_until", "FLOAT"),
-                  ("rounds", "failed", "INTEGER DEFAULT 0"), ("rounds", "headline", "FLOAT"))
-#: What a column added to an older store starts as: its runs recorded no headline, so it is their accuracy.
-_BACKFILL = {("rounds", "headline"): "UPDATE rounds SET headline = COALESCE(server_accuracy, fed_accuracy)"}
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    """Add what an older store lacks. Another process may add it first (a duplicate column), and a
-    read-only user may not alter the table: both are left as they are, and the columns read again."""
-    names = {table: {c["name"] for c in inspect(engine).get_columns(table)} for table, _, _ in _ADDED_COLUMNS}
-    for table, column, kind in _ADDED_COLUMNS:
-        if column in names[table]:
-            continue
-        try:
-            with engine.begin() as connection:
-                connection.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-                if (table, column) in _BACKFILL:  # in the same transaction: no reader sees the column empty
-                    connection.exec_driver_sql(_BACKFILL[(table, column)])
-        except DBAPIError as exc:
-            if column not in {c["name"] for c in inspect(engine).get_columns(table)}:
-                raise StoreError(f"the run store lacks {table}.{column} (written by an older Quorum) and "
-                                 f"cannot add it: {exc.orig}; open it once with write access") from None
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=10000")
-    cursor.close()
-
-
-def make_engine(url: str) -> Engine:
-    """Create an engine; SQLite files get WAL mode and their folder created."""
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url)
-    if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
-    return engine
-
-
 def status_is(status: str, now: float) -> ColumnElement[bool]:
     """The runs that read ``status`` at ``now`` (a running run whose lease expired reads ``interrupted``),
-    in plain SQL that SQLite and PostgreSQL both run."""
+    in plain SQL that SQLite and PostgreSQL both run.
+    """
     expired = and_(Run.status == RunStatus.RUNNING, Run.lease_until < now)
     if status == INTERRUPTED:
         return or_(Run.status == INTERRUPTED, expired)
@@ -196,8 +151,7 @@ class RunStore:
                  clock: Callable[[], float] = time.time) -> None:
         self.url, self.clock = url, clock
         self.engine = make_engine(url)
-        Base.metadata.create_all(self.engine)
-        _add_missing_columns(self.engine)
+        upgrade(self.engine, Base.metadata)  # the schema's alembic revisions (runstore/schema.py)
         if checkpoint_dir is None:
             base = Path(url.removeprefix("sqlite:///")).parent if url.startswith("sqlite:///") else Path("runs")
             checkpoint_dir = base / "checkpoints"
@@ -211,7 +165,8 @@ class RunStore:
                    engine: str = "inprocess", num_params: int = 0, info: dict | None = None,
                    rounds_done: int = 0) -> str:
         """A new ``running`` run, with a first lease (its owner's :class:`~runstore.lease.Heartbeat`
-        renews it); ``rounds_done`` is above 0 for a run that starts from another's checkpoint."""
+        renews it); ``rounds_done`` is above 0 for a run that starts from another's checkpoint.
+        """
         run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         now = self.clock()
         with self.session() as s, s.begin():
@@ -265,7 +220,8 @@ class RunStore:
 
     def renew_lease(self, run_id: str, lease_s: float) -> None:
         """Note that the run's owner is alive, until ``lease_s`` from now (a running run only: a run
-        that ended stays ended). ``updated_at`` is left alone: nothing a page shows has changed."""
+        that ended stays ended). ``updated_at`` is left alone: nothing a page shows has changed.
+        """
         now = self.clock()
         with self.session() as s, s.begin():
             s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING)

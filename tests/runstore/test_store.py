@@ -77,6 +77,7 @@ def test_a_store_written_before_bytes_out_gets_the_column_on_open(tmp_path) -> N
     path = tmp_path / "old.db"
     RunStore(f"sqlite:///{path}")  # today's schema, then the column taken away again
     with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE alembic_version")  # written before the store had migrations
         db.execute("ALTER TABLE client_results DROP COLUMN bytes_out")
         db.execute("INSERT INTO runs (id, name, scenario, seed, status, engine, strategy, rounds_total, rounds_done, "
                    "num_params, started_at, updated_at, info) VALUES ('r1', 'old', '{}', 0, 'finished', 'inprocess', "
@@ -98,6 +99,7 @@ def test_a_store_written_before_headlines_reads_its_accuracy_as_the_headline(tmp
     path = tmp_path / "old.db"
     RunStore(f"sqlite:///{path}")
     with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE alembic_version")  # written before the store had migrations
         db.execute("ALTER TABLE rounds DROP COLUMN headline")
         db.execute("INSERT INTO runs (id, name, scenario, seed, status, engine, strategy, rounds_total, rounds_done, "
                    "num_params, started_at, updated_at, info) VALUES ('r1', 'old', '{}', 0, 'finished', 'inprocess', "
