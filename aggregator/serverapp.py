@@ -9,11 +9,15 @@ the store and drives the :class:`~aggregator.rounds.RoundLoop`.
 
 from __future__ import annotations
 
+import atexit
+import faulthandler
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,14 +48,16 @@ from aggregator.strategies import (
     Scaffold,
     Strategy,
 )
+from core.errors import RunNotFound
 from core.fit import FitWorkflow
 from core.headline import Headline
 from core.layouts import ParamLayout
 from core.outcomes import run_problems
 from core.records import RoundRecord
-from core.status import RunStatus
+from core.status import ENDED, RunStatus
 from core.strategy import ServerState
 from core.weighting import WeightPolicy
+from learning.errors import TaskError
 from learning.models import layout_of
 from learning.record import scenario_record
 from learning.standardize import Standardization
@@ -60,6 +66,7 @@ from privacy.dp.build import make_dp_strategy
 from privacy.secagg.fit import SecAggFit
 from runstore.lease import Heartbeat
 from runstore.store import ClientResult, Run, RunStore, default_db_url
+from runstore.takeover import TakenRunStore
 from scenarios.errors import ScenarioError
 from scenarios.flower_app import is_flower_app
 from scenarios.runconfig import scenario_from_run_config
@@ -362,28 +369,119 @@ def wait_for_nodes(grid: Grid, want: int, timeout_s: float, least: int = 0, poll
         time.sleep(poll_s)
 
 
+#: The engine name of a run under ``quorum aggregator run`` (deploy/): a supervised SuperLink of real devices.
+DEPLOYMENT = "deployment"
+
+
+def record_failed_start(store: TakenRunStore, scenario: Scenario, flower_run: int, devices: dict,
+                        why: str) -> str:
+    """Store a run that never started as ``failed``, with the reason, under its Flower run id."""
+    try:  # as every run records its scenario, unless the task is what failed to load
+        record = scenario_record(scenario, load_task(scenario))
+    except (ScenarioError, TaskError):
+        record = scenario.to_dict()
+    run_id = store.create_run(name=scenario.name, scenario=record, seed=scenario.seed,
+                              strategy=scenario.strategy.name, rounds=scenario.rounds, engine=DEPLOYMENT,
+                              info={"flower_run_id": flower_run, "devices": devices})
+    store.take(run_id)
+    store.set_status(run_id, RunStatus.FAILED, f"never started: {why}")
+    return run_id
+
+
+def _find_run(store: RunStore, flower_run_id: int) -> str | None:
+    """The unfinished stored run a previous ServerApp opened for this Flower run, if any."""
+    for run in store.list_runs():
+        info = run.info or {}
+        if info.get("flower_run_id") == flower_run_id and run.status not in ENDED:
+            return run.id
+    return None
+
+
+def _own_log(state_dir: str, flower_run: int) -> None:
+    """Send this process's output to ``logs/serverapp-<run>.log`` (Flower discards it), let
+    ``kill -USR1`` dump its stacks there, and leave a pid file the supervisor can check."""
+    if not state_dir:
+        return
+    root = Path(state_dir)
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    log = open(root / "logs" / f"serverapp-{flower_run}.log", "ab", buffering=0)  # noqa: SIM115 - the process's
+    os.dup2(log.fileno(), 1)                                                        # own stdout/stderr, to its end
+    os.dup2(log.fileno(), 2)
+    faulthandler.register(signal.SIGUSR1, file=log)
+    (root / "serverapps").mkdir(exist_ok=True)
+    pidfile = root / "serverapps" / f"{os.getpid()}.json"
+    pidfile.write_text(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "flower_run": flower_run}))
+    atexit.register(pidfile.unlink, missing_ok=True)
+
+
+def _deployed_resume(store: TakenRunStore, config: dict, flower_run: int) -> str | None:
+    """The run a deployment's ServerApp drives on: the one asked for, else the one Flower restarted it for."""
+    resume = str(config.get("resume") or "") or _find_run(store, flower_run)
+    if not resume:
+        return None
+    try:
+        resume = store.get_run(resume).id
+    except RunNotFound as exc:  # no such run, or a prefix that several runs share
+        raise ScenarioError(f"cannot resume run {resume!r}: {exc}") from None
+    store.take(resume)
+    return resume
+
+
 app = ServerApp()
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Entry point under ``flwr run`` (Ray simulation or a SuperLink): a Quorum scenario's run, or (no
-    scenario in the run config) a stock Flower app's (``aggregator.flower_app``). Every round and the
-    run's ending go to Flower's log; a failed run raises :class:`~aggregator.errors.RunFailed`."""
+    """Entry point under ``flwr run``: a Quorum scenario's run, or (no scenario in the run config) a stock
+    Flower app's (``aggregator.flower_app``). Every round and the run's ending go to Flower's log; a failed
+    run raises :class:`~aggregator.errors.RunFailed`.
+
+    One ServerApp for Flower's Ray simulation, a SuperLink of the user's, and a deployment
+    (``engine = "deployment"``, what ``quorum aggregator run`` submits). A deployment differs in four options:
+
+    * its output goes to ``<state-dir>/logs/serverapp-<run>.log`` (Flower discards it);
+    * it takes the run (:class:`~runstore.takeover.TakenRunStore`), so of an old ServerApp and the one a
+      restarted aggregator starts for the same run, only the new one writes; and a ServerApp Flower restarts
+      for the same Flower run finds its stored run again (``flower_run_id``) and resumes it;
+    * its first round waits for ``min_clients`` devices (sampling is a pure function of seed, round and node
+      ids: a resumed run that sampled from a half-reconnected fleet would diverge), and a run that never
+      started is stored ``failed`` with the reason;
+    * the stored run names its devices (``devices``: node id to name).
+    """
     config = dict(context.run_config)
-    store = RunStore(str(config.get("db") or os.environ.get("QUORUM_DB") or default_db_url()))
     engine, wait_s = str(config.get("engine", "flower")), float(config.get("wait-clients-s", WAIT_CLIENTS_S))
+    deployed = engine == DEPLOYMENT
+    if deployed:
+        _own_log(str(config.get("state-dir") or ""), context.run_id)
+    url = str(config.get("db") or os.environ.get("QUORUM_DB") or default_db_url())
+    store = TakenRunStore(url) if deployed else RunStore(url)
     if is_flower_app(config):
         run_id, result = serve_flower_app(grid, context, store, app=find_app(), engine=engine, wait_s=wait_s,
                                           log_rounds=True)
         log_end(store, run_id, result)
         return
     scenario = scenario_from_run_config(config)
-    overrides = json.loads(str(config.get("overrides", "{}")))
+    overrides = json.loads(str(config.get("overrides") or "{}"))
     if overrides:
         scenario = scenario.with_overrides(**overrides)
-    resume = str(config.get("resume", "")) or None
-    wait_for_nodes(grid, scenario.federation.clients, wait_s)  # least 0: the round loop reports a shortfall
+    fed, devices = scenario.federation, json.loads(str(config.get("devices") or "{}"))
+    on_start: Callable[[str], None] | None = None
+    if isinstance(store, TakenRunStore):
+        taken = store
+        resume = _deployed_resume(taken, config, context.run_id)
+        try:
+            wait_for_nodes(grid, fed.clients, wait_s, least=fed.min_clients)
+        except TooFewClients as exc:
+            if not resume:  # a run that never started is still a stored, visible, failed run
+                record_failed_start(taken, scenario, context.run_id, devices, str(exc))
+            raise
+
+        def on_start(run_id: str) -> None:
+            taken.take(run_id)
+            taken.update_info(run_id, flower_run_id=context.run_id, devices=devices)
+    else:
+        resume = str(config.get("resume") or "") or None
+        wait_for_nodes(grid, fed.clients, wait_s)  # least 0: the round loop reports a shortfall
     run_id, result = run_federation(grid, scenario, store, engine=engine, resume_id=resume,
-                                    on_round=round_logger(scenario.rounds))
+                                    on_round=round_logger(scenario.rounds), on_start=on_start)
     log_end(store, run_id, result)

@@ -184,6 +184,7 @@ def load_config(path: Path | None) -> DeployConfig:
 
 # The run_config keys `quorum aggregator run` may pass (Flower rejects undeclared keys).
 APP_CONFIG: dict[str, str | int | float] = {
+    "engine": "deployment",  # aggregator.serverapp.main's deployment options (its docstring)
     "scenario": "", "scenario-json": "", "db": "", "resume": "", "overrides": "{}",
     "wait-clients-s": 120.0, "devices": "{}", "state-dir": "",
 }

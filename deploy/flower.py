@@ -89,7 +89,7 @@ def write_app(config: DeployConfig) -> Path:
         '[project]\nname = "quorum-deployment"\nversion = "1.0.0"\n'
         'description = "Quorum federated run"\nlicense = "Apache-2.0"\ndependencies = []\n\n'
         '[tool.flwr.app]\npublisher = "quorum"\n\n'
-        '[tool.flwr.app.components]\nserverapp = "deploy.serverapp:app"\n'
+        '[tool.flwr.app.components]\nserverapp = "aggregator.serverapp:app"\n'
         'clientapp = "clients.clientapp:app"\n\n'
         '[tool.flwr.app.config]\n' + "\n".join(lines) + "\n")
     return app

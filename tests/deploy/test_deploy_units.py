@@ -33,8 +33,8 @@ from deploy.agent import (
 from deploy.config import ConfigError, load_config
 from deploy.pki import ensure_tls, fingerprint, load_public_key, make_node_key, public_key_fingerprint
 from deploy.proxy import FLEET_RPCS, ProxySpec, render_nginx_conf
-from deploy.serverapp import LeasedRunStore, LeaseLost
 from deploy.supervisor import resumable_runs
+from runstore.takeover import LeaseLost, TakenRunStore
 from tests.conftest import wait_for
 
 
@@ -274,7 +274,7 @@ def _state(round_: int) -> ServerState:
 
 def test_a_serverapp_that_lost_the_lease_can_neither_commit_nor_change_status(db_url: str) -> None:
     # Prepare: the old ServerApp opened the run; the restarted one took it over
-    old, new = LeasedRunStore(db_url), LeasedRunStore(db_url)
+    old, new = TakenRunStore(db_url), TakenRunStore(db_url)
     run_id = old.create_run(name="r", scenario={}, seed=1, strategy="fedavg", rounds=3, engine="deployment")
     old.take(run_id)
     new.take(run_id)
@@ -291,7 +291,7 @@ def test_a_serverapp_that_lost_the_lease_can_neither_commit_nor_change_status(db
 
 
 def test_runs_a_crash_interrupted_are_resumed_and_others_are_not(db_url: str) -> None:
-    store = LeasedRunStore(db_url)
+    store = TakenRunStore(db_url)
     ids = {}
     for name, status, error in (("killed", "running", None), ("stopped", "interrupted", None),
                                 ("exit", "failed", "SystemExit: 1"), ("bug", "failed", "ValueError: x"),

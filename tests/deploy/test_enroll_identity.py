@@ -28,8 +28,8 @@ from privacy.secagg.identity import DIRECTORY_KEY, IDENTITY_FILE_KEY, policy_fro
 @pytest.fixture
 def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DeployConfig:
     ids = itertools.count(1001)
-    monkeypatch.setattr(enrolling, "register_key", lambda config, key, name: next(ids))
-    monkeypatch.setattr(enrolling, "unregister_node", lambda config, node: None)
+    monkeypatch.setattr(enrolling, "register_key", lambda _config, _key, _name: next(ids))
+    monkeypatch.setattr(enrolling, "unregister_node", lambda _config, _node: None)
     return DeployConfig(aggregator=AggregatorSpec(state_dir=str(tmp_path / "federation")))
 
 

@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 import typer
 
+from aggregator.serverapp import record_failed_start
 from deploy import cli, readiness, status
 from deploy.config import load_config
 from deploy.errors import DeployError
 from deploy.readiness import Fleet, await_devices, shortfall
-from deploy.serverapp import LeasedRunStore, record_failed_start
 from deploy.status import ServerAppWatch, find_stored_run
 from runstore.store import RunStore
+from runstore.takeover import TakenRunStore
 from tests.conftest import tiny_scenario
 
 SCENARIO = tiny_scenario(name="five", federation={"clients": 5, "min_clients": 3})
@@ -78,7 +79,7 @@ def test_it_refuses_with_the_numbers_when_the_wait_ends(monkeypatch: pytest.Monk
 def test_a_run_that_never_started_is_stored_failed_and_wait_exits_non_zero(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = config(tmp_path)
-    store = LeasedRunStore(cfg.db_url)
+    store = TakenRunStore(cfg.db_url)
     run_id = record_failed_start(store, SCENARIO, 77, {"1": "dev0"}, "only 2 of the 3 clients the scenario needs "
                                  "connected within 120 s")
 
