@@ -158,7 +158,7 @@ class BufferedLoop:
             bytes_in += nbytes
             if delta is not None and record.metrics is not None:
                 discounted = (delta * np.float32(record.metrics["discount"])).astype(np.float32, copy=False)
-                agg = accumulate(self.strategy, agg, discounted, float(record.metrics["weight"]), {})
+                agg = accumulate(self.strategy, agg, discounted, float(record.metrics["weight"]))
                 futile = 0
             else:
                 futile += 1
@@ -360,7 +360,7 @@ class _WallDispatcher(_Dispatcher):
         """Seconds of this run's wall time (across resumes)."""
         return self._monotonic() - self._origin
 
-    def now(self, last_event: float) -> float:
+    def now(self, last_event: float) -> float:  # noqa: ARG002 (the virtual clock's signature)
         return self.clock()
 
     @property

@@ -142,14 +142,14 @@ class _FoldEachReply:
             self.pending.append((node, delta, num_examples))
             return
         self.outcome.aggregate = accumulate(self.strategy, self.outcome.aggregate, delta,
-                                            self.weighting.weight(num_examples), {})
+                                            self.weighting.weight(num_examples))
 
     def flush(self) -> None:
         """Fold the updates kept back, weighted now that the round's counts are all known."""
         weights = self.weighting.weights([n for _, _, n in self.pending])
         for (node, delta, _), weight in zip(self.pending, weights, strict=True):
             try:
-                self.outcome.aggregate = accumulate(self.strategy, self.outcome.aggregate, delta, weight, {})
+                self.outcome.aggregate = accumulate(self.strategy, self.outcome.aggregate, delta, weight)
             except UpdateRejected as exc:
                 self.outcome.clients = [replace(c, outcome=ClientStatus.REJECTED, stage="train", reason=str(exc))
                                         if c.client == _label(node) else c for c in self.outcome.clients]

@@ -102,7 +102,7 @@ def clocks() -> np.ndarray:
     return np.array([time.perf_counter(), time.process_time()])
 
 
-def flower_aggregate(replies: list[Any], size: int) -> tuple[Any, np.ndarray]:
+def flower_aggregate(replies: list[Any], size: int) -> tuple[Any, np.ndarray]:  # noqa: ARG001 (ours_aggregate's)
     """Flower's FedAvg aggregation over all replies; returns (ArrayRecord, [wall, cpu] seconds)."""
     from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 

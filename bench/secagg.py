@@ -95,7 +95,7 @@ def _our_app(inputs: Inputs) -> ClientApp:
     app = ClientApp()
 
     @app.train(mods=[secagg_mod])
-    def train(message: Message, context: Context) -> Message:
+    def train(message: Message, context: Context) -> Message:  # noqa: ARG001 (Flower's handler signature)
         node = message.metadata.dst_node_id
         content = RecordDict({
             "update": ArrayRecord({"delta": Array(inputs.updates[node])}),
@@ -170,7 +170,7 @@ def run_flower(inputs: Inputs, plus: bool, shares: int, threshold: int) -> dict:
         def __init__(self, node: int) -> None:
             self.node = node
 
-        def fit(self, parameters, config):  # type: ignore[no-untyped-def]
+        def fit(self, parameters, config):  # type: ignore[no-untyped-def]  # noqa: ARG002 (NumPyClient's)
             return [inputs.updates[self.node]], inputs.examples[self.node], {}
 
     def drop(m: Message) -> bool:

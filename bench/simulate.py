@@ -155,13 +155,12 @@ def measure(runtime: str, clients: int, args: argparse.Namespace, work: Path) ->
 
 
 def _kill_tree(pid: int) -> None:
+    import contextlib
     import signal
 
     for member in reversed(_tree(pid)):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(member, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 # ------------------------------------------------------------------ the table and the figures

@@ -57,6 +57,7 @@ class MeanState:
 
     @property
     def size(self) -> int:
+        """Scalars in the running sum: the length of the flat model."""
         return int(self.total.shape[0])
 
 
@@ -125,7 +126,7 @@ def add(state: MeanState, update: np.ndarray, weight: float, *, checked: bool = 
 
 
 def block_scratch(size: int) -> np.ndarray:
-    """A scratch buffer for :func:`scaled_add` over vectors of ``size`` values."""
+    """Allocate a scratch buffer for :func:`scaled_add` over vectors of ``size`` values."""
     return np.empty(min(_BLOCK, size), dtype=np.float32)
 
 

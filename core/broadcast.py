@@ -37,11 +37,12 @@ class Broadcast:
     bits: int = 32
 
     def __post_init__(self) -> None:
+        """Refuse a precision other than 8, 16 or 32 bits."""
         if self.bits not in (8, 16, 32) or isinstance(self.bits, bool):
             raise ValueError(f"downlink bits = {self.bits!r}: expected 8, 16 or 32")
 
     def encode(self, params: np.ndarray, layout: ParamLayout) -> dict[str, Array]:
-        """The model as named tensors in this precision (what the instruction's ``arrays`` hold).
+        """Encode the model as named tensors in this precision (what the instruction's ``arrays`` hold).
 
         Raises
         ------
@@ -63,7 +64,7 @@ class Broadcast:
         return arrays
 
     def decode(self, arrays: Mapping[str, Any], layout: ParamLayout) -> np.ndarray:
-        """The flat float32 model ``arrays`` hold (8-bit codes decoded; floats of any width cast).
+        """Return the flat float32 model ``arrays`` hold (8-bit codes decoded; floats of any width cast).
 
         Raises
         ------

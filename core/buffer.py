@@ -59,12 +59,12 @@ class UpdateBuffer:
         return len(self.updates)
 
     def stacked(self) -> np.ndarray:
-        """The updates as one ``(count, size)`` float32 matrix."""
+        """Stack the updates into one ``(count, size)`` float32 matrix."""
         return np.stack(self.updates).astype(np.float32, copy=False)
 
 
 def empty_buffer(size: int) -> UpdateBuffer:
-    """An empty buffer for a model of ``size`` parameters."""
+    """Return an empty buffer for a model of ``size`` parameters."""
     if size <= 0:
         raise ValueError(f"size must be positive, got {size}")
     return UpdateBuffer(size=size)
@@ -89,5 +89,5 @@ def buffer_merge(a: UpdateBuffer, b: UpdateBuffer) -> UpdateBuffer:
 
 
 def client_marks(aggregate: object) -> Mapping[int, Mapping[str, float]]:
-    """The marks an aggregate state recorded (none for the plain mean)."""
+    """Return the marks an aggregate state recorded (none for the plain mean)."""
     return aggregate.marks if isinstance(aggregate, Marked) else {}

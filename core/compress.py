@@ -82,7 +82,7 @@ def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
-    """The ``count`` codes :func:`pack_bits` packed (``uint16``)."""
+    """Unpack the ``count`` codes :func:`pack_bits` packed (``uint16``)."""
     if bits == 8:
         return packed[:count].astype(np.uint16)
     if bits == 16:
@@ -114,13 +114,13 @@ def quantize(values: np.ndarray, bits: int, rng: np.random.Generator) -> tuple[n
 
 
 def dequantize(codes: np.ndarray, bits: int, m: float) -> np.ndarray:
-    """The values the codes stand for: ``-m + code * 2m / (2^bits - 1)``, float32."""
+    """Return the values the codes stand for: ``-m + code * 2m / (2^bits - 1)``, float32."""
     step = 2.0 * m / ((1 << bits) - 1)
     return (codes.astype(np.float64) * step - m).astype(np.float32)
 
 
 def top_k_index(vector: np.ndarray, k: int) -> np.ndarray:
-    """The sorted indices of the ``k`` largest magnitudes of ``vector`` (``uint32``)."""
+    """Return the sorted indices of the ``k`` largest magnitudes of ``vector`` (``uint32``)."""
     if k >= vector.size:
         return np.arange(vector.size, dtype=np.uint32)
     part = np.argpartition(np.abs(vector), vector.size - k)[vector.size - k:]
@@ -132,9 +132,13 @@ _ESCAPE = 255
 
 
 def encode_gaps(index: np.ndarray) -> np.ndarray:
-    """Sorted coordinates as byte gaps: the first coordinate, then each one's distance to the previous,
-    every gap written as ``g // 255`` escape bytes (255) and one byte ``g % 255``. At 1% density the
-    mean gap is 100, so a coordinate costs about 1.1 bytes instead of a uint32's 4."""
+    """Encode sorted coordinates as byte gaps.
+
+    The first coordinate, then each one's distance to the previous, every gap
+    written as ``g // 255`` escape bytes (255) and one byte ``g % 255``. At 1%
+    density the mean gap is 100, so a coordinate costs about 1.1 bytes instead
+    of a uint32's 4.
+    """
     gaps: np.ndarray = np.diff(index.astype(np.int64), prepend=0)
     escapes, rest = np.divmod(gaps, _ESCAPE)
     out = np.full(int(escapes.sum()) + gaps.size, _ESCAPE, dtype=np.uint8)
@@ -143,7 +147,7 @@ def encode_gaps(index: np.ndarray) -> np.ndarray:
 
 
 def decode_gaps(tokens: np.ndarray, k: int, size: int) -> np.ndarray:
-    """The ``k`` coordinates :func:`encode_gaps` wrote, checked strictly increasing and below ``size``.
+    """Decode the ``k`` coordinates :func:`encode_gaps` wrote, checked strictly increasing and below ``size``.
 
     Raises
     ------
@@ -163,7 +167,7 @@ def decode_gaps(tokens: np.ndarray, k: int, size: int) -> np.ndarray:
 
 
 def shared_index(size: int, k: int, seed: int) -> np.ndarray:
-    """The round's random-k coordinates: ``k`` of ``range(size)``, sorted, the same for every holder of ``seed``."""
+    """Draw the round's random-k coordinates: ``k`` of ``range(size)``, sorted, the same for all holders of ``seed``."""
     rng = np.random.default_rng([seed, size, 0x7A11])
     return np.sort(rng.choice(size, size=min(k, size), replace=False)).astype(np.uint32)
 
@@ -196,6 +200,7 @@ class Codec:
     rescale: bool = True  # random-k without feedback: by d / k (False under DP: noise comes after decoding)
 
     def __post_init__(self) -> None:
+        """Refuse bits outside 1 to 16 and 32, a fraction outside [0, 1], or both sparsifiers at once."""
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not (1 <= self.bits <= 16
                                                                                 or self.bits == 32):
             raise ValueError(f"bits = {self.bits!r}: expected 1 to 16, or 32 (no quantisation)")
@@ -213,6 +218,7 @@ class Codec:
 
     @property
     def fraction(self) -> float:
+        """Share of the coordinates the sparsifier keeps (1.0 when neither top-k nor random-k is on)."""
         return self.topk or self.randomk or 1.0
 
     def kept(self, size: int) -> int:
@@ -221,14 +227,14 @@ class Codec:
         return size if self.fraction >= 1.0 else max(1, min(size, math.ceil(round(self.fraction * size, 9))))
 
     def to_extra(self) -> dict[str, float | int | bool]:
-        """The round config's keys (``TrainConfig.extra``) that tell a client this codec."""
+        """Return the round config's keys (``TrainConfig.extra``) that tell a client this codec."""
         return {"cx-bits": self.bits, "cx-topk": float(self.topk), "cx-randomk": float(self.randomk),
                 "cx-ef": bool(self.error_feedback), "cx-seed": int(self.seed),
                 "cx-rescale": bool(self.rescale)} if self.active else {}
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> Codec | None:
-        """The codec a round config asks for, or ``None`` (dense float32).
+        """Return the codec a round config asks for, or ``None`` (dense float32).
 
         Raises
         ------
@@ -245,16 +251,19 @@ class Codec:
                    rescale=bool(extra.get("cx-rescale", True)))
 
     def index(self, vector: np.ndarray) -> np.ndarray | None:
-        """The coordinates this codec keeps of ``vector`` (``None``: all of them)."""
+        """Return the coordinates this codec keeps of ``vector`` (``None``: all of them)."""
         k = self.kept(vector.size)
         if k >= vector.size:
             return None
         return top_k_index(vector, k) if self.topk else shared_index(vector.size, k, self.seed)
 
     def encode(self, vector: np.ndarray, rng: np.random.Generator) -> dict[str, Array]:
-        """``vector`` compressed: the arrays of a compressed update (``values`` (float32), or
-        ``codes`` (the float32 scale ``m``, then the packed codes); ``index`` for top-k, its
-        coordinates as byte gaps, :func:`encode_gaps`)."""
+        """Compress ``vector`` into the arrays of a compressed update.
+
+        ``values`` (float32), or ``codes`` (the float32 scale ``m``, then the
+        packed codes); ``index`` for top-k, its coordinates as byte gaps
+        (:func:`encode_gaps`).
+        """
         index = self.index(vector)
         values = vector if index is None else vector[index]
         arrays = {"index": typed_array(encode_gaps(index))} if index is not None and self.topk else {}
@@ -266,7 +275,7 @@ class Codec:
         return {**arrays, "codes": typed_array(np.concatenate([head, pack_bits(codes, self.bits)]))}
 
     def decode(self, arrays: Mapping[str, Any], size: int, max_bytes: int | None = None) -> np.ndarray:
-        """The dense float32 update of ``size`` values that ``arrays`` encode (a new buffer).
+        """Decode the dense float32 update of ``size`` values that ``arrays`` encode (a new buffer).
 
         Raises
         ------
@@ -289,7 +298,7 @@ class Codec:
         return self.scatter(values, size, index)
 
     def scatter(self, values: np.ndarray, size: int, index: np.ndarray | None = None) -> np.ndarray:
-        """The dense update of ``size`` values whose kept values are ``values`` (a new float32 buffer).
+        """Return the dense update of ``size`` values whose kept values are ``values`` (a new float32 buffer).
 
         ``index``: top-k's received coordinates; random-k's are the round's
         own. Random-k without error feedback is rescaled by ``size / k``
@@ -314,9 +323,13 @@ class Codec:
         return out
 
     def select(self, vector: np.ndarray, residual: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """Random-k under secure aggregation: the kept values of ``vector`` (plus the residual, with
-        error feedback) as one dense float32 vector, which the protocol masks, and the new residual
-        (``None`` without error feedback). :meth:`scatter` decodes their secure sum."""
+        """Select random-k's kept values for secure aggregation, and the new residual.
+
+        The kept values of ``vector`` (plus the residual, with error feedback)
+        as one dense float32 vector, which the protocol masks, and the new
+        residual (``None`` without error feedback). :meth:`scatter` decodes
+        their secure sum.
+        """
         send = vector + residual if self.error_feedback and residual is not None and residual.shape == vector.shape \
             else vector
         index = self.index(send)

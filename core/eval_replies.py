@@ -38,8 +38,11 @@ __all__ = ["EvalReply", "eval_reply", "parse_eval_reply", "LOSS_NAMES", "ACCURAC
 
 @dataclass(frozen=True)
 class EvalReply:
-    """A client's score of the global model: on its test split, and its loss
-    on its training split (the "training loss" of Li et al. 2020, Fig. 1)."""
+    """A client's score of the global model.
+
+    On its test split, and its loss on its training split (the "training loss"
+    of Li et al. 2020, Fig. 1).
+    """
 
     loss: float | None  # None: a Flower app's reply named no loss (only its own metrics)
     accuracy: float | None  # None: the task reports no accuracy (a regression, say)
@@ -52,7 +55,7 @@ class EvalReply:
 def eval_reply(loss: float, accuracy: float | None, num_examples: int, train_loss: float | None = None,
                train_examples: int = 0, answer_to: Instruction | None = None,
                metrics: Mapping[str, float] | None = None) -> RecordDict:
-    """An evaluate reply in Quorum's names, or in Flower's (``answer_to`` a Flower instruction).
+    """Build an evaluate reply in Quorum's names, or in Flower's (``answer_to`` a Flower instruction).
 
     ``accuracy`` is left out when ``None``; ``metrics`` are the task's other
     named figures (``mae``, ``r2``, ...), sent as ``eval-<name>`` in Quorum's
@@ -122,7 +125,7 @@ def parse_eval_reply(content: RecordDict) -> EvalReply:
 
 
 def _finite_figures(extra: dict[str, Any]) -> dict[str, int | float]:
-    """A reply's named metrics: numbers, each finite (else the reply is refused, naming it); lists left out."""
+    """Return a reply's named metrics: numbers, each finite (else the reply is refused, naming it); lists left out."""
     figures: dict[str, int | float] = {}
     for key, value in extra.items():
         if isinstance(value, list):
@@ -149,7 +152,7 @@ def _first(names: tuple[str, ...], metrics: Mapping[str, Any]) -> str | None:
 
 
 def _eval_metrics(content: RecordDict) -> dict[str, Any]:
-    """An evaluate reply's figures under Quorum's names, whichever layout it came in."""
+    """Read an evaluate reply's figures under Quorum's names, whichever layout it came in."""
     if isinstance(content, RecordDict) and "evaluateres.loss" in content:
         _legacy_status(content, "evaluateres")
         extra = content.get("evaluateres.metrics")

@@ -9,7 +9,7 @@ workflow (``aggregator.fit``) and the secure-aggregation workflow
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -54,17 +54,20 @@ class FitOutcome:
 
 
 class FitWorkflow(Protocol):
-    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome: ...
+    """One round's fit step: send the training instructions, collect the replies, aggregate them."""
+
+    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome:
+        """Run the fit step of ``request`` on ``grid`` under ``strategy``."""
+        ...
 
 
-def accumulate(strategy: Strategy, agg: AggregateState, delta: np.ndarray, num_examples: float,
-               metrics: Mapping[str, Any]) -> AggregateState:
+def accumulate(strategy: Strategy, agg: AggregateState, delta: np.ndarray, num_examples: float) -> AggregateState:
     """Fold one decoded (hence already validated) update."""
     return strategy.accumulate(agg, delta, num_examples, checked=True)
 
 
 def marked_clients(outcome: FitOutcome) -> list[ClientRecord]:
-    """The round's client records with what a robust rule did to each update in their metrics.
+    """Return the round's client records with what a robust rule did to each update in their metrics.
 
     A robust aggregate state (:mod:`core.buffer`) marks updates by arrival
     index (``{"clipped": 1.0}``, ``{"rejected": 1.0}``, ``{"trimmed": f}``);

@@ -41,21 +41,23 @@ class Headline:
 
     @property
     def higher_is_better(self) -> bool:
+        """Whether a higher value is better (direction ``up``)."""
         return self.direction == UP
 
     def best(self, values: Iterable[float | None]) -> float | None:
-        """The best of ``values`` (``None`` and non-finite ones left out; ``None`` when none is left)."""
+        """Return the best of ``values`` (``None`` and non-finite ones left out; ``None`` when none is left)."""
         known = [float(v) for v in values if v is not None and math.isfinite(v)]
         if not known:
             return None
         return max(known) if self.higher_is_better else min(known)
 
     def to_json(self) -> dict[str, str]:
+        """Return the headline as a run's ``info`` records it: its name and direction."""
         return {"name": self.name, "direction": self.direction}
 
     @classmethod
     def from_info(cls, info: Mapping[str, Any] | None) -> Headline:
-        """The headline a run recorded in its ``info`` (``accuracy`` up for a run stored before it did)."""
+        """Return the headline a run recorded in its ``info`` (``accuracy`` up for a run stored before it did)."""
         recorded = (info or {}).get("headline")
         if not isinstance(recorded, Mapping):
             return ACCURACY
@@ -69,7 +71,7 @@ ACCURACY = Headline()
 
 
 def parse_headline(declared: Any) -> Headline:
-    """A declaration as a task writes it: ``"c_index"`` or ``("c_index", "up")``.
+    """Parse a declaration as a task writes it: ``"c_index"`` or ``("c_index", "up")``.
 
     A bare name takes ``down`` for the names of errors and losses (``mae``,
     ``rmse``, ``perplexity``, ...) and ``up`` otherwise.
@@ -94,7 +96,9 @@ def parse_headline(declared: Any) -> Headline:
 
 
 def headline_of(task: Any) -> Headline:
-    """The headline a task (a class or an instance) declares with ``headline_metric``; ``accuracy`` up without one.
+    """Return the headline a task (a class or an instance) declares with ``headline_metric``.
+
+    ``accuracy`` up without one.
 
     Raises
     ------
@@ -112,7 +116,7 @@ def _finite(value: Any) -> float | None:
 
 
 def round_scores(row: Any) -> dict[str, dict[str, float]]:
-    """A round's task scores by split (``server``, ``federated``), each in the task's own names.
+    """Return a round's task scores by split (``server``, ``federated``), each in the task's own names.
 
     ``row`` is anything with the round's columns (a :class:`core.records.RoundRecord`,
     a stored round): ``server_accuracy``, ``server_loss``, ``fed_accuracy``,
@@ -132,7 +136,7 @@ def round_scores(row: Any) -> dict[str, dict[str, float]]:
 
 
 def round_value(headline: Headline, row: Any) -> tuple[float | None, str | None]:
-    """The headline's value in a round and the split it came from (the server's first); ``(None, None)`` if absent."""
+    """Return the headline's value in a round and its split (the server's first); ``(None, None)`` if absent."""
     for split, values in round_scores(row).items():
         if headline.name in values:
             return values[headline.name], split
@@ -140,7 +144,7 @@ def round_value(headline: Headline, row: Any) -> tuple[float | None, str | None]
 
 
 def format_value(name: str, value: float | None, missing: str = "-") -> str:
-    """A score as a person reads it: ``accuracy`` as a percentage, others to four significant digits."""
+    """Format a score as a person reads it: ``accuracy`` as a percentage, others to four significant digits."""
     if value is None or not math.isfinite(value):
         return missing
     return f"{value:.2%}" if name == "accuracy" else f"{value:.4g}"

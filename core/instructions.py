@@ -34,15 +34,20 @@ __all__ = [
 
 
 def client_seed(seed: int, server_round: int, node: int) -> int:
-    """The training seed of ``node`` in ``server_round``: independent streams per
-    (run seed, round, node), so a resumed run trains exactly as an uninterrupted one."""
+    """Return the training seed of ``node`` in ``server_round``.
+
+    Independent streams per (run seed, round, node), so a resumed run trains
+    exactly as an uninterrupted one.
+    """
     return int(np.random.SeedSequence([seed, server_round, node]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What a client needs to train one round (``seed`` is the run's seed;
-    each client derives its own with :func:`client_seed`).
+    """What a client needs to train one round.
+
+    ``seed`` is the run's seed; each client derives its own with
+    :func:`client_seed`.
 
     ``steps > 0`` asks for that many local optimiser steps (mini-batches,
     cycling the data) instead of ``epochs`` passes (``[training] local_steps``).
@@ -64,6 +69,7 @@ class TrainConfig:
     app: dict[str, float | int | bool | str] = field(default_factory=dict)
 
     def to_record(self) -> ConfigRecord:
+        """Encode these settings as the instruction's ``config`` record, with the names a Flower client reads."""
         data: dict[str, Any] = {k: v for k, v in asdict(self).items() if k not in ("extra", "app")}
         data.update({f"x.{k}": v for k, v in self.extra.items()})
         # the marker of Quorum's layout, and the names a Flower client reads (Flower's FedAvg, quickstart)
@@ -72,6 +78,7 @@ class TrainConfig:
 
     @classmethod
     def from_record(cls, record: ConfigRecord) -> TrainConfig:
+        """Decode the settings :meth:`to_record` wrote; ``x.`` keys go to ``extra``, unknown keys to ``app``."""
         data: dict[str, Any] = {k: v for k, v in dict(record).items()
                                 if k != QUORUM_WIRE and k not in _FLOWER_ALIASES}
         extra = {k[2:]: data.pop(k) for k in list(data) if k.startswith("x.")}
@@ -80,8 +87,11 @@ class TrainConfig:
         return cls(**data, extra=extra, app=app)
 
     def updated_by(self, record: ConfigRecord) -> TrainConfig:
-        """These settings overridden by a Flower server's ``config`` (``lr``, ``local-epochs``,
-        ``batch-size``, ``server-round``, ``proximal-mu``); a value of the wrong type or range is an error.
+        """Return these settings overridden by a Flower server's ``config``.
+
+        The keys read are ``lr``, ``local-epochs``, ``batch-size``,
+        ``server-round`` and ``proximal-mu``; a value of the wrong type or range
+        is an error.
 
         Raises
         ------
@@ -125,8 +135,11 @@ class Wire(Enum):
 
 @dataclass(frozen=True)
 class Instruction:
-    """A train or evaluate instruction as a client reads it: the global model as one flat
-    buffer (in the client's tensor order), the settings, and the layout to answer in."""
+    """A train or evaluate instruction as a client reads it.
+
+    The global model as one flat buffer (in the client's tensor order), the
+    settings, and the layout to answer in.
+    """
 
     params: np.ndarray
     config: TrainConfig
@@ -135,12 +148,12 @@ class Instruction:
 
 
 def train_instruction(params: np.ndarray, config: TrainConfig, layout: ParamLayout | None = None) -> RecordDict:
-    """The ``train`` instruction: the model once, named by ``layout`` (default: one tensor ``params``)."""
+    """Build the ``train`` instruction: the model once, named by ``layout`` (default: one tensor ``params``)."""
     return _instruction(params, config, layout, "fitins")
 
 
 def evaluate_instruction(params: np.ndarray, config: TrainConfig, layout: ParamLayout | None = None) -> RecordDict:
-    """The ``evaluate`` instruction (the same records; the legacy aliases are ``evaluateins.*``)."""
+    """Build the ``evaluate`` instruction (the same records; the legacy aliases are ``evaluateins.*``)."""
     return _instruction(params, config, layout, "evaluateins")
 
 
@@ -179,7 +192,7 @@ def control_of(config: TrainConfig, size: int) -> np.ndarray | None:
 
 
 def broadcast_of(config: TrainConfig) -> Broadcast:
-    """The precision a round's global model travels in (``[compression] downlink_bits``).
+    """Return the precision a round's global model travels in (``[compression] downlink_bits``).
 
     Raises
     ------
@@ -190,7 +203,7 @@ def broadcast_of(config: TrainConfig) -> Broadcast:
 
 
 def parse_instruction(content: RecordDict) -> tuple[np.ndarray, TrainConfig]:
-    """The global model and training config of one of Quorum's train or evaluate instructions."""
+    """Read the global model and training config of one of Quorum's train or evaluate instructions."""
     instruction = read_instruction(content)
     return instruction.params, instruction.config
 
@@ -251,17 +264,20 @@ def _read_quorum(arrays: ArrayRecord, config: TrainConfig) -> Instruction:
 
 
 def _positional(arrays: ArrayRecord, layout: ParamLayout) -> bool:
-    """Whether a Flower server's ``arrays`` name tensors by position (``ArrayRecord([a, b])``, as NumPy and
-    scikit-learn apps build theirs: keys ``"0"``, ``"1"``, ...) where the client's model names them otherwise,
-    one tensor per name: they are read, and answered, in the model's order under the server's keys (the
-    shapes must still agree)."""
+    """Whether a Flower server's ``arrays`` name tensors by position where the client's model names them otherwise.
+
+    Positional names are what ``ArrayRecord([a, b])`` gives, as NumPy and
+    scikit-learn apps build theirs: keys ``"0"``, ``"1"``, ..., one tensor per
+    name. They are read, and answered, in the model's order under the server's
+    keys (the shapes must still agree).
+    """
     keys = tuple(arrays)
     return (keys != layout.names and len(keys) == len(layout.names)
             and keys == tuple(str(i) for i in range(len(keys))))
 
 
 def _read_legacy(record: ArrayRecord, settings: Any, layout: ParamLayout | None, base: TrainConfig) -> Instruction:
-    """A legacy ``fitins``/``evaluateins`` instruction: unnamed ``.npy`` tensors, in the model's order."""
+    """Read a legacy ``fitins``/``evaluateins`` instruction: unnamed ``.npy`` tensors, in the model's order."""
     tensors = [(k, a) for k, a in record.items() if k != "_empty"]
     if layout is None:
         layout = ParamLayout(tuple(k for k, _ in tensors), tuple(npy_view(bytes(a.data)).shape for _, a in tensors))

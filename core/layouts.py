@@ -46,22 +46,24 @@ class ParamLayout:
     shapes: tuple[tuple[int, ...], ...]
 
     def __post_init__(self) -> None:
+        """Refuse a layout without exactly one shape per distinct name."""
         if len(self.names) != len(self.shapes) or len(set(self.names)) != len(self.names):
             raise ValueError(f"a layout needs one shape per distinct name, got {len(self.names)} names "
                              f"({len(set(self.names))} distinct) and {len(self.shapes)} shapes")
 
     @classmethod
     def of(cls, shapes: Mapping[str, Sequence[int]]) -> ParamLayout:
-        """The layout of ``{name: shape}`` in its iteration order."""
+        """Build the layout of ``{name: shape}`` in its iteration order."""
         return cls(tuple(shapes), tuple(tuple(int(d) for d in s) for s in shapes.values()))
 
     @classmethod
     def flat(cls, size: int) -> ParamLayout:
-        """A one-tensor layout for a buffer whose tensor names are unknown."""
+        """Build a one-tensor layout for a buffer whose tensor names are unknown."""
         return cls((FLAT_NAME,), ((int(size),),))
 
     @property
     def sizes(self) -> tuple[int, ...]:
+        """Scalars in each tensor, in layout order."""
         return tuple(math.prod(s) for s in self.shapes)
 
     @property
@@ -123,7 +125,7 @@ def _header_end(data: bytes) -> int | None:
 
 
 def npy_view(data: bytes, what: str = "update", dtype: np.dtype | None = None) -> np.ndarray:
-    """A read-only view of a ``.npy`` payload: no copy, never unpickled.
+    """Return a read-only view of a ``.npy`` payload: no copy, never unpickled.
 
     The payload must hold floats of any width (float16/32/64), or integers (a
     BatchNorm's ``num_batches_tracked``: :func:`gather` checks that float32
@@ -151,14 +153,17 @@ def npy_view(data: bytes, what: str = "update", dtype: np.dtype | None = None) -
 
 
 def typed_array(values: np.ndarray) -> Array:
-    """``values`` as a Flower ``Array`` of their own dtype (``.npy`` bytes): a compressed update's codes,
-    coordinates or values, a broadcast's tensors."""
+    """Wrap ``values`` as a Flower ``Array`` of their own dtype (``.npy`` bytes).
+
+    For a compressed update's codes, coordinates or values, and a broadcast's
+    tensors.
+    """
     values = np.ascontiguousarray(values)
     return Array(dtype=str(values.dtype), shape=tuple(values.shape), stype="numpy.ndarray", data=npy_bytes(values))
 
 
 def typed_view(array: Any, dtype: np.dtype, what: str) -> np.ndarray:
-    """A flat read-only view of an untrusted ``Array`` that must hold exactly ``dtype``.
+    """Return a flat read-only view of an untrusted ``Array`` that must hold exactly ``dtype``.
 
     Raises
     ------

@@ -46,8 +46,11 @@ _MAX_REASON = 300
 
 
 def clean_reason(text: object, limit: int = _MAX_REASON) -> str:
-    """One line of at most ``limit`` characters: ``DataError: no label column 'label'`` also from Flower's
-    ``<class 'learning.errors.DataError'>:<'no label column ...'>``."""
+    """Shorten a failure's reason to one line of at most ``limit`` characters.
+
+    ``DataError: no label column 'label'``, also from Flower's
+    ``<class 'learning.errors.DataError'>:<'no label column ...'>``.
+    """
     reason = str(text).strip()
     match = _FLOWER_REASON.match(reason)
     if match:
@@ -99,8 +102,12 @@ def count(results: Iterable[_Result], names: Mapping[str, str] | None = None) ->
 
 
 def round_line(sampled: int, counts: Counts, shown: int = 2) -> str:
-    """``2/3 answered, 1 failed: device-3 DataError: no label column 'label'``: only the counts that are
-    not zero after the first, each naming its first ``shown`` clients (and the reason, when one was given)."""
+    """Summarise a round's replies in one line.
+
+    ``2/3 answered, 1 failed: device-3 DataError: no label column 'label'``:
+    only the counts that are not zero after the first, each naming its first
+    ``shown`` clients (and the reason, when one was given).
+    """
     parts = [f"{counts.answered}/{sampled} answered"]
     if counts.dropped:
         parts.append(f"{counts.dropped} dropped ({_names(counts.dropped_clients, shown)})")
@@ -135,9 +142,13 @@ class _Participation(_Result, Protocol):
 
 def run_problems(results: Iterable[_Participation], names: Mapping[str, str] | None = None,
                  drops_expected: bool = False, shown: int = 3) -> list[str]:
-    """What degrades a run, one phrase per client: those that failed or were rejected in some round (with
-    the last reason), and those sampled that never contributed (dropped whenever asked), unless
-    ``drops_expected`` (the scenario injects dropouts). At most ``shown`` clients, then how many more."""
+    """List what degrades a run, one phrase per client.
+
+    Those that failed or were rejected in some round (with the last reason),
+    and those sampled that never contributed (dropped whenever asked), unless
+    ``drops_expected`` (the scenario injects dropouts). At most ``shown``
+    clients, then how many more.
+    """
     by_client: dict[str, list[_Participation]] = {}
     for r in results:
         by_client.setdefault(r.client, []).append(r)
@@ -159,7 +170,7 @@ def run_problems(results: Iterable[_Participation], names: Mapping[str, str] | N
 
 
 def _name(label: str, names: Mapping[str, str]) -> str:
-    """A client as a line names it: its device's name, else ``client 3`` (a node id), else its label."""
+    """Name a client as a line names it: its device's name, else ``client 3`` (a node id), else its label."""
     return names.get(label) or (f"client {label}" if label.isdigit() else label)
 
 

@@ -53,4 +53,5 @@ class RoundRecord:
     metrics: dict[str, Any] | None = None
 
     def count(self, outcome: str) -> int:
+        """Count the round's clients whose outcome is ``outcome``."""
         return sum(1 for c in self.clients if c.outcome == outcome)

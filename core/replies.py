@@ -38,6 +38,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TrainReply:
+    """A decoded train reply: the update as a delta, its example count, its metrics and the wire layout it came in."""
+
     delta: np.ndarray
     num_examples: int
     metrics: dict[str, float]
@@ -52,8 +54,10 @@ def encode_flat(vector: np.ndarray) -> Array:
 
 
 def decode_flat(array: Array, size: int | None = None, max_bytes: int | None = None) -> np.ndarray:
-    """Decode a flat float ``Array``, validating it fully: a float32 one without copying, a float16 or
-    float64 one converted once to float32 (a value beyond float32's range is an infinity, refused).
+    """Decode a flat float ``Array``, validating it fully.
+
+    A float32 one without copying, a float16 or float64 one converted once to
+    float32 (a value beyond float32's range is an infinity, refused).
 
     Raises
     ------
@@ -91,9 +95,13 @@ def _npy_view(data: bytes) -> np.ndarray:
 
 def train_reply(delta: np.ndarray, num_examples: int, metrics: dict[str, float],
                 answer_to: Instruction | None = None, compressed: Mapping[str, Array] | None = None) -> RecordDict:
-    """A train reply: Quorum's delta (or its ``compressed`` arrays, :meth:`core.compress.Codec.encode`),
-    or (``answer_to`` a Flower instruction) the full weights in the layout and tensor names the
-    server used, as Flower's strategies expect them."""
+    """Build a train reply.
+
+    Quorum's delta (or its ``compressed`` arrays,
+    :meth:`core.compress.Codec.encode`), or (``answer_to`` a Flower
+    instruction) the full weights in the layout and tensor names the server
+    used, as Flower's strategies expect them.
+    """
     if answer_to is None or answer_to.wire is Wire.QUORUM:
         return RecordDict({
             "update": ArrayRecord(dict(compressed) if compressed is not None else {"delta": encode_flat(delta)}),
@@ -145,7 +153,7 @@ def _in_range(value: Any, low: float, high: float) -> TypeGuard[float]:
 
 
 def clean_metrics(metrics: dict[str, Any]) -> dict[str, int | float]:
-    """The client metrics fit to store and show: numbers within bounds, short keys, a few of them.
+    """Return the client metrics fit to store and show: numbers within bounds, short keys, a few of them.
 
     Anything else (lists, NaN, infinities, huge values, a ``train-loss`` or
     ``duration-s`` out of range) is dropped, so no client figure reaches
@@ -184,7 +192,7 @@ def _renamed(metrics: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
 
 def _parse_weights(content: RecordDict, size: int, max_bytes: int, reference: np.ndarray | None,
                    layout: ParamLayout | None) -> TrainReply:
-    """A Flower or legacy reply: full weights, made a delta against ``reference`` (the model sent)."""
+    """Read a Flower or legacy reply: full weights, made a delta against ``reference`` (the model sent)."""
     wire = Wire.FLOWER if "arrays" in content else Wire.LEGACY
     if reference is None:
         raise UpdateRejected(f"a {wire.value}-layout reply carries full weights; this workflow takes deltas only")

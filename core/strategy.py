@@ -69,13 +69,16 @@ class Strategy(ABC):
     #: clipping): a central DP wrapper then must not have clients clip their raw deltas first.
     centres_private_terms: bool = False
 
-    def for_round(self, state: ServerState) -> Strategy:
-        """This strategy with per-round settings taken from ``state`` bound."""
+    def for_round(self, state: ServerState) -> Strategy:  # noqa: ARG002 (a default; overrides use it)
+        """Return this strategy with per-round settings taken from ``state`` bound."""
         return self
 
-    def with_cohort(self, sampled: int) -> Strategy:
-        """This round's strategy told how many clients :meth:`sample` drew (a DP strategy sizes
-        each client's noise share by it); the loop calls it after sampling, before configuring."""
+    def with_cohort(self, sampled: int) -> Strategy:  # noqa: ARG002 (a default; overrides use it)
+        """Return this round's strategy told how many clients :meth:`sample` drew.
+
+        A DP strategy sizes each client's noise share by it; the loop calls it
+        after sampling, before configuring.
+        """
         return self
 
     def sample(self, node_ids: Sequence[int], k: int, seed: int, server_round: int) -> list[int]:
@@ -86,7 +89,7 @@ class Strategy(ABC):
         return sorted(ordered[i] for i in picks)
 
     def round_rng(self, seed: int, server_round: int) -> np.random.Generator:
-        """The generator ``finalize`` draws from (seeded: reproducible runs)."""
+        """Return the generator ``finalize`` draws from (seeded: reproducible runs)."""
         return np.random.default_rng([seed, server_round, 0xD9])
 
     def init_state(self, params: np.ndarray) -> ServerState:
@@ -94,7 +97,7 @@ class Strategy(ABC):
         return ServerState(params=params.astype(np.float32, copy=True))
 
     def configure_train(self, config: TrainConfig) -> TrainConfig:
-        """The round's training instruction with this strategy's client settings added.
+        """Return the round's training instruction with this strategy's client settings added.
 
         The round loop builds ``config`` from the scenario; a strategy that
         needs something of the clients (FedProx's proximal term, DP's clipping)
@@ -123,12 +126,12 @@ class Strategy(ABC):
         """
         return aggregate.merge(agg, partial)
 
-    def finalize(self, agg: AggregateState, rng: np.random.Generator) -> np.ndarray:
+    def finalize(self, agg: AggregateState, rng: np.random.Generator) -> np.ndarray:  # noqa: ARG002 (a default; overrides use it)
         """Turn the running aggregate into the mean update (a delta)."""
         return aggregate.finalize(agg)
 
     def private_term(self, update: np.ndarray) -> np.ndarray:
-        """What a client-level DP wrapper clips, sums and noises for one client's delta.
+        """Return what a client-level DP wrapper clips, sums and noises for one client's delta.
 
         The delta itself for the FedAvg family. A robust rule whose per-client
         influence is a bounded term of a sum (centered clipping) returns that
@@ -138,8 +141,10 @@ class Strategy(ABC):
         return update
 
     def from_private_mean(self, mean_term: np.ndarray) -> np.ndarray:
-        """What :meth:`apply` takes, from the DP wrapper's noised mean of :meth:`private_term` values
-        (post-processing: it may use only what earlier rounds released)."""
+        """Return what :meth:`apply` takes, from the DP wrapper's noised mean of :meth:`private_term` values.
+
+        Post-processing: it may use only what earlier rounds released.
+        """
         return mean_term
 
     @abstractmethod
@@ -147,17 +152,17 @@ class Strategy(ABC):
         """Apply the mean client delta to the global model (server optimiser)."""
 
     def describe(self) -> dict[str, Any]:
-        """Settings worth recording with the run."""
+        """Return the settings worth recording with the run."""
         return {"name": self.name}
 
-    def epsilon(self, state: ServerState) -> float | None:
+    def epsilon(self, state: ServerState) -> float | None:  # noqa: ARG002 (a default; overrides use it)
         """Privacy spent up to ``state``; ``None`` for a strategy that makes no privacy claim."""
         return None
 
-    def would_exceed_budget(self, state: ServerState) -> bool:
+    def would_exceed_budget(self, state: ServerState) -> bool:  # noqa: ARG002 (a default; overrides use it)
         """Whether one more round would overspend a privacy budget (never, without one)."""
         return False
 
-    def round_metrics(self, state: ServerState) -> dict[str, float]:
+    def round_metrics(self, state: ServerState) -> dict[str, float]:  # noqa: ARG002 (a default; overrides use it)
         """Figures to record with the round that led to ``state`` (e.g. DP's server-view epsilon)."""
         return {}

@@ -60,7 +60,7 @@ class WeightPolicy:
         return self.kind != "median"
 
     def weight(self, num_examples: int) -> float:
-        """The weight of one reply under a streaming rule (``capped`` or ``uniform``)."""
+        """Return the weight of one reply under a streaming rule (``capped`` or ``uniform``)."""
         if self.kind == "uniform":
             return 1.0
         if self.kind == "capped":
@@ -68,7 +68,7 @@ class WeightPolicy:
         raise ValueError("the median rule needs the whole round's counts: use weights()")
 
     def weights(self, counts: Sequence[int]) -> list[float]:
-        """The weights of a whole round's accepted replies, in order."""
+        """Return the weights of a whole round's accepted replies, in order."""
         if self.streams:
             return [self.weight(n) for n in counts]
         if not counts:

@@ -1,8 +1,8 @@
-"""What a message's content costs on Flower's wire, counted without serialising it twice.
+r"""What a message's content costs on Flower's wire, counted without serialising it twice.
 
 Flower sends a message as content-addressed objects (``flwr.supercore.inflatable``):
 every record, array and array chunk is deflated to ``b"<type> <child ids> <body
-length>\\x00" + body``, named by the SHA-256 of those bytes, and an object that
+length>\x00" + body``, named by the SHA-256 of those bytes, and an object that
 appears twice in the tree (a record under two names, two equal arrays, equal
 chunks) is sent once. Asking Flower for the total deflates every object and hashes
 it, then deflates it again: about 0.2 ms per update, on the aggregator's one
@@ -46,14 +46,17 @@ def wire_bytes(content: RecordDict) -> int:
 
 
 def content_bytes(content: RecordDict) -> int:
-    """Approximate wire size of a message's arrays (their serialised bytes); a record
-    sent under two names (the legacy aliases) counts once, as Flower's wire sends it once."""
+    """Approximate the wire size of a message's arrays (their serialised bytes).
+
+    A record sent under two names (the legacy aliases) counts once, as Flower's
+    wire sends it once.
+    """
     records = {id(r): r for r in content.array_records.values()}
     return sum(len(a.data) for record in records.values() for a in record.values())
 
 
 def _header(kind: str, children: int, body: int) -> int:
-    """``len(f"{kind} {','.join(ids)} {body}") + 1`` (the ``\\x00`` divider) for ``children`` distinct ids."""
+    r"""``len(f"{kind} {','.join(ids)} {body}") + 1`` (the ``\x00`` divider) for ``children`` distinct ids."""
     return len(kind.encode("utf-8")) + 1 + children * (_ID + 1) - (1 if children else 0) + 1 + len(str(body)) + 1
 
 

@@ -1,0 +1,1 @@
+"""Privacy for federated learning: secure aggregation (``secagg``) and differential privacy (``dp``)."""

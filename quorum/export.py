@@ -124,7 +124,7 @@ def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None
                           f"{exc}") from None
     out.mkdir(parents=True, exist_ok=True)
     rounds = {r.round: r for r in store.rounds(run.id)}
-    manifest = _manifest(scenario, task, model.model, run, state.round, rounds.get(state.round))
+    manifest = _manifest(scenario, task, run, state.round, rounds.get(state.round))
     standardization = Standardization.from_info((run.info or {}).get(INFO_KEY))  # the export takes raw features
     manifest.update(_write_weights(task, model.model, out, {"format": FORMAT, "run": run.id,
                                                             "round": str(state.round)}, merged, standardization))
@@ -154,8 +154,7 @@ def _write_weights(task: Task, model: nn.Module, out: Path, metadata: dict[str, 
     return {"tensors": {k: list(v.shape) for k, v in tensors.items()}, **extra}
 
 
-def _manifest(scenario: Scenario, task: Task, module: nn.Module, run: Any, server_round: int,
-              row: Any) -> dict[str, Any]:
+def _manifest(scenario: Scenario, task: Task, run: Any, server_round: int, row: Any) -> dict[str, Any]:
     spec = scenario.task
     shape = _input_shape(task)
     classes = _classes(task)

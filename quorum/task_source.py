@@ -68,7 +68,7 @@ def task_sources(entry: str, path: str) -> dict[str, Path]:
     module_name = entry.partition(":")[0]
     roots: list[tuple[Path, Callable[[str], bool]]] = []  # a folder, and which module names it may give
     if path:
-        roots.append((Path(path).resolve(), lambda name: True))
+        roots.append((Path(path).resolve(), lambda _name: True))
     entry_root = _import_root(module_name)
     if entry_root is not None and not any(root == entry_root for root, _ in roots):
         package = module_name.rpartition(".")[0] or module_name  # the entry's package, or the entry alone
@@ -147,8 +147,8 @@ class _CopyFinder(importlib.abc.MetaPathFinder):
     def __init__(self, modules: Mapping[str, Path], namespaces: Mapping[str, Path]) -> None:
         self.modules, self.namespaces = modules, namespaces
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,  # noqa: ARG002 (MetaPathFinder's)
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:  # noqa: ARG002
         file = self.modules.get(fullname)
         if file is not None:
             package = [str(file.parent)] if file.name == "__init__.py" else None

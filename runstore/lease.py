@@ -42,7 +42,7 @@ INTERRUPTED = RunStatus.INTERRUPTED
 
 
 def lease_seconds() -> float:
-    """The lease this process grants its runs: ``QUORUM_LEASE_S``, else :data:`LEASE_S`."""
+    """Return the lease this process grants its runs: ``QUORUM_LEASE_S``, else :data:`LEASE_S`."""
     raw = os.environ.get(LEASE_ENV, "").strip()
     if not raw:
         return LEASE_S
@@ -84,19 +84,23 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._beat, name=f"quorum-lease-{run_id}", daemon=True)
 
     def start(self) -> Heartbeat:
+        """Renew the lease once now, then start the renewing thread; return this heartbeat."""
         self.store.renew_lease(self.run_id, self.lease_s)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop renewing, and wait up to one lease for the thread to end."""
         self._stopped.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.lease_s)
 
     def __enter__(self) -> Heartbeat:
+        """Start the heartbeat (:meth:`start`)."""
         return self.start()
 
     def __exit__(self, *_exc: object) -> None:
+        """Stop the heartbeat (:meth:`stop`), whatever ended the block."""
         self.stop()
 
     def _beat(self) -> None:

@@ -29,7 +29,7 @@ MAX_PLOTTED_CLIENTS = 50
 
 
 def numeric_metrics(metrics: dict[str, Any] | None) -> dict[str, float]:
-    """The numbers among a round's metrics (``status``, ``reason`` and flags left out)."""
+    """Return the numbers among a round's metrics (``status``, ``reason`` and flags left out)."""
     return {k: float(v) for k, v in (metrics or {}).items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
@@ -66,8 +66,11 @@ def run_summary(store: RunStore, run_id: str) -> dict[str, Any]:
 
 
 def headline_summary(headline: Headline, rounds: Sequence[Round]) -> dict[str, Any]:
-    """The run's headline metric: its name and direction, its value after the last round that scored it
-    (``final``, and the ``split`` it came from: ``server`` or ``federated``) and its ``best`` over the rounds.
+    """Summarise the run's headline metric.
+
+    Its name and direction, its value after the last round that scored it
+    (``final``, and the ``split`` it came from: ``server`` or ``federated``)
+    and its ``best`` over the rounds.
     """
     values = [round_value(headline, r) for r in rounds]
     scored = [(v, split) for v, split in values if v is not None]
@@ -76,8 +79,10 @@ def headline_summary(headline: Headline, rounds: Sequence[Round]) -> dict[str, A
 
 
 def client_scores(result: ClientResult) -> dict[str, float]:
-    """One client's own scores of the global model in one round, in the task's names (``loss``, ``accuracy``,
-    ``c_index``, ...): its columns and its ``eval-<name>`` metrics (``eval-examples``, its weight, left out).
+    """Return one client's own scores of the global model in one round, in the task's names.
+
+    ``loss``, ``accuracy``, ``c_index``, ...: its columns and its
+    ``eval-<name>`` metrics (``eval-examples``, its weight, left out).
     """
     named: dict[str, Any] = {"loss": result.eval_loss, "accuracy": result.eval_accuracy}
     named.update({k.removeprefix("eval-"): v for k, v in (result.metrics or {}).items()
@@ -121,7 +126,7 @@ def write_report(store: RunStore, run_id: str, out_dir: str | Path) -> list[Path
 
 
 def _slug(name: str) -> str:
-    """A metric name fit for a file name (``c_index``, ``accuracy``)."""
+    """Make a metric name fit for a file name (``c_index``, ``accuracy``)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "metric"
 
 
@@ -143,7 +148,7 @@ def _save(plt: Any, fig: Any, path: Path) -> None:
 
 
 def _plot_headline_loss(plt: Any, title: str, metric: str, rows: list[dict[str, Any]], path: Path) -> None:
-    """The headline metric (server, federated) and the loss (train, server, federated) per round, side by side."""
+    """Plot the headline metric (server, federated) and the loss (train, server, federated) per round, side by side."""
     fig, (ax_metric, ax_loss) = plt.subplots(1, 2, figsize=(10, 4))
     x = [r["round"] for r in rows]
     for split in ("server", "federated"):
@@ -208,7 +213,7 @@ def _plot_per_client(plt: Any, metric: str, scored: list[tuple[ClientResult, dic
 
 
 def _plot_bytes(plt: Any, title: str, metric: str, rows: list[dict[str, Any]], path: Path) -> None:
-    """The headline metric (server's, else federated) against cumulative uplink and total bytes on the wire."""
+    """Plot the headline metric (server's, else federated) against cumulative uplink and total bytes on the wire."""
     up = both = 0
     ups, boths = [], []
     for r in rows:

@@ -36,7 +36,7 @@ _PG_LOCK = 0x51_75_6F_72  # "Quor": the advisory lock key of a migration
 
 
 def revision(connection: Connection) -> str | None:
-    """The store's schema revision; ``None`` for an empty store or one written before migrations."""
+    """Read the store's schema revision; ``None`` for an empty store or one written before migrations."""
     if not inspect(connection).has_table("alembic_version"):
         return None
     return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
@@ -105,7 +105,7 @@ def _migrate(connection: Connection, legacy: bool) -> None:
 
 
 def _stamp_head(connection: Connection) -> None:
-    """What ``alembic stamp head`` writes into a store that has no revision yet: its version table."""
+    """Write what ``alembic stamp head`` writes into a store that has no revision yet: its version table."""
     version = Table("alembic_version", MetaData(), Column("version_num", String(32), nullable=False),
                     PrimaryKeyConstraint("version_num", name="alembic_version_pkc"))
     version.create(connection)

@@ -43,6 +43,8 @@ class Base(DeclarativeBase):
 
 
 class Run(Base):
+    """A run: its scenario, status, progress, lease and recorded ``info``."""
+
     __tablename__ = "runs"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -66,6 +68,8 @@ class Run(Base):
 
 
 class Round(Base):
+    """A committed round of a run: its client counts, scores, bytes, privacy spent and checkpoint."""
+
     __tablename__ = "rounds"
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), primary_key=True)
     round: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -93,6 +97,8 @@ class Round(Base):
 
 
 class ClientResult(Base):
+    """One client's result in one round: its outcome (and reason), examples, scores and bytes."""
+
     __tablename__ = "client_results"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
@@ -113,6 +119,8 @@ class ClientResult(Base):
 
 
 class Event(Base):
+    """A line of a run's log: its time, level and message."""
+
     __tablename__ = "events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
@@ -122,8 +130,10 @@ class Event(Base):
 
 
 def status_is(status: str, now: float) -> ColumnElement[bool]:
-    """The runs that read ``status`` at ``now`` (a running run whose lease expired reads ``interrupted``),
-    in plain SQL that SQLite and PostgreSQL both run.
+    """Select the runs that read ``status`` at ``now``.
+
+    A running run whose lease expired reads ``interrupted``. Plain SQL that
+    SQLite and PostgreSQL both run.
     """
     expired = and_(Run.status == RunStatus.RUNNING, Run.lease_until < now)
     if status == INTERRUPTED:
@@ -158,14 +168,18 @@ class RunStore:
         self.checkpoint_dir = Path(checkpoint_dir)
 
     def session(self) -> Session:
+        """Open a session on the store (objects stay readable after a commit)."""
         return Session(self.engine, expire_on_commit=False)
 
     # -- runs -------------------------------------------------------------
     def create_run(self, *, name: str, scenario: dict, seed: int, strategy: str, rounds: int,
                    engine: str = "inprocess", num_params: int = 0, info: dict | None = None,
                    rounds_done: int = 0) -> str:
-        """A new ``running`` run, with a first lease (its owner's :class:`~runstore.lease.Heartbeat`
-        renews it); ``rounds_done`` is above 0 for a run that starts from another's checkpoint.
+        """Create a new ``running`` run, with a first lease, and return its id.
+
+        Its owner's :class:`~runstore.lease.Heartbeat` renews the lease;
+        ``rounds_done`` is above 0 for a run that starts from another's
+        checkpoint.
         """
         run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         now = self.clock()
@@ -177,7 +191,7 @@ class RunStore:
         return run_id
 
     def get_run(self, run_id: str) -> Run:
-        """The run whose id is ``run_id``, or the one run whose id starts (or else ends) with it.
+        """Return the run whose id is ``run_id``, or the one run whose id starts (or else ends) with it.
 
         Every command that takes a run id looks it up here. The text is
         compared literally, in Python (``%`` and ``_`` are no SQL wildcards,
@@ -199,7 +213,7 @@ class RunStore:
             return as_shown(run, self.clock())
 
     def list_runs(self, status: str | None = None) -> list[Run]:
-        """Runs newest first (only those that read ``status``), each with the status shown."""
+        """List runs newest first (only those that read ``status``), each with the status shown."""
         now = self.clock()
         with self.session() as s:
             query = select(Run).order_by(Run.started_at.desc())
@@ -219,8 +233,10 @@ class RunStore:
             run.lease_until = now + lease_seconds() if status == RunStatus.RUNNING else None
 
     def renew_lease(self, run_id: str, lease_s: float) -> None:
-        """Note that the run's owner is alive, until ``lease_s`` from now (a running run only: a run
-        that ended stays ended). ``updated_at`` is left alone: nothing a page shows has changed.
+        """Note that the run's owner is alive, until ``lease_s`` from now.
+
+        A running run only: a run that ended stays ended. ``updated_at`` is
+        left alone: nothing a page shows has changed.
         """
         now = self.clock()
         with self.session() as s, s.begin():
@@ -228,6 +244,7 @@ class RunStore:
                       .values(heartbeat_at=now, lease_until=now + lease_s))
 
     def update_info(self, run_id: str, **info: Any) -> None:
+        """Merge ``info`` into the run's recorded ``info``, key by key."""
         with self.session() as s, s.begin():
             run = s.get(Run, run_id)
             if run is None:
@@ -235,6 +252,7 @@ class RunStore:
             run.info = {**(run.info or {}), **info}
 
     def log(self, run_id: str, message: str, level: str = "info") -> None:
+        """Append ``message`` to the run's log at ``level``."""
         with self.session() as s, s.begin():
             s.add(Event(run_id=run_id, ts=time.time(), level=level, message=message))
 
@@ -255,10 +273,12 @@ class RunStore:
             run.rounds_done, run.updated_at = record.round, time.time()
 
     def rounds(self, run_id: str) -> list[Round]:
+        """Return the run's committed rounds, in order."""
         with self.session() as s:
             return list(s.scalars(select(Round).where(Round.run_id == run_id).order_by(Round.round)).all())
 
     def client_results(self, run_id: str, server_round: int | None = None) -> list[ClientResult]:
+        """Return the run's client results (of ``server_round`` only, when given), by round, as stored."""
         with self.session() as s:
             query = select(ClientResult).where(ClientResult.run_id == run_id)
             if server_round is not None:
@@ -266,6 +286,7 @@ class RunStore:
             return list(s.scalars(query.order_by(ClientResult.round, ClientResult.id)).all())
 
     def events(self, run_id: str) -> list[Event]:
+        """Return the run's log, oldest first."""
         with self.session() as s:
             return list(s.scalars(select(Event).where(Event.run_id == run_id).order_by(Event.id)).all())
 
@@ -286,7 +307,7 @@ class RunStore:
         return path
 
     def load_state(self, run_id: str, server_round: int | None = None) -> ServerState | None:
-        """The server state committed with ``server_round`` (default: the last one)."""
+        """Load the server state committed with ``server_round`` (default: the last one)."""
         with self.session() as s:
             query = select(Round).where(Round.run_id == run_id)
             if server_round is not None:
@@ -313,7 +334,7 @@ def read_checkpoint(path: str | Path) -> ServerState:
 
 
 def _unique_match(text: str, ids: list[str], url: str) -> str:
-    """The one id of ``ids`` that starts with ``text`` (or, when none does, ends with it)."""
+    """Return the one id of ``ids`` that starts with ``text`` (or, when none does, ends with it)."""
     for how, matches in (("start", [i for i in ids if text and i.startswith(text)]),
                          ("end", [i for i in ids if text and i.endswith(text)])):
         if len(matches) == 1:
@@ -326,12 +347,12 @@ def _unique_match(text: str, ids: list[str], url: str) -> str:
 
 
 def _count(value: Any, high: int = MAX_EXAMPLES) -> int:
-    """A count bounded to ``[0, high]``: no client figure overflows a column or a SUM over it."""
+    """Bound a count to ``[0, high]``: no client figure overflows a column or a SUM over it."""
     return min(max(int(value), 0), high) if isinstance(value, (int, float)) and np.isfinite(value) else 0
 
 
 def _real(value: Any) -> float | None:
-    """A finite float, else ``None`` (SQLite stores NaN as NULL, JSON pages choke on Inf)."""
+    """Return a finite float, else ``None`` (SQLite stores NaN as NULL, JSON pages choke on Inf)."""
     return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else None
 
 

@@ -13,5 +13,5 @@ __all__ = ["default_db_url"]
 
 
 def default_db_url(directory: str | Path = "runs") -> str:
-    """The default store: ``runs/quorum.db`` under the working directory."""
+    """Return the default store's URL: ``quorum.db`` in ``directory`` (``runs/`` under the working directory)."""
     return f"sqlite:///{Path(directory) / 'quorum.db'}"

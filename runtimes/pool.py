@@ -135,10 +135,8 @@ class _Worker:
         return reply, state
 
     def ask_to_stop(self) -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self.conn.send_bytes(b"")
-        except (OSError, ValueError):
-            pass
 
     def stop(self) -> None:
         self.ask_to_stop()

@@ -130,7 +130,7 @@ class _RayRun:
         app.main()(self._main)
         return app
 
-    def _main(self, grid: Grid, context: Context) -> None:
+    def _main(self, grid: Grid, context: Context) -> None:  # noqa: ARG002 (Flower's main signature)
         sc, faults = self.scenario, FaultPlan.from_spec(self.scenario.faults, self.scenario.seed)
         try:
             remapped = PartitionGrid.discover(grid, faults, self._alive, expected=sc.federation.clients,

@@ -67,6 +67,7 @@ class AppKeys:
     client: tuple[str, ...]
 
     def describe(self) -> str:
+        """Return one line for the run's log: the keys honoured, and those left to the ClientApp."""
         honoured = ", ".join(self.honoured) or "none"
         client = ", ".join(self.client) or "none"
         return f"run config honoured: {honoured}; left to the ClientApp: {client}"
@@ -78,12 +79,12 @@ def is_flower_app(run_config: Mapping[str, Any]) -> bool:
 
 
 def min_available(run_config: Mapping[str, Any]) -> int:
-    """The nodes a Flower app waits for before round 1 (``min-available-nodes``; FedAvg's default 2)."""
+    """Return the nodes a Flower app waits for before round 1 (``min-available-nodes``; FedAvg's default 2)."""
     return _whole(run_config, ("min-available-nodes", "min-available-clients"), _FEDAVG_MIN_NODES, low=1)
 
 
 def flower_app_scenario(run_config: Mapping[str, Any], *, clients: int, name: str) -> tuple[Scenario, AppKeys]:
-    """The run's scenario from a Flower app's run config, ``clients`` nodes being connected.
+    """Build the run's scenario from a Flower app's run config, ``clients`` nodes being connected.
 
     Raises
     ------

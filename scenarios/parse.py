@@ -29,26 +29,31 @@ class Bad(Exception):
 
 
 def at_most(key: str, value: float, high: float) -> None:
+    """Refuse ``value`` above ``high``, naming ``key``."""
     if not value <= high:
         raise Bad(key, value, f"must be <= {high:,}")
 
 
 def at_least(key: str, value: float, low: float) -> None:
+    """Refuse ``value`` below ``low``, naming ``key``."""
     if not value >= low:
         raise Bad(key, value, f"must be >= {low:g}")
 
 
 def positive(key: str, value: float) -> None:
+    """Refuse ``value`` unless it is above 0, naming ``key``."""
     if not value > 0:
         raise Bad(key, value, "must be > 0")
 
 
 def non_negative(key: str, value: float) -> None:
+    """Refuse a negative ``value``, naming ``key``."""
     if not value >= 0:
         raise Bad(key, value, "must be >= 0")
 
 
 def fraction(key: str, value: float, *, allow_zero: bool = False, allow_one: bool = True) -> None:
+    """Refuse ``value`` outside (0, 1], naming ``key``; ``allow_zero`` and ``allow_one`` open or close the ends."""
     low_ok = value >= 0 if allow_zero else value > 0
     high_ok = value <= 1 if allow_one else value < 1
     if not (low_ok and high_ok):
@@ -57,7 +62,7 @@ def fraction(key: str, value: float, *, allow_zero: bool = False, allow_one: boo
 
 
 def show_key(key: str) -> str:
-    """A key as written, or quoted when it holds a newline or another unprintable character."""
+    """Show a key as written, or quoted when it holds a newline or another unprintable character."""
     return key if key.isprintable() else repr(key)
 
 
@@ -71,6 +76,16 @@ def show(value: Any, limit: int = 80) -> str:
 
 
 def build(cls: type, raw: Any, prefix: str) -> Any:
+    """Build the frozen dataclass ``cls`` from the table ``raw``, then run its ``_check``.
+
+    Each value is coerced by its field's annotation; errors name the key under
+    ``prefix`` (``"training."``).
+
+    Raises
+    ------
+    Bad
+        A value that is not a table, an unknown or missing key, or a bad value.
+    """
     if not isinstance(raw, Mapping):
         raise Bad(prefix.rstrip(".") or "<root>", raw, "must be a table")
     hints = typing.get_type_hints(cls)

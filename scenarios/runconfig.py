@@ -19,7 +19,7 @@ __all__ = ["scenario_from_run_config"]
 
 
 def scenario_from_run_config(run_config: dict[str, Any]) -> Scenario:
-    """The scenario a run was started with: inline JSON, or a TOML path."""
+    """Load the scenario a run was started with: inline JSON, or a TOML path."""
     if run_config.get("scenario-json"):  # declared empty in pyproject: absent unless given
         return _scenario_from_json(str(run_config["scenario-json"]))
     return _scenario_from_path(str(run_config.get("scenario", "scenarios/quickstart.toml")))

@@ -107,12 +107,13 @@ class Scenario:
         return scenario_from_dict({**self.to_dict(), **changes}, source="<override>")
 
     def to_dict(self) -> dict[str, Any]:
+        """Return the scenario as plain data, under the keys a file writes (``async``, ``[training]`` as read back)."""
         out = {**dataclasses.asdict(self), "training": self.training.to_table()}
         return {self.TOML_KEYS.get(k, k): v for k, v in out.items()}
 
 
 def check_scaffold(scenario: Scenario) -> None:
-    """What SCAFFOLD's control variates do not combine with, naming both keys.
+    """Refuse what SCAFFOLD's control variates do not combine with, naming both keys.
 
     Its clients send a control delta beside the model delta, in one vector;
     secure aggregation sums that vector like any other, and a downlink codec
@@ -135,7 +136,7 @@ def check_scaffold(scenario: Scenario) -> None:
 
 
 def _check_async(scenario: Scenario) -> None:
-    """What the buffered asynchronous mode does not combine with (yet), each naming both keys."""
+    """Refuse what the buffered asynchronous mode does not combine with (yet), each naming both keys."""
     spec, fed = scenario.asynchronous, scenario.federation
     if spec.concurrency > fed.clients:
         raise Bad("async.concurrency", spec.concurrency, f"exceeds federation.clients = {fed.clients}")
@@ -179,7 +180,7 @@ DISCRETE_CLIP_RANGE_FACTOR = 128.0
 
 
 def _check_discrete(scenario: Scenario) -> None:
-    """The distributed discrete Gaussian lives on the secure-aggregation grid: refuse what it cannot run on."""
+    """Refuse what the distributed discrete Gaussian cannot run on: it lives on the secure-aggregation grid."""
     dp = scenario.dp
     if dp.placement != "distributed":
         raise Bad("dp.mechanism", dp.mechanism, "is noise the clients add on the secure-aggregation grid: "
@@ -213,7 +214,7 @@ STANDARDIZED_TASKS = ("learning.tasks.classification", "learning.tasks.regressio
 
 
 def _check_standardize(scenario: Scenario) -> None:
-    """What the federated statistics pass does not combine with, naming both keys."""
+    """Refuse what the federated statistics pass does not combine with, naming both keys."""
     if scenario.dp.enabled:
         raise Bad("data.standardize", "federated", "[dp] enabled = true: the statistics pass releases the "
                    "features' sums without DP noise, outside the privacy budget; standardise the files on the "
@@ -348,5 +349,5 @@ def build_options(cls: type, options: Mapping[str, Any], source: str) -> Any:
 
 
 def bad_value(key: str, value: Any, why: str) -> Exception:
-    """The error a section's (or a task config's) ``_check`` raises for a bad value of ``key``."""
+    """Return the error a section's (or a task config's) ``_check`` raises for a bad value of ``key``."""
     return Bad(key, value, why)

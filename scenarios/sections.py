@@ -28,6 +28,8 @@ ROBUST_STRATEGIES = ("centered_clipping", "median", "trimmed_mean", "krum")
 
 @dataclass(frozen=True)
 class DataSpec:
+    """``[data]``: the data set, how it is split among the clients, and the test splits."""
+
     dataset: Literal["mnist", "digits", "synthetic", "file"] = "mnist"
     # resample: each client draws samples_per_client examples with replacement, its label
     # proportions ~ Dirichlet(alpha); a client is materialised only when it is sampled.
@@ -74,11 +76,15 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """``[model]``: the built-in model to train."""
+
     name: Literal["logreg", "mlp", "cnn"] = "cnn"
 
 
 @dataclass(frozen=True)
 class FederationSpec:
+    """``[federation]``: the clients, how many a round samples, and the limits on their replies."""
+
     clients: int = 10
     fraction: float = 1.0
     clients_per_round: int = 0
@@ -126,8 +132,11 @@ MAX_LOCAL_STEPS = 1_000_000
 
 @dataclass(frozen=True)
 class TrainingSpec:
-    """``[training]``: each client's local work per round, ``local_epochs`` passes over its data or
-    ``local_steps`` mini-batches (cycling the data); a file sets one of the two, never both."""
+    """``[training]``: each client's local work per round.
+
+    ``local_epochs`` passes over its data or ``local_steps`` mini-batches
+    (cycling the data); a file sets one of the two, never both.
+    """
 
     local_epochs: int = 1
     batch_size: int = 32
@@ -145,7 +154,7 @@ class TrainingSpec:
         return spec
 
     def to_table(self) -> dict[str, Any]:
-        """The section as :meth:`from_table` reads it back: without ``local_epochs`` when steps are set."""
+        """Return the section as :meth:`from_table` reads it back: without ``local_epochs`` when steps are set."""
         table = dataclasses.asdict(self)
         del table["local_epochs" if self.local_steps is not None else "local_steps"]
         return table
@@ -170,6 +179,8 @@ class TrainingSpec:
 
 @dataclass(frozen=True)
 class StrategySpec:
+    """``[strategy]``: the server's update rule and its settings (docs/strategies.md)."""
+
     name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold",
                   "centered_clipping", "median", "trimmed_mean", "krum"] = "fedavg"
     # Every key, its default and the update rule of each strategy: docs/strategies.md.

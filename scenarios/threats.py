@@ -61,7 +61,7 @@ class ByzantineSpec:
         return self.attack in ATTACKS and self.fraction > 0
 
     def attackers(self, num_clients: int, seed: int) -> tuple[int, ...]:
-        """The attacking partition ids, sorted: ``round(fraction * num_clients)``, fixed by the seed."""
+        """Return the attacking partition ids, sorted: ``round(fraction * num_clients)``, fixed by the seed."""
         if not self.active:
             return ()
         count = int(round(self.fraction * num_clients))
@@ -69,7 +69,7 @@ class ByzantineSpec:
         return tuple(sorted(int(p) for p in order[:count]))
 
     def iid_copies(self, num_clients: int, seed: int) -> tuple[int, ...]:
-        """The partitions that hold IID copies instead of a share of the pool (``data = "iid"``)."""
+        """Return the partitions that hold IID copies instead of a share of the pool (``data = "iid"``)."""
         return self.attackers(num_clients, seed) if self.data == "iid" else ()
 
     def _check(self) -> None:
@@ -86,6 +86,8 @@ class ByzantineSpec:
 
 @dataclass(frozen=True)
 class FaultSpec:
+    """``[faults]``: injected dropouts per stage, stragglers, and Byzantine clients."""
+
     dropouts: Mapping[str, float] = field(default_factory=dict)
     stragglers: float = 0.0
     straggler_delay_s: float = 0.0
@@ -116,6 +118,8 @@ class FaultSpec:
 
 @dataclass(frozen=True)
 class SecAggSpec:
+    """``[secagg]``: secure aggregation, its threshold, neighbourhood graph, quantisation and threat model."""
+
     enabled: bool = False
     threshold: float = 0.0          # 0: strict majority of each neighbourhood; < 1: a fraction; else t
     graph: Literal["complete", "kregular"] = "complete"
@@ -140,6 +144,8 @@ class SecAggSpec:
 
 @dataclass(frozen=True)
 class DPSpec:
+    """``[dp]``: client-level differential privacy: clipping, noise, its placement and the accounting."""
+
     enabled: bool = False
     placement: Literal["central", "distributed"] = "central"
     clip_norm: float = 1.0

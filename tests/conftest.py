@@ -90,7 +90,7 @@ def _listening() -> set[tuple[str, int]]:
             if c.status == psutil.CONN_LISTEN}
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def pytest_configure() -> None:
     popen_init, listen = subprocess.Popen.__init__, socket.socket.listen
 
     def recording_popen(self: subprocess.Popen[bytes], args: Any, *rest: Any, **kwargs: Any) -> None:
@@ -139,7 +139,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     result = yield
     events = item.stash.get(_EVENTS, [])
     if _guarded(item) and events:

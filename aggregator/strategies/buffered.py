@@ -42,7 +42,7 @@ class BufferedStrategy(FedAvg):
     def merge(self, agg: UpdateBuffer, partial: UpdateBuffer) -> UpdateBuffer:
         return buffer_merge(agg, partial)
 
-    def finalize(self, agg: UpdateBuffer, rng: np.random.Generator) -> np.ndarray:
+    def finalize(self, agg: UpdateBuffer, rng: np.random.Generator) -> np.ndarray:  # noqa: ARG002 (Strategy's)
         if agg.count == 0:
             raise ValueError("cannot finalize an empty aggregate: no update was added")
         return np.asarray(self.combine(agg), dtype=np.float32)

@@ -115,7 +115,7 @@ class CenteredClipping(Strategy):
         center = self.center if self.center is not None and self.center.size == size else np.zeros(size, np.float32)
         return CCState(center=center, total=np.zeros(size, np.float32), bucket=np.zeros(size, np.float32))
 
-    def accumulate(self, agg: CCState, update: np.ndarray, num_examples: float, *,
+    def accumulate(self, agg: CCState, update: np.ndarray, num_examples: float, *,  # noqa: ARG002 (Strategy's)
                    checked: bool = False) -> CCState:
         """Add one delta to the open bucket; a full bucket is clipped and folded (equal weights)."""
         update = check_update(update, agg.size, finite=not checked)
@@ -139,7 +139,7 @@ class CenteredClipping(Strategy):
         np.add(agg.total, partial.total, out=agg.total)
         return replace(agg, buckets=agg.buckets + partial.buckets, count=agg.count + partial.count)
 
-    def finalize(self, agg: CCState, rng: np.random.Generator) -> np.ndarray:
+    def finalize(self, agg: CCState, rng: np.random.Generator) -> np.ndarray:  # noqa: ARG002 (Strategy's)
         """``v_t = v_{t-1} + mean of the clipped bucket differences`` (the short last bucket included)."""
         if agg.count == 0:
             raise ValueError("cannot finalize an empty aggregate: no update was added")

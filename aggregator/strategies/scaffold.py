@@ -71,7 +71,7 @@ class Scaffold(Strategy):
         """A running mean of ``[model delta, control delta]``: twice the model's size."""
         return aggregate.empty(2 * size)
 
-    def finalize(self, agg: MeanState, rng: np.random.Generator) -> np.ndarray:
+    def finalize(self, agg: MeanState, rng: np.random.Generator) -> np.ndarray:  # noqa: ARG002 (Strategy's)
         """The mean of ``[dy, dc]`` with the count of updates behind it appended (``|S|``)."""
         return np.append(aggregate.finalize(agg), np.float32(agg.count)).astype(np.float32, copy=False)
 

@@ -76,6 +76,7 @@ class RoundEvent:
     rounds: int = 1
 
     def __post_init__(self) -> None:
+        """Refuse an unknown sampling, a sample outside ``[1, population]``, a negative ``z`` or round count."""
         _check_sampling(self.sampling)
         if not 0 < self.sample <= self.population:
             raise DPConfigError("expected_clients", self.sample, f"must be in [1, population = {self.population}]")
@@ -94,11 +95,19 @@ class RoundEvent:
             other.sampling, other.sample, other.population, other.noise_multiplier)
 
     def to_json(self) -> dict[str, Any]:
+        """Return the entry as the DP state stores it (``z`` for the noise multiplier)."""
         return {"sampling": self.sampling, "sample": self.sample, "population": self.population,
                 "z": self.noise_multiplier, "rounds": self.rounds}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RoundEvent:
+        """Read an entry :meth:`to_json` wrote.
+
+        Raises
+        ------
+        DPStateError
+            A key is missing or a value unreadable.
+        """
         try:
             return cls(cast(Sampling, str(data["sampling"])), int(data["sample"]), int(data["population"]),
                        float(data["z"]), int(data["rounds"]))
@@ -249,9 +258,11 @@ def _event(sampling: str, sample: int, population: int, z: float, rounds: int) -
 
 
 class _DropNonConvergence(logging.Filter):
-    """The library logs a warning whenever a fractional RDP order's series does
-    not converge; it then drops that order, which is safe (the bound only gets
-    looser) and would otherwise flood the run log every round."""
+    """Drop ``dp-accounting``'s warnings that a fractional RDP order's series does not converge.
+
+    The library then drops that order, which is safe (the bound only gets
+    looser); the warning would otherwise flood the run log every round.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "failed to converge" not in record.getMessage()

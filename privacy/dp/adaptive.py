@@ -49,6 +49,7 @@ class AdaptiveClipConfig:
     count_noise_std: float | None = None
 
     def __post_init__(self) -> None:
+        """Refuse a target quantile outside (0, 1), a learning rate not positive and finite, or ``sigma_b <= 0``."""
         if not 0 < self.target_quantile < 1:
             raise DPConfigError("target_quantile", self.target_quantile, "must be in (0, 1)")
         if not self.learning_rate > 0 or not math.isfinite(self.learning_rate):

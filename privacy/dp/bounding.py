@@ -56,7 +56,7 @@ def fold_clipped(agg: aggregate.MeanState, update: np.ndarray, clip: float, tail
 
 
 def bounded_sum(partial: aggregate.MeanState, size: int, tail: int, count_share_std: float) -> aggregate.MeanState:
-    """A securely summed partial aggregate, checked, its count bit (when ``tail``) bounded.
+    """Check a securely summed partial aggregate and bound its count bit (when ``tail``) bounded.
 
     Each client weighs 1, so the sum's weight must equal its count; anything
     else is refused. ``count_share_std`` is the std of one client's noise
@@ -78,7 +78,7 @@ def bounded_sum(partial: aggregate.MeanState, size: int, tail: int, count_share_
 
 
 def bounded_bits(summed: float, count: int, noise_std: float) -> float:
-    """A securely summed count bit clamped to what ``count`` honest clients can send.
+    """Clamp a securely summed count bit to what ``count`` honest clients can send.
 
     Each honest bit is ``+-1/2`` (plus, distributed, a noise share): the sum
     lies in ``[-count/2, count/2]`` widened by six standard deviations of the

@@ -117,7 +117,7 @@ def discrete_gaussian(count: int, sigma: float, stream: CryptoStream) -> np.ndar
 
 
 def discrete_gaussian_pmf(values: np.ndarray, sigma: float) -> np.ndarray:
-    """The exact probabilities ``P(Y = values)`` of ``N_Z(0, sigma^2)`` (normalised over +-40 sigma)."""
+    """Return the exact probabilities ``P(Y = values)`` of ``N_Z(0, sigma^2)`` (normalised over +-40 sigma)."""
     support = np.arange(-math.ceil(40 * sigma), math.ceil(40 * sigma) + 1)
     norm = float(np.sum(np.exp(-(support.astype(np.float64) ** 2) / (2 * sigma * sigma))))
     return np.exp(-(np.asarray(values, dtype=np.float64) ** 2) / (2 * sigma * sigma)) / norm
@@ -130,7 +130,7 @@ def ddg_tau(sigma: float, clients: int) -> float:
 
 
 def ddg_epsilon(l2_sensitivity: float, l1_sensitivity: float, sigma: float, clients: int) -> float:
-    """The ``eps`` of the ``eps^2 / 2``-concentrated DP of a sum of ``clients`` shares ``N_Z(0, sigma^2)``.
+    """Return the ``eps`` of the ``eps^2 / 2``-concentrated DP of a sum of ``clients`` shares ``N_Z(0, sigma^2)``.
 
     Kairouz et al., ICML 2021, Theorem 1: ``min(sqrt(D2^2 / (K s^2) + tau D1 / 2),
     D2 / (sqrt(K) s) + tau sqrt(D1))``.
@@ -159,11 +159,12 @@ class GridNoise:
     clip: float
 
     def __post_init__(self) -> None:
+        """Refuse a noise std or clip norm that is not positive and finite."""
         if not (self.noise_std > 0 and self.clip > 0 and math.isfinite(self.noise_std) and math.isfinite(self.clip)):
             raise ValueError(f"grid noise needs a positive finite noise_std and clip, got {self}")
 
     def sigma(self, scale: float, size: int) -> float:
-        """This share's ``sigma`` in grid steps: ``z (C scale + sqrt(d)) / sqrt(K)``.
+        """Return this share's ``sigma`` in grid steps: ``z (C scale + sqrt(d)) / sqrt(K)``.
 
         ``C scale + sqrt(d)`` is the L2 sensitivity on the grid (rounding moves
         each of the ``d`` coordinates by less than one step).

@@ -20,5 +20,7 @@ class DPConfigError(DPError, ValueError):
 
 
 class DPStateError(DPError):
-    """The DP state carried in ``ServerState.extra['dp']`` is missing, foreign or
-    inconsistent, so the privacy spent can no longer be accounted for."""
+    """The DP state carried in ``ServerState.extra['dp']`` is missing, foreign or inconsistent.
+
+    The privacy spent can then no longer be accounted for.
+    """

@@ -65,7 +65,7 @@ class ClientDPConfig:
     discrete: bool = False
 
     def to_config(self) -> dict[str, float | bool]:
-        """The ``dp-*`` keys sent to the client in its ``ConfigRecord``."""
+        """Return the ``dp-*`` keys sent to the client in its ``ConfigRecord``."""
         return {"dp-clip": self.clip, "dp-noise-std": self.noise_std,
                 "dp-adaptive": self.adaptive, "dp-count-noise-std": self.count_noise_std,
                 "dp-discrete": self.discrete}
@@ -86,7 +86,7 @@ class ClientDPConfig:
         return out
 
     def grid_noise(self) -> GridNoise | None:
-        """The discrete share secure aggregation's encoder adds, or ``None`` (continuous or no noise)."""
+        """Return the discrete share secure aggregation's encoder adds, or ``None`` (continuous or no noise)."""
         return GridNoise(self.noise_std, self.clip) if self.discrete else None
 
 
@@ -96,7 +96,7 @@ def l2_norm(vector: np.ndarray) -> float:
 
 
 def clip_factor(norm: float, clip: float) -> float:
-    """The scale ``min(1, C / norm)`` that brings a vector of ``norm`` inside the ``clip`` ball."""
+    """Return the scale ``min(1, C / norm)`` that brings a vector of ``norm`` inside the ``clip`` ball."""
     if norm <= clip:
         return 1.0
     return clip / norm * (1.0 - _CLIP_MARGIN)
@@ -157,7 +157,7 @@ def privatize_update(
 
 
 def client_payload(delta: np.ndarray, config: ClientDPConfig | None, rng: np.random.Generator) -> np.ndarray:
-    """What a client sends in a DP round: the privatised update, plus its count bit when adaptive.
+    """Return what a client sends in a DP round: the privatised update, plus its count bit when adaptive.
 
     With adaptive clipping the last coordinate is ``b - 1/2 + noise`` where
     ``b = 1[norm <= C]``: centring the bit halves its sensitivity (Andrew et

@@ -114,6 +114,7 @@ class DPFedAvg(Strategy):
     skip_when_short = False  # every round is accounted, even one with too few answers
 
     def __post_init__(self) -> None:
+        """Refuse settings DP-FedAvg cannot account for, naming the scenario key (:class:`DPConfigError`)."""
         if not self.clip_norm > 0 or not math.isfinite(self.clip_norm):
             raise DPConfigError("clip_norm", self.clip_norm, "must be a positive number")
         if self.placement not in ("central", "distributed"):
@@ -169,12 +170,12 @@ class DPFedAvg(Strategy):
     # ------------------------------------------------------------ per-round binding
 
     def for_round(self, state: ServerState) -> DPFedAvg:
-        """This strategy with the clip norm of ``state`` bound, for one round."""
+        """Return this strategy with the clip norm of ``state`` bound, for one round."""
         clip = self.dp_state(state).clip if self.adaptive is not None else self.clip_norm
         return replace(self, inner=self.inner.for_round(state), clip_norm=clip, bound_to_round=True)
 
     def with_cohort(self, sampled: int) -> DPFedAvg:
-        """This strategy told that ``sampled`` clients were drawn this round.
+        """Return this strategy told that ``sampled`` clients were drawn this round.
 
         Each client's noise share is then ``z C / sqrt(K)`` with ``K = sampled``,
         so the shares of a full cohort sum to exactly ``(z C)^2`` however large
@@ -185,7 +186,7 @@ class DPFedAvg(Strategy):
         return replace(self, cohort=sampled)
 
     def dp_state(self, state: ServerState) -> DPState:
-        """The DP state carried in ``state`` (fresh before the first round).
+        """Return the DP state carried in ``state`` (fresh before the first round).
 
         Raises
         ------
@@ -208,11 +209,12 @@ class DPFedAvg(Strategy):
     # ------------------------------------------------------------ Strategy interface
 
     def init_state(self, params: np.ndarray) -> ServerState:
+        """Return the inner strategy's initial state with a fresh DP state (the initial clip norm, nothing spent)."""
         state = self.inner.init_state(params)
         return replace(state, extra={**state.extra, STATE_KEY: DPState(clip=self.clip_norm).to_json()})
 
     def configure_train(self, config: TrainConfig) -> TrainConfig:
-        """The inner strategy's settings plus the ``dp-*`` keys of :class:`ClientDPConfig`.
+        """Return the inner strategy's settings plus the ``dp-*`` keys of :class:`ClientDPConfig`.
 
         Central placement around a rule whose private term is centred elsewhere
         (centered clipping): no ``dp-*`` keys, since a client clipping its raw
@@ -227,7 +229,7 @@ class DPFedAvg(Strategy):
         return replace(inner, extra={**inner.extra, **self.client_dp_config().to_config()})
 
     def client_dp_config(self) -> ClientDPConfig:
-        """What each client must do this round (see :func:`privacy.dp.client_payload`)."""
+        """Return what each client must do this round (see :func:`privacy.dp.client_payload`)."""
         self._require_bound()
         if self.placement == "central":
             return ClientDPConfig(clip=self.clip_norm, adaptive=self.adaptive is not None)
@@ -236,20 +238,23 @@ class DPFedAvg(Strategy):
                               adaptive=self.adaptive is not None, count_noise_std=self.count_noise_std / share,
                               discrete=self.discrete)
 
-    def sample(self, node_ids: Sequence[int], k: int, seed: int, server_round: int) -> list[int]:
-        """Clients for one round, drawn from a secure generator: a sample anyone
-        can predict from the scenario's seed would cancel the amplification."""
+    def sample(self, node_ids: Sequence[int], k: int, seed: int, server_round: int) -> list[int]:  # noqa: ARG002
+        """Draw the clients for one round from a secure generator.
+
+        A sample anyone can predict from the scenario's seed would cancel the
+        amplification.
+        """
         return sample_clients(node_ids, k, self.population, self.sampling, secure_rng())
 
-    def round_rng(self, seed: int, server_round: int) -> np.random.Generator:
+    def round_rng(self, seed: int, server_round: int) -> np.random.Generator:  # noqa: ARG002 (Strategy's)
         """Noise must not come from a seed someone knows: a secure generator."""
         return secure_rng()
 
     def new_aggregate(self, size: int) -> aggregate.MeanState:
-        """An empty sum over ``size`` model values, plus the count coordinate when adaptive."""
+        """Return an empty sum over ``size`` model values, plus the count coordinate when adaptive."""
         return aggregate.empty(size + self.tail)
 
-    def accumulate(self, agg: aggregate.MeanState, update: np.ndarray, num_examples: float, *,
+    def accumulate(self, agg: aggregate.MeanState, update: np.ndarray, num_examples: float, *,  # noqa: ARG002
                    checked: bool = False) -> aggregate.MeanState:
         """Fold one client's payload with weight 1 (example counts would leak and break the bound).
 
@@ -330,6 +335,7 @@ class DPFedAvg(Strategy):
         return replace(new, extra={**new.extra, STATE_KEY: record.to_json()})
 
     def describe(self) -> dict[str, Any]:
+        """Return the settings worth recording with the run: the inner strategy's, and the DP ones."""
         return {"name": self.name, "inner": self.inner.describe(), "clip_norm": self.clip_norm,
                 "noise_multiplier": self.noise_multiplier,
                 "update_noise_multiplier": self.update_noise_multiplier,
@@ -380,7 +386,7 @@ class DPFedAvg(Strategy):
         return RoundEvent(self.sampling, self.expected_clients, self.population, self.noise_multiplier)
 
     def _server_event(self, contributors: int) -> RoundEvent | None:
-        """What this round showed the server: ``c`` noise shares of ``z^2 / K`` each, no sampling."""
+        """Return what this round showed the server: ``c`` noise shares of ``z^2 / K`` each, no sampling."""
         if self.placement == "central" or contributors <= 0:
             return None
         return RoundEvent("poisson", 1, 1, self.noise_multiplier * math.sqrt(contributors / self.sampled))

@@ -97,7 +97,7 @@ def _enrolment(node: int, policy: ClientPolicy) -> tuple[bytes, IdentityDirector
 
 
 def _check_threat_model(node: int, setup: RoundSetup, policy: ClientPolicy) -> None:
-    """The client's own policy decides: no downgrade, and a strict majority unless it allows less."""
+    """Refuse a round the client's own policy forbids: no downgrade, and a strict majority unless it allows less."""
     if policy.threat_model == MALICIOUS and setup.threat_model != MALICIOUS:
         raise SecAggProtocolError(f"client {node}: refusing a round without signed keys")
     strict = MALICIOUS in (policy.threat_model, setup.threat_model)

@@ -61,29 +61,34 @@ class Writer:
         self._parts: list[bytes] = []
 
     def pack(self, fmt: str, *values: Any) -> Writer:
+        """Append ``values`` packed big-endian with the ``struct`` format ``fmt``."""
         self._parts.append(struct.pack(">" + fmt, *values))
         return self
 
     def raw(self, data: bytes, size: int) -> Writer:
+        """Append ``data`` as is; it must be exactly ``size`` bytes."""
         if len(data) != size:
             raise SecAggProtocolError(f"field must be {size} bytes, got {len(data)}")
         self._parts.append(data)
         return self
 
     def blob(self, data: bytes) -> Writer:
+        """Append ``data`` after its length (a 32-bit prefix)."""
         return self.pack("I", len(data)).raw(data, len(data))
 
     def ids(self, ids: tuple[int, ...]) -> Writer:
+        """Append a count, then each id as a 64-bit integer."""
         return self.pack(f"I{len(ids)}Q", len(ids), *ids)
 
     def records(self, fmt: str, rows: list[tuple[Any, ...]]) -> Writer:
-        """A count, then every row packed with ``fmt`` (one ``struct`` call)."""
+        """Append a count, then every row packed with ``fmt`` (one ``struct`` call)."""
         try:
             return self.pack("I" + fmt * len(rows), len(rows), *chain.from_iterable(rows))
         except struct.error as exc:
             raise SecAggProtocolError(f"cannot encode records: {exc}") from exc
 
     def getvalue(self) -> bytes:
+        """Return the bytes written so far."""
         return b"".join(self._parts)
 
 
@@ -95,13 +100,16 @@ class Reader:
         self._pos = 0
 
     def unpack(self, fmt: str) -> tuple[Any, ...]:
+        """Read the values of the big-endian ``struct`` format ``fmt``."""
         size = struct.calcsize(">" + fmt)
         return struct.unpack(">" + fmt, self.raw(size))
 
     def one(self, fmt: str) -> Any:
+        """Read the single value of the ``struct`` format ``fmt``."""
         return self.unpack(fmt)[0]
 
     def raw(self, size: int) -> bytes:
+        """Read the next ``size`` bytes; fewer left is a truncated message."""
         if size < 0 or self._pos + size > len(self._data):
             raise SecAggProtocolError("truncated secure-aggregation message")
         out = bytes(self._data[self._pos:self._pos + size])
@@ -109,9 +117,11 @@ class Reader:
         return out
 
     def blob(self) -> bytes:
+        """Read bytes :meth:`Writer.blob` wrote."""
         return self.raw(self.one("I"))
 
     def ids(self) -> tuple[int, ...]:
+        """Read ids :meth:`Writer.ids` wrote."""
         count = self.one("I")
         return self.unpack(f"{count}Q") if count else ()
 
@@ -122,13 +132,14 @@ class Reader:
         return list(struct.iter_unpack(">" + fmt, self.raw(count * size))) if count else []
 
     def count(self, item_size: int) -> int:
-        """A length prefix, checked against the bytes left (no huge allocations)."""
+        """Read a length prefix, checked against the bytes left (no huge allocations)."""
         count: int = self.one("I")
         if count * item_size > len(self._data) - self._pos:
             raise SecAggProtocolError("truncated secure-aggregation message")
         return count
 
     def finish(self) -> None:
+        """Refuse trailing bytes: the message must be read to its end."""
         if self._pos != len(self._data):
             raise SecAggProtocolError("trailing bytes in secure-aggregation message")
 
@@ -166,6 +177,7 @@ _ENTRY = f"Q{KEY_BYTES}s{KEY_BYTES}s"
 
 
 def write_entries(w: Writer, entries: Iterable[PublicKeys]) -> None:
+    """Write the clients' public keys: a count, then each owner with its 32-byte cipher and mask keys."""
     rows = [(e.owner, e.cipher, e.mask) for e in entries]
     if any(len(c) != KEY_BYTES or len(k) != KEY_BYTES for _, c, k in rows):
         raise SecAggProtocolError("public keys must be 32 bytes")
@@ -173,6 +185,7 @@ def write_entries(w: Writer, entries: Iterable[PublicKeys]) -> None:
 
 
 def read_entries(r: Reader) -> tuple[PublicKeys, ...]:
+    """Read the public keys :func:`write_entries` wrote."""
     return tuple(PublicKeys(*row) for row in r.records(_ENTRY))
 
 
@@ -292,7 +305,7 @@ def decode(data: bytes, expected: type[T]) -> T:
 
 
 def wire_size(message: object) -> int:
-    """Encoded size in bytes (computed without copying a masked vector)."""
+    """Return the encoded size in bytes (computed without copying a masked vector)."""
     if isinstance(message, MaskedInput):
         return 2 + 9 + int(message.vector.nbytes)
     return len(encode(message))

@@ -23,7 +23,7 @@ THREAT_MODELS = ("semi-honest", "malicious")
 
 
 def majority_threshold(size: int) -> int:
-    """The smallest strict majority ``floor(m/2) + 1`` of a neighbourhood of ``size`` clients."""
+    """Return the smallest strict majority ``floor(m/2) + 1`` of a neighbourhood of ``size`` clients."""
     return size // 2 + 1
 
 
@@ -104,6 +104,7 @@ class SecAggConfig:
     threat_model: str = "malicious"
 
     def __post_init__(self) -> None:
+        """Refuse an invalid setting, naming it (:class:`SecAggConfigError`)."""
         self._check_threshold()
         if self.graph not in GRAPH_KINDS:
             raise SecAggConfigError("graph", self.graph, f"must be one of {GRAPH_KINDS}")
@@ -140,7 +141,7 @@ class SecAggConfig:
             raise SecAggConfigError(name, value, "must be a finite number > 0")
 
     def degree_for(self, participants: int) -> int:
-        """Resolved number of neighbours per client for ``participants`` clients."""
+        """Resolve the number of neighbours per client for ``participants`` clients."""
         if participants < 2:
             raise SecAggConfigError("participants", participants, "need at least 2 clients")
         full = participants - 1
@@ -153,7 +154,7 @@ class SecAggConfig:
         return degree
 
     def threshold_for(self, participants: int) -> int:
-        """Resolved Shamir threshold ``t`` for ``participants`` clients."""
+        """Resolve the Shamir threshold ``t`` for ``participants`` clients."""
         size = self.degree_for(participants) + 1
         value = self.threshold
         if value is None:

@@ -33,7 +33,7 @@ __all__ = ["SecAggFit", "config_from_spec"]
 
 
 def config_from_spec(spec: SecAggSpec) -> SecAggConfig:
-    """The protocol config for a scenario's ``[secagg]`` section."""
+    """Build the protocol config for a scenario's ``[secagg]`` section."""
     # 0 means the strict majority floor(m/2) + 1 of each neighbourhood (SecAggConfig's None).
     threshold: int | float | None = (int(spec.threshold) if spec.threshold >= 1
                                      else float(spec.threshold) if spec.threshold > 0 else None)
@@ -50,6 +50,7 @@ class SecAggFit:
         self.config = config_from_spec(spec)
 
     def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome:
+        """Run one round's fit step through the secure-aggregation protocol and fold the secure sum."""
         content = train_instruction(request.state.params, request.config, request.layout)
         rng = np.random.default_rng([request.config.seed, request.server_round, 0x5EC])
         try:
@@ -62,7 +63,7 @@ class SecAggFit:
         return self._recorded(_outcome(request, result, strategy))
 
     def _recorded(self, outcome: FitOutcome) -> FitOutcome:
-        """The round's stored secagg info says which threat model protected it."""
+        """Record in the round's secagg info which threat model protected it."""
         outcome.secagg = {**(outcome.secagg or {}), "threat_model": self.config.threat_model}
         return outcome
 
@@ -102,10 +103,12 @@ def _wire_by_node(result: SecureSumResult) -> tuple[dict[int, int], dict[int, in
 
 def _fold_sum(request: FitRequest, result: SecureSumResult,
               strategy: Strategy) -> tuple[aggregate.MeanState | None, str | None]:
-    """Fold the secure sum through the strategy, as the plain path folds each reply:
-    the strategy's server-side checks run on what the server actually received.
+    """Fold the secure sum through the strategy, as the plain path folds each reply.
+
+    The strategy's server-side checks run on what the server actually received.
     A sum of random-k vectors (``[compression] randomk``) is scattered back to
-    the model's coordinates first (:meth:`core.compress.Codec.scatter`)."""
+    the model's coordinates first (:meth:`core.compress.Codec.scatter`).
+    """
     if not result.survivors:
         return None, None
     try:
@@ -139,8 +142,11 @@ def _client_record(node: int, result: SecureSumResult, survivors: set[int]) -> C
 
 
 def _too_small(request: FitRequest, exc: SecAggConfigError) -> FitOutcome:
-    """A sample the protocol cannot run on (a Poisson sample of 0 or 1): nobody is asked to train;
-    the round goes on without updates (skipped; a DP strategy still releases and accounts it)."""
+    """Skip a round whose sample the protocol cannot run on (a Poisson sample of 0 or 1).
+
+    Nobody is asked to train; the round goes on without updates (skipped; a
+    DP strategy still releases and accounts it).
+    """
     reason = f"secure aggregation not run for {len(request.nodes)} sampled clients: {exc}"
     clients = [ClientRecord(client=str(n), outcome="dropped", stage="setup", reason=reason) for n in request.nodes]
     return FitOutcome(aggregate=None, clients=clients, secagg={"aborted": reason, "stage": "setup"})

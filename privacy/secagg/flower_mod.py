@@ -74,7 +74,7 @@ def _save_state(context: Context, round_id: int, state: ClientState) -> None:
 
 
 def _instructed_noise(message: Message) -> GridNoise | None:
-    """The discrete noise share the server's round instruction asks for (``dp-discrete``), or ``None``.
+    """Return the discrete noise share the server's round instruction asks for (``dp-discrete``), or ``None``.
 
     Read from the instruction itself, not from what the wrapped ClientApp
     answers: a task or app that forgets to ask for noise cannot skip it.

@@ -57,7 +57,7 @@ def array_of(vector: np.ndarray) -> Array:
 
 
 def ndarray_of(array: Array, strict: bool = False) -> np.ndarray:
-    """A read-only, zero-copy view of a 1-D numeric ``Array``; otherwise ``array.numpy()``.
+    """Return a read-only, zero-copy view of a 1-D numeric ``Array``; otherwise ``array.numpy()``.
 
     ``strict`` (a client's bytes, read on the server): anything but a 1-D,
     C-ordered, non-object ``.npy`` vector raises ``ValueError`` with the

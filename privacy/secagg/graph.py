@@ -58,7 +58,7 @@ def neighbours(kind: str, ids: Sequence[int], degree: int, seed: bytes, node: in
 
 
 def build_graph(kind: str, ids: Sequence[int], degree: int, seed: bytes) -> dict[int, frozenset[int]]:
-    """The graph of one round; ``"kregular"`` with ``degree = n - 1`` is complete."""
+    """Build the graph of one round; ``"kregular"`` with ``degree = n - 1`` is complete."""
     if kind == "complete" or degree >= len(ids) - 1:
         return complete_graph(ids)
     return harary_graph(ids, degree, seed)

@@ -76,9 +76,11 @@ class IdentityDirectory:
         self._keys = {u: Ed25519PublicKey.from_public_bytes(k) for u, k in keys.items()}
 
     def __contains__(self, node: object) -> bool:
+        """Whether ``node`` is enrolled."""
         return node in self._keys
 
     def __len__(self) -> int:
+        """Return the number of enrolled clients."""
         return len(self._keys)
 
     def verify(self, node: int, signature: bytes, message: bytes) -> bool:
@@ -127,6 +129,7 @@ class ClientPolicy:
     directory: IdentityDirectory | None = None
 
     def __post_init__(self) -> None:
+        """Refuse a threat model other than ``"malicious"`` or ``"semi-honest"``."""
         if self.threat_model not in THREAT_MODELS:
             raise SecAggConfigError("threat_model", self.threat_model, f"must be one of {THREAT_MODELS}")
 
@@ -142,18 +145,18 @@ def _private(identity: bytes) -> Ed25519PrivateKey:
 
 
 def advertisement_message(setup_digest: bytes, node: int, cipher: bytes, mask: bytes) -> bytes:
-    """What a client signs at ADVERTISE_KEYS: its two keys, bound to this round's setup."""
+    """Return what a client signs at ADVERTISE_KEYS: its two keys, bound to this round's setup."""
     return _ADVERTISE + setup_digest + struct.pack(">Q", node) + cipher + mask
 
 
 def survivors_message(session: bytes, survivors: Iterable[int]) -> bytes:
-    """What a client signs at CONSISTENCY_CHECK: the survivor set it was told, bound to the session."""
+    """Return what a client signs at CONSISTENCY_CHECK: the survivor set it was told, bound to the session."""
     ids = sorted(survivors)
     return _SURVIVORS + session + struct.pack(f">I{len(ids)}Q", len(ids), *ids)
 
 
 def public_identity(identity: bytes) -> bytes:
-    """The raw 32-byte Ed25519 public key of the raw private key ``identity``."""
+    """Return the raw 32-byte Ed25519 public key of the raw private key ``identity``."""
     return _private(identity).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
@@ -176,7 +179,7 @@ def write_identity(path: Path) -> Path:
 
 def enrol(nodes: Iterable[int],
           entropy: Callable[[int], bytes] = os.urandom) -> tuple[dict[int, bytes], IdentityDirectory]:
-    """Simulation enrolment: a fresh identity key per node, and the directory of their public keys."""
+    """Enrol nodes for a simulation: a fresh identity key per node, and the directory of their public keys."""
     private = {u: entropy(32) for u in nodes}
     return private, IdentityDirectory({u: public_identity(k) for u, k in private.items()})
 
@@ -214,6 +217,6 @@ def _identity_of(config: Mapping[str, object]) -> bytes | None:
 
 
 def policy_from_node_config(config: Mapping[str, object]) -> ClientPolicy:
-    """A node's policy from its node config; unset means ``"malicious"`` (refuse what it cannot verify)."""
+    """Read a node's policy from its node config; unset means ``"malicious"`` (refuse what it cannot verify)."""
     threat = str(config.get(THREAT_MODEL_KEY, MALICIOUS))
     return ClientPolicy(threat, _identity_of(config), _directory_of(config))

@@ -66,7 +66,7 @@ class PublicKeys:
 
 
 def generate_keypair(entropy: Entropy) -> KeyPair:
-    """A fresh X25519 key pair from ``entropy(32)``."""
+    """Generate a fresh X25519 key pair from ``entropy(32)``."""
     private = entropy(KEY_BYTES)
     key = X25519PrivateKey.from_private_bytes(private)
     public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
@@ -74,7 +74,7 @@ def generate_keypair(entropy: Entropy) -> KeyPair:
 
 
 def public_of(private: bytes) -> bytes:
-    """The public key belonging to a raw private key."""
+    """Return the public key belonging to a raw private key."""
     try:
         key = X25519PrivateKey.from_private_bytes(private)
     except ValueError as exc:
@@ -128,7 +128,7 @@ def self_mask_key(seed: bytes, session: bytes, owner: int, length: int, bits: in
 
 
 def self_mask_commitment(seed: bytes, session: bytes, owner: int) -> bytes:
-    """A binding commitment to ``b_u``, checked after the server rebuilds it."""
+    """Return a binding commitment to ``b_u``, checked after the server rebuilds it."""
     return hashlib.sha256(_COMMIT + session + _ids(owner) + seed).digest()
 
 

@@ -84,7 +84,7 @@ class Quantizer:
 
     def encoder(self, vector: np.ndarray, weight: float, rng: np.random.Generator,
                 noise: GridNoise | None = None) -> tuple[np.ndarray, Callable[[int, int], None]]:
-        """The output buffer and a ``fill(start, stop)`` that encodes ``out[start:stop]``.
+        """Return the output buffer and a ``fill(start, stop)`` that encodes ``out[start:stop]``.
 
         Lets the caller encode a chunk and mask it while it is still in cache
         (:meth:`MaskExpander.add_all`'s ``fill``). Raises ``ValueError`` for a
@@ -128,7 +128,7 @@ class Quantizer:
         return out, fill
 
     def _noise_sigma(self, noise: GridNoise, factor: float, size: int) -> float:
-        """The share's ``sigma`` in grid steps, after checking the summed noise cannot wrap the sum."""
+        """Return the share's ``sigma`` in grid steps, after checking the summed noise cannot wrap the sum."""
         if factor <= 0:
             raise ValueError("discrete noise needs a positive weight")
         sigma = noise.sigma(factor, size)

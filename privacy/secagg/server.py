@@ -122,7 +122,7 @@ class ServerRound:
 
     # -- the driver's interface -------------------------------------------
     def requests(self) -> dict[int, Request]:
-        """The message for each live client at the current stage."""
+        """Return the message for each live client at the current stage."""
         stage = self._require_stage()
         if stage is Stage.ADVERTISE_KEYS:
             return {u: self.setup for u in self.live}

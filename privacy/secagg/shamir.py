@@ -34,7 +34,7 @@ Entropy = Callable[[int], bytes]
 
 
 def random_element(entropy: Entropy) -> int:
-    """A uniform element of GF(PRIME), by rejection sampling 521-bit strings."""
+    """Draw a uniform element of GF(PRIME), by rejection sampling 521-bit strings."""
     while True:
         value = int.from_bytes(entropy(SHARE_BYTES), "big") & PRIME
         if value < PRIME:

@@ -17,8 +17,10 @@ depends_on = ${repr(depends_on)}
 
 
 def upgrade() -> None:
+    """Apply: ${message}."""
     ${upgrades if upgrades else "pass"}
 
 
 def downgrade() -> None:
+    """Undo: ${message}."""
     ${downgrades if downgrades else "pass"}

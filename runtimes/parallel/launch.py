@@ -121,10 +121,7 @@ def describe_failures(failures: dict) -> str:
 def _cause_order(item: tuple) -> tuple:
     """Killed by a signal first, then errors, then ranks the launcher itself stopped (SIGTERM)."""
     rank, failure = item
-    if failure.exitcode < 0:
-        kind = 2 if failure.signal_name() == "SIGTERM" else 0
-    else:
-        kind = 1
+    kind = (2 if failure.signal_name() == "SIGTERM" else 0) if failure.exitcode < 0 else 1
     return kind, failure.timestamp, rank
 
 

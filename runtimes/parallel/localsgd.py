@@ -181,8 +181,7 @@ def local_updates(model: nn.Module, fed: Federation, strategy: Strategy, state: 
         result = _train_client(model, fed.clients[node - 1].train, config, seed, local_steps, dp)
         update = _compressed(node, _privatize(get_flat(model) - state.params, config), config, residuals)
         duration = time.monotonic() - started
-        metrics = {"train-loss": float(result.loss), "duration-s": duration}
-        agg = accumulate(strategy, agg, update, result.num_examples, metrics)
+        agg = accumulate(strategy, agg, update, result.num_examples)
         runs.append(ClientRun(node, result.num_examples, float(result.loss), duration))
     return agg, runs
 

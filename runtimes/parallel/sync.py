@@ -64,7 +64,7 @@ class SyncSGD:
     def begin_epoch(self, sizes: Sequence[int], steps: int) -> None:
         """Nothing to prepare: the all-reduced weight is the step's denominator."""
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, index: int = 0) -> float:
+    def step(self, x: torch.Tensor, y: torch.Tensor, index: int = 0) -> float:  # noqa: ARG002 (HookedSyncSGD's)
         """One synchronous step on this rank's batch (possibly empty); returns its summed loss."""
         self.wire.zero_()  # also zeroes every parameter's gradient
         n, loss = int(y.shape[0]), 0.0

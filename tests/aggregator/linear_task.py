@@ -48,7 +48,7 @@ class LinearTask(Task):
     Options: ClassVar[type] = NoOptions
     supports_local_steps: ClassVar[bool] = True
 
-    def build_model(self, seed: int) -> nn.Module:
+    def build_model(self, seed: int) -> nn.Module:  # noqa: ARG002 (Task's signature)
         model = nn.Linear(2, 1, bias=False)
         with torch.no_grad():
             model.weight.copy_(torch.from_numpy(W0[None].astype(np.float32)))

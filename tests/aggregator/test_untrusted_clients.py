@@ -89,9 +89,9 @@ def test_capped_policy_uses_the_declared_maximum(db_url: str) -> None:
         (lambda p: train_reply(np.full(p.size, -0.01, np.float32), 2**63, {}), "num-examples must be an integer"),
         (lambda p: train_reply(np.full(p.size, -0.01, np.float32), 10**39, {}), "num-examples must be an integer"),
         (lambda p: train_reply(np.full(p.size, -0.01, np.float32), 2**62, {}), "num-examples must be an integer"),
-        (lambda p: RecordDict({"update": ConfigRecord({"delta": 1.0}), "metrics": MetricRecord({"num-examples": 9})}),
+        (lambda _: RecordDict({"update": ConfigRecord({"delta": 1.0}), "metrics": MetricRecord({"num-examples": 9})}),
          "'update' is a ConfigRecord"),
-        (lambda p: RecordDict({"update": MetricRecord({"delta": 1.0}), "metrics": MetricRecord({"num-examples": 9})}),
+        (lambda _: RecordDict({"update": MetricRecord({"delta": 1.0}), "metrics": MetricRecord({"num-examples": 9})}),
          "'update' is a MetricRecord"),
         (lambda p: train_reply(np.full(p.size, 3e38, np.float32), 100, {}), "update norm inf exceeds the bound"),
     ],
@@ -155,7 +155,7 @@ class FixedAggregate:
     def __init__(self, value: float) -> None:
         self.value = value
 
-    def __call__(self, grid, request: FitRequest, strategy) -> FitOutcome:
+    def __call__(self, grid, request: FitRequest, strategy) -> FitOutcome:  # noqa: ARG002 (FitWorkflow's)
         total = np.full(request.state.params.size, self.value, np.float32)
         return FitOutcome(aggregate=aggregate.MeanState(total=total, weight=1.0, count=4))
 
@@ -189,9 +189,9 @@ def test_an_error_after_the_run_row_exists_marks_it_failed(db_url: str) -> None:
     store = RunStore(db_url)
     scenario = tiny_scenario(rounds=1, evaluation=NO_EVAL)
     # Execute
-    with InProcessGrid(scripted(lambda *_: RecordDict()), [NodeSpec(i + 1, {}) for i in range(4)], {}) as grid:
-        with pytest.raises(RuntimeError, match="the display broke"):
-            run_federation(grid, scenario, store, engine="inprocess", on_start=boom)
+    with (InProcessGrid(scripted(lambda *_: RecordDict()), [NodeSpec(i + 1, {}) for i in range(4)], {}) as grid,
+          pytest.raises(RuntimeError, match="the display broke")):
+        run_federation(grid, scenario, store, engine="inprocess", on_start=boom)
     # Assert
     (row,) = store.list_runs()
     assert (row.status, row.error) == ("failed", "RuntimeError: the display broke")

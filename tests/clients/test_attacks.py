@@ -78,7 +78,7 @@ class FakeTrainer:
     def __init__(self) -> None:
         self.calls: list[tuple[int, bool]] = []
 
-    def __call__(self, partition: int, flip: bool, message: Message, context: Context):
+    def __call__(self, partition: int, flip: bool, message: Message, context: Context):  # noqa: ARG002
         self.calls.append((partition, flip))
         sign = -1.0 if flip else 1.0
         return np.array([sign * partition, sign], dtype=np.float32), 10, {"train-loss": 0.1}
@@ -87,7 +87,7 @@ class FakeTrainer:
 def forge(attack: str, **extra: object):
     p = plan(attack, clients=10, fraction=0.2, **extra)  # 2 attackers of 10
     trainer = FakeTrainer()
-    mod = AttackMod(honest=trainer, plan_of=lambda context: p)
+    mod = AttackMod(honest=trainer, plan_of=lambda _: p)
     delta, n, _ = mod.forge(p, p.attackers()[0], None, None)  # the fake trainer reads neither
     return p, trainer, delta, n
 
@@ -125,7 +125,7 @@ def _through_mod(attack: str) -> tuple[AttackPlan, FakeTrainer, Callable[[int], 
     returns the plan, the attackers' trainer and a function: partition -> the mod's train reply."""
     p = plan(attack, clients=10)
     trainer = FakeTrainer()
-    mod = AttackMod(honest=trainer, plan_of=lambda context: p)
+    mod = AttackMod(honest=trainer, plan_of=lambda _: p)
     content = train_instruction(np.zeros(2, dtype=np.float32),
                                 TrainConfig(round=1, epochs=1, batch_size=1, lr=0.1, seed=0))
 

@@ -47,7 +47,7 @@ def test_runs_filter_by_status(client: TestClient, filled_store: FilledStore) ->
     assert client.get("/api/runs?status=running").json() == []
 
 
-def test_runs_page_through_with_limit_and_offset(client: TestClient, filled_store: FilledStore) -> None:
+def test_runs_page_through_with_limit_and_offset(client: TestClient) -> None:
     # Prepare: the whole list, newest first
     whole = [r["id"] for r in client.get("/api/runs").json()]
     started = [r["started_at"] for r in client.get("/api/runs").json()]

@@ -64,7 +64,7 @@ def _cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[di
     from quorum.cli import app
 
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kw: calls.append(kw))
+    monkeypatch.setattr(uvicorn, "run", lambda _app, **kw: calls.append(kw))
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     return CliRunner().invoke(app, ["dashboard", *args], env=env), calls
 

@@ -19,7 +19,7 @@ def test_runs_page_lists_runs_and_filters_by_status(client: TestClient, filled_s
     assert 'class="chip active" href="/?status=stopped_budget"' in filtered
 
 
-def test_runs_page_is_paged_newest_first(client: TestClient, filled_store: FilledStore) -> None:
+def test_runs_page_is_paged_newest_first(client: TestClient) -> None:
     # Prepare
     newest_first = [r["id"] for r in client.get("/api/runs").json()]
     # Execute

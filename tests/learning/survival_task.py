@@ -115,7 +115,7 @@ class SurvivalTask(Task):
     def partition(self, partition_id: int) -> Split:
         return hospital(partition_id % len(HOSPITALS), self.scenario.seed)
 
-    def train(self, model: nn.Module, data: Any, config: TrainConfig, seed: int) -> Metrics:
+    def train(self, model: nn.Module, data: Any, config: TrainConfig, seed: int) -> Metrics:  # noqa: ARG002
         x, time, event = (torch.from_numpy(a) for a in (data.x, data.time, data.event))
         optimiser = torch.optim.SGD(model.parameters(), lr=config.lr)
         model.train()

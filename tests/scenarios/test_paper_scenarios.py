@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from runstore.store import RunStore
@@ -41,7 +39,7 @@ def test_fedprox_has_lower_training_loss_than_fedavg_on_synthetic(db_url: str) -
     assert sum(losses["fedprox"][-3:]) < sum(losses["fedavg"][-3:])
 
 
-def test_dropouts_scenario_completes_every_round(db_url: str, tmp_path: Path) -> None:
+def test_dropouts_scenario_completes_every_round(db_url: str) -> None:
     # The fault plan (who vanishes, who straggles) is the shipped one; what the clients train does not
     # matter to it, so logistic regression stands in for the CNN.
     shipped = load_scenario(SCENARIOS / "dropouts.toml")

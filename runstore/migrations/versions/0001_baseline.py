@@ -20,6 +20,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    """Create the four tables and their indexes."""
     op.create_table(
         "runs",
         sa.Column("id", sa.String(32), primary_key=True),
@@ -93,5 +94,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Drop the four tables."""
     for table in ("events", "client_results", "rounds", "runs"):
         op.drop_table(table)

@@ -30,6 +30,7 @@ ADDED = (
 
 
 def upgrade() -> None:
+    """Add the columns the store lacks, and the headlines of its rounds."""
     present = {table: {c["name"] for c in sa.inspect(op.get_bind()).get_columns(table)}
                for table in {table for table, _ in ADDED}}
     for table, column in ADDED:
@@ -40,5 +41,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Drop the five columns."""
     for table, column in reversed(ADDED):
         op.drop_column(table, column.name)

@@ -36,7 +36,7 @@ class PytorchExampleTask(Task):
                                            self.scenario.training.batch_size)
         return Split(train=trainloader, test=valloader)
 
-    def train(self, model: nn.Module, data: Any, config: TrainConfig, seed: int) -> Metrics:
+    def train(self, model: nn.Module, data: Any, config: TrainConfig, seed: int) -> Metrics:  # noqa: ARG002
         loss = train_fn(model, data, config.epochs, config.lr, CPU)
         return {"loss": loss, "num_examples": len(data.dataset)}
 

@@ -59,7 +59,7 @@ class Params(nn.Module):
 class SklearnExampleTask(Task):
     Options: ClassVar[type] = Options
 
-    def build_model(self, seed: int) -> nn.Module:
+    def build_model(self, seed: int) -> nn.Module:  # noqa: ARG002 (Task's signature)
         return Params(get_model_params(create_log_reg_and_instantiate_parameters(self.options.penalty)))
 
     def partition(self, partition_id: int) -> Split:
@@ -69,7 +69,7 @@ class SklearnExampleTask(Task):
     def _sklearn(self, model: Any) -> Any:
         return set_model_params(create_log_reg_and_instantiate_parameters(self.options.penalty), model.arrays())
 
-    def train(self, model: nn.Module, data: Any, config: TrainConfig, seed: int) -> Metrics:
+    def train(self, model: nn.Module, data: Any, config: TrainConfig, seed: int) -> Metrics:  # noqa: ARG002
         x_train, y_train = data
         sk = self._sklearn(model)
         with warnings.catch_warnings():  # the example's: convergence warnings at one local epoch

@@ -24,7 +24,7 @@ def test_clipping_never_exceeds_clip(rng: np.random.Generator, scale: float) -> 
         assert norm == pytest.approx(scale * clip, rel=1e-5)
 
 
-def test_clipping_keeps_short_updates_and_direction(rng: np.random.Generator) -> None:
+def test_clipping_keeps_short_updates_and_direction() -> None:
     short = np.array([0.3, 0.4], dtype=np.float32)  # norm 0.5
     long = np.array([3.0, 4.0], dtype=np.float32)  # norm 5
     kept, _ = clip_update(short, 1.0)

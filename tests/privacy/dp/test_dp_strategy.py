@@ -219,7 +219,7 @@ def test_accumulate_rejects_wrong_sizes_and_bad_values() -> None:
         dp.accumulate(dp.new_aggregate(3), np.array([0.0, np.nan, 1.0], np.float32), 1)
 
 
-def test_central_server_clamps_a_lying_count_bit(rng: np.random.Generator) -> None:
+def test_central_server_clamps_a_lying_count_bit() -> None:
     dp = make_dp(noise_multiplier=0.0, expected_clients=2, adaptive=adaptive(count_noise_std=1.0))
     bound = dp.for_round(dp.init_state(np.zeros(2, np.float32)))
     agg = bound.accumulate(bound.new_aggregate(2), np.array([0.0, 0.0, 1e6], np.float32), 1)

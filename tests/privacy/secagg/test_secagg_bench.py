@@ -22,13 +22,13 @@ def test_quick_benchmark_prints_the_figures():
                           capture_output=True, text=True, timeout=120, cwd=ROOT, check=True)
 
     figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert KEYS <= figures.keys()
+    assert figures.keys() >= KEYS
     assert figures["clients"] == 10 and figures["params"] == 10_000
-    assert 0 < figures["complete_round_s"] and 0 < figures["kregular_round_s"]
+    assert figures["complete_round_s"] > 0 and figures["kregular_round_s"] > 0
     assert figures["speedup_vs_flower_secagg"] > 0 and figures["speedup_vs_flower_secaggplus"] > 0
     assert 1.0 < figures["upload_ratio"] < 1.1
     assert 0 < figures["max_abs_error"] <= figures["error_bound"]
     assert "Flower SecAgg+" in done.stdout and "ours kregular" in done.stdout
-    assert 0 < figures["malicious_complete_round_s"] and 0 < figures["malicious_kregular_round_s"]
+    assert figures["malicious_complete_round_s"] > 0 and figures["malicious_kregular_round_s"] > 0
     assert figures["malicious_overhead"] > 0  # the 1.3 goal is for the full size (bench/README.md)
     assert "ours complete, malicious model" in done.stdout and "consistency_check" in done.stdout

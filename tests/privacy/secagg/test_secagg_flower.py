@@ -147,7 +147,7 @@ def test_a_silent_node_is_dropped_at_the_deadline():
     grid = PlainGrid(make_app(), NODES, dropping(Stage.SHARE_KEYS, {104}))
 
     # an injected clock: each of the workflow's waits advances fake time by 1 s, nothing sleeps
-    result = run(grid, clock=lambda: now["t"], sleep=lambda s: now.__setitem__("t", now["t"] + 1.0))
+    result = run(grid, clock=lambda: now["t"], sleep=lambda _: now.__setitem__("t", now["t"] + 1.0))
 
     assert 104 not in result.survivors
     share_keys = result.stages[1]

@@ -109,7 +109,7 @@ class LegacyClient(NumPyClient):
     def __init__(self, run_config: dict[str, Any], partition_id: int, node_id: int) -> None:
         self.net, self.run_config, self.partition_id, self.node_id = Net(), run_config, partition_id, node_id
 
-    def get_parameters(self, config):
+    def get_parameters(self, config):  # noqa: ARG002 (NumPyClient's signature)
         return [val.cpu().numpy() for _, val in self.net.state_dict().items()]
 
     def set_parameters(self, parameters) -> None:
@@ -124,7 +124,7 @@ class LegacyClient(NumPyClient):
                         shuffle_seed(self.run_config, int(config["server-round"]), self.node_id))
         return self.get_parameters(config={}), len(data[0]), {"train_loss": loss}
 
-    def evaluate(self, parameters, config):
+    def evaluate(self, parameters, config):  # noqa: ARG002 (NumPyClient's signature)
         self.set_parameters(parameters)
         data = load_data(self.run_config, self.partition_id, "test")
         loss, accuracy = score_fn(self.net, data)

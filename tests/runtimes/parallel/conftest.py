@@ -61,7 +61,7 @@ def db_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def start_job(tmp_path: Path) -> Iterator[Callable[[list[str]], Job]]:
+def start_job() -> Iterator[Callable[[list[str]], Job]]:
     jobs: list[Job] = []
 
     def start(args: list[str]) -> Job:

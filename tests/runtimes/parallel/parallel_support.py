@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -38,10 +39,8 @@ class Job:
 
     def stop(self) -> None:
         """Kill whatever is left of the session this job started (its group id is the launcher's pid)."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.communicate()
 
 

@@ -201,7 +201,7 @@ def _one_rank_job(scenario_path, mode, **overrides):
     return build_job(JobSpec(scenario, mode), Comm(rank=0, world=1, timeout_s=5))
 
 
-def test_a_dp_local_sgd_round_runs_through_the_strategy_and_records_epsilon(scenario_file, tmp_path):
+def test_a_dp_local_sgd_round_runs_through_the_strategy_and_records_epsilon(scenario_file):
     # Prepare: central DP-FedAvg, every client sampled (one rank holds them all).
     from runtimes.parallel.job import initial_state, run_round
     from runtimes.parallel.runlog import round_record
