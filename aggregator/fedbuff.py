@@ -52,7 +52,7 @@ from core.layouts import ParamLayout
 from core.outcomes import error_outcome
 from core.records import ClientRecord, RoundRecord
 from core.replies import parse_train_reply
-from core.status import ClientStatus, RunStatus
+from core.status import ClientStatus, RoundStatus, RunStatus
 from core.strategy import ServerState, Strategy
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
@@ -90,6 +90,7 @@ class DeviceSpeeds:
     stragglers: set[int] = field(default_factory=set, compare=False)  # the nodes ``straggler_factor`` slower
 
     def __post_init__(self) -> None:
+        """Draw each node's speed factor and the stragglers from the seed."""
         rng = np.random.default_rng([self.seed, 0xA5])
         ordered = sorted(self.nodes)
         base = rng.lognormal(0.0, self.spec.speed_sigma, len(ordered))
@@ -104,7 +105,7 @@ class DeviceSpeeds:
         return self.spec.base_time_s * self.epochs * self.factors[node] * float(jitter)
 
     def sync_round_time(self, nodes: Sequence[int], server_round: int, deadline_s: float | None = None) -> float:
-        """A synchronous round's virtual length: its slowest sampled client, or the deadline."""
+        """Return a synchronous round's virtual length: its slowest sampled client, or the deadline."""
         slowest = max(self.duration(n, server_round) for n in nodes) if nodes else 0.0
         return slowest if deadline_s is None else min(slowest, deadline_s)
 
@@ -135,6 +136,14 @@ class BufferedLoop:
     failure: str | None = None  # why the loop gave up (status "failed"), for the run row
 
     def run(self, grid: Grid, state: ServerState) -> tuple[ServerState, str, RoundRecord | None]:
+        """Run buffered steps until ``scenario.rounds``, committing each step to the store.
+
+        Keeps ``async.concurrency`` clients training, folds each reply with its
+        staleness discount, and takes a server step every ``async.buffer_size``
+        folded updates. Returns the last state, the status (``finished``, or
+        ``failed`` when the loop gave up or ran out of clients) and the last
+        step's record.
+        """
         spec = self.scenario.asynchronous
         nodes = sorted(grid.get_node_ids())
         rng = np.random.default_rng([self.scenario.seed, 0xB0, state.round])
@@ -177,7 +186,7 @@ class BufferedLoop:
         return state, status, last
 
     def _dispatcher(self, grid: Grid, nodes: tuple[int, ...], clock: dict[str, Any]) -> tuple[_Dispatcher, float]:
-        """The dispatcher of ``async.clock`` and the time the loop starts at (a resumed run's last step's)."""
+        """Return the dispatcher of ``async.clock`` and the time the loop starts at (a resumed run's last step's)."""
         spec = self.scenario.asynchronous
         if spec.clock == "wall":
             out: _Dispatcher = _WallDispatcher(self, grid, nodes, clock)
@@ -241,7 +250,7 @@ class BufferedLoop:
         problem = step_problem(state.params, new.params, self.scenario.federation.max_update_ratio)
         if problem is not None:
             self.store.log(self.run_id, f"step {step}: aggregate rejected: {problem}; model unchanged", "warning")
-            new, status = replace(state, round=step), "rejected"
+            new, status = replace(state, round=step), RoundStatus.REJECTED
         clock = {out.time_key.replace("-", "_"): now, **counters}
         new = replace(new, extra={**new.extra, _CLOCK_KEY: json.dumps(clock)})
         ok = [c for c in folded if c.outcome == ClientStatus.OK]
@@ -286,7 +295,7 @@ class _Dispatcher:
         self.bytes_out = 0
 
     def start(self, resumed_at: float) -> float:
-        """The loop's time when it starts (a resumed run goes on from its last step's)."""
+        """Return the loop's time when it starts (a resumed run goes on from its last step's)."""
         return resumed_at
 
     @property
@@ -294,15 +303,15 @@ class _Dispatcher:
         return len(self.flight)
 
     def now(self, last_event: float) -> float:
-        """The time a dispatch happens at: the virtual clock stands at the last event."""
+        """Return the time a dispatch happens at: the virtual clock stands at the last event."""
         return last_event
 
     def pop(self) -> _InFlight:
-        """The next reply to arrive, in virtual-time order."""
+        """Return the next reply to arrive, in virtual-time order."""
         return heapq.heappop(self.flight)
 
     def _message(self, node: int, state: ServerState) -> tuple[Message, np.ndarray]:
-        """The train message for ``node`` with the model of ``state``, and the model the client decodes."""
+        """Return the train message for ``node`` with the model of ``state``, and the model the client decodes."""
         scenario, fed = self.loop.scenario, self.loop.scenario.federation
         # A fresh seed per dispatch: a client sent the same version twice must not repeat its shuffle.
         seed = int(np.random.SeedSequence([scenario.seed, state.round, self.seq]).generate_state(
@@ -336,9 +345,12 @@ class _Dispatcher:
 
 
 class _WallDispatcher(_Dispatcher):
-    """Real time (``async.clock = "wall"``, a deployment): messages are pushed as clients go idle and
-    replies pulled as they come, in arrival order; a message unanswered after ``federation.deadline_s``
-    comes back as a dropped reply, and its client rejoins the idle queue."""
+    """Real time (``async.clock = "wall"``, a deployment).
+
+    Messages are pushed as clients go idle and replies pulled as they come, in
+    arrival order; a message unanswered after ``federation.deadline_s`` comes
+    back as a dropped reply, and its client rejoins the idle queue.
+    """
 
     time_key = "wall-time-s"
     POLL_S = 0.05
@@ -378,7 +390,7 @@ class _WallDispatcher(_Dispatcher):
         self.pending[ids[0]] = item
 
     def pop(self) -> _InFlight:
-        """The next reply to arrive (waiting for it), or a dispatch whose deadline passed, as dropped."""
+        """Return the next reply to arrive (waiting for it), or a dispatch whose deadline passed, as dropped."""
         while not self.arrived:
             for reply in self.grid.pull_messages([*self.pending, *self.abandoned]):
                 message_id = reply.metadata.reply_to_message_id

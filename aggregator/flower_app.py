@@ -37,7 +37,7 @@ from aggregator.rounds import LoopResult
 from core.headline import format_value, round_scores
 from core.outcomes import count, round_line
 from core.records import RoundRecord
-from core.status import RunStatus
+from core.status import RoundStatus, RunStatus
 from runstore.store import RunStore
 from scenarios.flower_app import flower_app_scenario, min_available
 from scenarios.schema import Scenario
@@ -63,8 +63,11 @@ class FlowerApp:
 
     @property
     def own_serverapp(self) -> str | None:
-        """The app's own ServerApp by ``flwr new``'s layout (``pkg.client_app:app`` -> ``pkg.server_app:app``),
-        when that file is in the app; ``None`` otherwise."""
+        """The app's own ServerApp, when its file is in the app; ``None`` otherwise.
+
+        Found by ``flwr new``'s layout: ``pkg.client_app:app`` ->
+        ``pkg.server_app:app``.
+        """
         module = self.clientapp.partition(":")[0]
         if self.path is None or not module.endswith("client_app"):
             return None
@@ -73,7 +76,7 @@ class FlowerApp:
 
 
 def read_app(path: Path) -> FlowerApp:
-    """The app in folder ``path`` (its ``pyproject.toml``).
+    """Read the app in folder ``path`` (its ``pyproject.toml``).
 
     Raises
     ------
@@ -96,8 +99,11 @@ def read_app(path: Path) -> FlowerApp:
 
 
 def find_app(paths: list[str] | None = None) -> FlowerApp | None:
-    """The Flower app this process runs under ``flwr run``: the first folder on ``sys.path`` (Flower puts the
-    app's first) whose ``pyproject.toml`` runs Quorum's ServerApp with a ClientApp of its own."""
+    """Find the Flower app this process runs under ``flwr run``, or ``None``.
+
+    It is the first folder on ``sys.path`` (Flower puts the app's first) whose
+    ``pyproject.toml`` runs Quorum's ServerApp with a ClientApp of its own.
+    """
     for entry in sys.path if paths is None else paths:
         folder = Path(entry or ".")
         if not (folder / "pyproject.toml").is_file():
@@ -115,8 +121,10 @@ def serve_flower_app(grid: Grid, context: Context, store: RunStore, *, app: Flow
                      wait_s: float = 60.0, on_round: Callable[[RoundRecord], None] | None = None,
                      on_start: Callable[[str], None] | None = None,
                      log_rounds: bool = False) -> tuple[str, LoopResult]:
-    """Run a stock Flower app's federation: its keys, its model, Quorum's round loop; returns the run id
-    and how it ended (the run is stored like any other). ``log_rounds``: each round to Flower's log too.
+    """Run a stock Flower app's federation: its keys, its model, Quorum's round loop.
+
+    Returns the run id and how it ended (the run is stored like any other).
+    ``log_rounds``: each round to Flower's log too.
 
     Raises
     ------
@@ -140,8 +148,11 @@ def serve_flower_app(grid: Grid, context: Context, store: RunStore, *, app: Flow
 
 
 def plan_flower_app(grid: Grid, context: Context, app: FlowerApp | None, wait_s: float) -> tuple[Scenario, AppModel]:
-    """The run's settings and model: the nodes connected (after waiting for the app's ``min-available-nodes``),
-    its run-config keys, its own model and ``lr``; written to Flower's log."""
+    """Plan the run's settings and model, and write them to Flower's log.
+
+    From the nodes connected (after waiting for the app's
+    ``min-available-nodes``), its run-config keys, its own model and ``lr``.
+    """
     from aggregator.serverapp import wait_for_nodes  # serverapp's main calls this module
 
     config = dict(context.run_config)
@@ -159,8 +170,11 @@ def plan_flower_app(grid: Grid, context: Context, app: FlowerApp | None, wait_s:
 
 
 def round_logger(rounds: int) -> Callable[[RoundRecord], None]:
-    """An ``on_round`` that writes each round to Flower's log (WARNING when a client dropped, failed or was
-    rejected: the line names them and why)."""
+    """Return an ``on_round`` that writes each round to Flower's log.
+
+    A round where a client dropped, failed or was rejected is a WARNING whose
+    line names them and why.
+    """
 
     def on_round(record: RoundRecord) -> None:
         tally = count(record.clients)
@@ -178,8 +192,8 @@ def round_text(record: RoundRecord, rounds: int) -> str:
                                                               key=lambda kv: (kv[0] != "accuracy", kv[0]))][:6]
     where = f" ({'server' if split == 'server' else 'fed'})" if shown else ""
     train = f", train-loss {record.train_loss:.4g}" if record.train_loss is not None else ""
-    status, reason = (record.metrics or {}).get("status", "ok"), (record.metrics or {}).get("reason")
-    state = "" if status == "ok" else f" [{status}" + (f": {reason}" if reason else "") + "]"
+    status, reason = (record.metrics or {}).get("status", RoundStatus.OK), (record.metrics or {}).get("reason")
+    state = "" if status == RoundStatus.OK else f" [{status}" + (f": {reason}" if reason else "") + "]"
     return (f"round {record.round}/{rounds}: {', '.join(shown) or 'no scores'}{where}{train}, "
             f"{record.duration_s:.1f} s{state}; clients {round_line(record.sampled, count(record.clients))}")
 

@@ -18,14 +18,14 @@ import numpy as np
 from flwr.serverapp import Grid
 
 from aggregator.evaluation import EvalSummary, ServerEvaluator, federated_evaluate, task_round_metrics
-from aggregator.step import SKIPPED, advance, train_config
+from aggregator.step import advance, train_config
 from core.aggregate import step_problem
 from core.fit import FitOutcome, FitRequest, FitWorkflow, marked_clients
 from core.instructions import TrainConfig
 from core.layouts import ParamLayout
 from core.outcomes import FAILED, OK, REJECTED
 from core.records import ClientRecord, RoundRecord
-from core.status import ClientStatus, RunStatus
+from core.status import ClientStatus, RoundStatus, RunStatus
 from core.strategy import ServerState, Strategy
 from learning.standardize import Standardization
 from runstore.store import RunStore
@@ -36,6 +36,8 @@ __all__ = ["RoundLoop", "LoopResult"]
 
 @dataclass(frozen=True)
 class LoopResult:
+    """How a round loop ended: its last state, its status and its last round's record."""
+
     state: ServerState
     status: str  # finished | stopped_budget | failed (run_federation refines finished: degraded, failed)
     last: RoundRecord | None
@@ -58,6 +60,11 @@ class RoundLoop:
     app_config: Mapping[str, float | int | bool | str] = field(default_factory=dict)  # TrainConfig.app: a Flower app's
 
     def run(self, grid: Grid, state: ServerState) -> LoopResult:
+        """Run the rounds after ``state.round`` up to ``scenario.rounds``.
+
+        Stops early, ``stopped_budget``, when the next round would exceed the
+        privacy budget; else ends ``finished``.
+        """
         last = None
         while state.round < self.scenario.rounds:
             if self.strategy.would_exceed_budget(state):
@@ -67,6 +74,11 @@ class RoundLoop:
         return LoopResult(state, RunStatus.FINISHED, last)
 
     def run_round(self, grid: Grid, state: ServerState) -> tuple[ServerState, RoundRecord]:
+        """Run round ``state.round + 1``: sample, fit, apply, evaluate, then commit it to the store.
+
+        Returns the new state and the round's record (also passed to
+        ``on_round``).
+        """
         server_round = state.round + 1
         started, t0 = time.time(), time.monotonic()
         fed = self.scenario.federation
@@ -102,7 +114,7 @@ class RoundLoop:
         new, status = advance(strategy, state, outcome.aggregate, min_clients=min_clients, server_round=server_round,
                               mean_of=lambda agg: strategy.finalize(agg, strategy.round_rng(self.scenario.seed,
                                                                                              server_round)))
-        if status == SKIPPED:
+        if status == RoundStatus.SKIPPED:
             answered = outcome.aggregate.count if outcome.aggregate is not None else 0
             self.store.log(self.run_id, f"round {server_round}: {answered} usable updates, fewer than "
                            f"min_clients = {min_clients}; model unchanged", "warning")
@@ -119,7 +131,7 @@ class RoundLoop:
             return after, status, None
         self.store.log(self.run_id, f"round {server_round}: aggregate rejected: {problem}; model unchanged",
                        "warning")
-        return replace(before, round=server_round, extra=after.extra), "rejected", problem
+        return replace(before, round=server_round, extra=after.extra), RoundStatus.REJECTED, problem
 
     def _evaluate_and_record(self, grid: Grid, state: ServerState, outcome: FitOutcome, nodes: list[int],
                              server_round: int, started: float, t0: float, status: str) -> RoundRecord:
@@ -157,9 +169,13 @@ class RoundLoop:
 
 
 def _with_eval(record: ClientRecord, summary: EvalSummary) -> ClientRecord:
-    """``record`` with the client's own scores of the global model: its loss and accuracy, and every other
-    metric its task reported as ``eval-<name>`` with its test-split size as ``eval-examples`` (the weight its
-    scores had in the round's federated means), so a per-client C-index or MAE reads back from the store."""
+    """Return ``record`` with the client's own scores of the global model.
+
+    Its loss and accuracy, and every other metric its task reported as
+    ``eval-<name>`` with its test-split size as ``eval-examples`` (the weight
+    its scores had in the round's federated means), so a per-client C-index or
+    MAE reads back from the store.
+    """
     try:
         node = int(record.client)
     except ValueError:
@@ -173,9 +189,13 @@ def _with_eval(record: ClientRecord, summary: EvalSummary) -> ClientRecord:
 
 
 def _with_refused_evals(records: list[ClientRecord], summary: EvalSummary) -> list[ClientRecord]:
-    """Mark each client whose evaluate reply was refused ``rejected`` (or whose evaluate task raised ``failed``)
-    at stage ``evaluate``, with the reason (one that was asked to evaluate only, ``evaluation.clients = "all"``,
-    gets a record of its own). A client whose training reply was already refused keeps that first reason."""
+    """Mark the clients whose evaluate reply was refused, at stage ``evaluate``, with the reason.
+
+    A refused reply is ``rejected``; an evaluate task that raised is
+    ``failed``. A client that was asked to evaluate only
+    (``evaluation.clients = "all"``) gets a record of its own. A client whose
+    training reply was already refused keeps that first reason.
+    """
     marks = {str(node): (REJECTED, f"eval reply rejected: {why}") for node, why in summary.rejected.items()}
     marks.update({str(node): (FAILED, why) for node, why in summary.failed.items()})
     marked = [replace(r, outcome=marks[r.client][0], stage="evaluate", reason=marks[r.client][1])
@@ -186,7 +206,7 @@ def _with_refused_evals(records: list[ClientRecord], summary: EvalSummary) -> li
 
 
 def _eval_sample(targets: list[int], scenario: Scenario, server_round: int) -> list[int]:
-    """``[evaluation] fraction`` of ``targets`` (at least ``min_clients``), a pure function of (seed, round)."""
+    """Sample ``[evaluation] fraction`` of ``targets`` (at least ``min_clients``), a pure function of (seed, round)."""
     ev = scenario.evaluation
     if ev.fraction >= 1.0:
         return targets
@@ -196,6 +216,6 @@ def _eval_sample(targets: list[int], scenario: Scenario, server_round: int) -> l
 
 
 def _epsilon(strategy: Strategy, state: ServerState) -> float | None:
-    """The privacy spent so far, for strategies that account it (finite values only)."""
+    """Return the privacy spent so far, for strategies that account it (finite values only)."""
     value = strategy.epsilon(state)
     return float(value) if value is not None and np.isfinite(value) else None

@@ -54,7 +54,7 @@ from core.headline import Headline
 from core.layouts import ParamLayout
 from core.outcomes import run_problems
 from core.records import RoundRecord
-from core.status import ENDED, RunStatus
+from core.status import ENDED, NOT_LEARNED, RoundStatus, RunStatus
 from core.strategy import ServerState
 from core.weighting import WeightPolicy
 from learning.errors import TaskError
@@ -76,7 +76,7 @@ __all__ = ["app", "build_strategy", "build_fit", "run_federation", "fork_run", "
 
 
 def build_strategy(scenario: Scenario) -> Strategy:
-    """The scenario's strategy, wrapped in DP-FedAvg when ``[dp]`` is enabled."""
+    """Build the scenario's strategy, wrapped in DP-FedAvg when ``[dp]`` is enabled."""
     s = scenario.strategy
     base: Strategy = {
         "fedavg": lambda: FedAvg(server_lr=s.server_lr),
@@ -119,7 +119,7 @@ class RunHandle:
 
 
 def _model_factory(scenario: Scenario) -> tuple[Callable[[], TaskModel], Any]:
-    """The scenario's task: a factory of its model (from the run's seed) and the server's held-out data."""
+    """Return the scenario's task: a factory of its model (from the run's seed) and the server's held-out data."""
     task = load_task(scenario)
     test = task.server_data()
 
@@ -130,7 +130,7 @@ def _model_factory(scenario: Scenario) -> tuple[Callable[[], TaskModel], Any]:
 
 
 def _headline(scenario: Scenario) -> dict[str, str]:
-    """The task's headline metric, as the run records it for every reader (``core.headline``)."""
+    """Return the task's headline metric, as the run records it for every reader (``core.headline``)."""
     return task_headline(load_task(scenario)).to_json()
 
 
@@ -162,7 +162,7 @@ def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: st
 def _loop(scenario: Scenario, strategy: Any, fit: Any, store: RunStore, run_id: str, evaluator: Any,
           on_round: Callable[[RoundRecord], None] | None, layout: Any, standardization: Any,
           model: AppModel | None) -> RoundLoop | BufferedLoop:
-    """The loop that drives the run: buffered asynchronous steps (``[async]``) or synchronous rounds."""
+    """Build the loop that drives the run: buffered asynchronous steps (``[async]``) or synchronous rounds."""
     if scenario.asynchronous.enabled:
         fed = scenario.federation
         return BufferedLoop(scenario=scenario, strategy=strategy, store=store, run_id=run_id,
@@ -237,8 +237,10 @@ def _build(scenario: Scenario) -> tuple[Strategy, FitWorkflow]:
 
 def fork_run(store: RunStore, parent_id: str, server_round: int | None, scenario: Scenario,
              engine: str = "inprocess") -> str:
-    """A new run of ``scenario`` that starts from round ``server_round`` (default: the last) of run
-    ``parent_id`` (``quorum resume --from``); the parent is recorded in ``info["parent"]``.
+    """Create a new run of ``scenario`` that starts from a round of run ``parent_id``; return its id.
+
+    The round is ``server_round`` (default: the last); this is ``quorum resume
+    --from``. The parent is recorded in ``info["parent"]``.
 
     The new run's rounds go on from ``server_round + 1`` to ``scenario.rounds``;
     it keeps the parent's optimiser and privacy state when the strategy is the
@@ -262,7 +264,7 @@ def fork_run(store: RunStore, parent_id: str, server_round: int | None, scenario
 
 
 def _start_round(store: RunStore, parent_id: str, server_round: int | None, scenario: Scenario) -> int:
-    """The committed round of ``parent_id`` a new run starts from (default: its last)."""
+    """Return the committed round of ``parent_id`` a new run starts from (default: its last)."""
     committed = [r.round for r in store.rounds(parent_id)]
     start = committed[-1] if server_round is None and committed else server_round
     if start is None or start not in committed:
@@ -275,7 +277,7 @@ def _start_round(store: RunStore, parent_id: str, server_round: int | None, scen
 
 
 def _fitting_size(store: RunStore, parent: Run, server_round: int, scenario: Scenario) -> int:
-    """The scenario's model size, which must be that of the parent's checkpoint."""
+    """Return the scenario's model size, which must be that of the parent's checkpoint."""
     state = store.load_state(parent.id, server_round)
     size = int(TaskModel.build(load_task(scenario), scenario.seed).get_flat().size)
     if state is None or state.params.size != size:
@@ -290,16 +292,16 @@ def _fitting_size(store: RunStore, parent: Run, server_round: int, scenario: Sce
 
 def _prepare(grid: Grid, scenario: Scenario, store: RunStore, run_id: str, factory: Callable[[], TaskModel],
              test: Any) -> tuple[ServerEvaluator | None, ParamLayout, Standardization | None]:
-    """What the loop needs besides the state: the server's evaluator (on its held-out set, standardised
-    when ``[data] standardize`` asks: the statistics passes run here), the model's layout, the standardisation."""
+    """Prepare what the loop needs besides the state.
+
+    Returns the server's evaluator (on its held-out set, standardised when
+    ``[data] standardize`` asks: the statistics passes run here), the model's
+    layout, and the standardisation.
+    """
     standardization, test = standardize_run(grid, scenario, store, run_id, test)
     evaluator = ServerEvaluator(factory, test) if test is not None and scenario.evaluation.server else None
     model = factory()  # its tensor names and shapes: the global model travels as its state dict
     return evaluator, layout_of(model.model, model.names), standardization
-
-
-#: Round statuses in which no client update reached the model.
-NOT_LEARNED = ("skipped", "rejected", "empty")
 
 
 def final_status(store: RunStore, run_id: str, loop_status: str) -> tuple[str, str | None]:
@@ -314,7 +316,7 @@ def final_status(store: RunStore, run_id: str, loop_status: str) -> tuple[str, s
     """
     if loop_status != RunStatus.FINISHED:
         return loop_status, None
-    statuses = [(r.round, (r.metrics or {}).get("status", "ok"), (r.metrics or {}).get("reason"))
+    statuses = [(r.round, (r.metrics or {}).get("status", RoundStatus.OK), (r.metrics or {}).get("reason"))
                 for r in store.rounds(run_id)]
     idle = [(n, status, reason) for n, status, reason in statuses if status in NOT_LEARNED]
     problems = []
@@ -389,7 +391,7 @@ def record_failed_start(store: TakenRunStore, scenario: Scenario, flower_run: in
 
 
 def _find_run(store: RunStore, flower_run_id: int) -> str | None:
-    """The unfinished stored run a previous ServerApp opened for this Flower run, if any."""
+    """Return the unfinished stored run a previous ServerApp opened for this Flower run, if any."""
     for run in store.list_runs():
         info = run.info or {}
         if info.get("flower_run_id") == flower_run_id and run.status not in ENDED:
@@ -398,8 +400,11 @@ def _find_run(store: RunStore, flower_run_id: int) -> str | None:
 
 
 def _own_log(state_dir: str, flower_run: int) -> None:
-    """Send this process's output to ``logs/serverapp-<run>.log`` (Flower discards it), let
-    ``kill -USR1`` dump its stacks there, and leave a pid file the supervisor can check."""
+    """Send this process's output to ``logs/serverapp-<run>.log`` (Flower discards it).
+
+    Also let ``kill -USR1`` dump its stacks there, and leave a pid file the
+    supervisor can check.
+    """
     if not state_dir:
         return
     root = Path(state_dir)
@@ -415,7 +420,7 @@ def _own_log(state_dir: str, flower_run: int) -> None:
 
 
 def _deployed_resume(store: TakenRunStore, config: dict, flower_run: int) -> str | None:
-    """The run a deployment's ServerApp drives on: the one asked for, else the one Flower restarted it for."""
+    """Return the run a deployment's ServerApp drives on: the one asked for, else the one Flower restarted it for."""
     resume = str(config.get("resume") or "") or _find_run(store, flower_run)
     if not resume:
         return None
@@ -432,9 +437,11 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Entry point under ``flwr run``: a Quorum scenario's run, or (no scenario in the run config) a stock
-    Flower app's (``aggregator.flower_app``). Every round and the run's ending go to Flower's log; a failed
-    run raises :class:`~aggregator.errors.RunFailed`.
+    """Run the entry point under ``flwr run``: a Quorum scenario's run, or a stock Flower app's.
+
+    A stock Flower app's (``aggregator.flower_app``) when the run config has no
+    scenario. Every round and the run's ending go to Flower's log; a failed run
+    raises :class:`~aggregator.errors.RunFailed`.
 
     One ServerApp for Flower's Ray simulation, a SuperLink of the user's, and a deployment
     (``engine = "deployment"``, what ``quorum aggregator run`` submits). A deployment differs in four options:

@@ -17,18 +17,18 @@ import numpy as np
 from core.aggregate import MeanState
 from core.compress import Codec
 from core.instructions import DOWNLINK_BITS, TrainConfig
+from core.status import RoundStatus
 from core.strategy import ServerState, Strategy
 from scenarios.schema import Scenario
 
-__all__ = ["train_config", "round_codec", "advance", "SKIPPED"]
-
-#: The status of a round that left the model untouched (too few usable updates).
-SKIPPED = "skipped"
+__all__ = ["train_config", "round_codec", "advance"]
 
 
 def train_config(scenario: Scenario, strategy: Strategy | None, server_round: int) -> TrainConfig:
-    """The round's training instruction: the scenario's settings, the round's compression
-    (``[compression]``), then the strategy's own.
+    """Build the round's training instruction.
+
+    The scenario's settings, the round's compression (``[compression]``), then
+    the strategy's own.
 
     ``strategy=None`` gives the plain settings (evaluation instructions carry
     no strategy settings, only the broadcast's precision).
@@ -45,8 +45,10 @@ def train_config(scenario: Scenario, strategy: Strategy | None, server_round: in
 
 
 def round_codec(scenario: Scenario, server_round: int) -> Codec | None:
-    """The uplink codec of ``server_round`` (``[compression]``), bound to the round's shared seed;
-    ``None`` when updates travel dense."""
+    """Return the uplink codec of ``server_round`` (``[compression]``), bound to the round's shared seed.
+
+    ``None`` when updates travel dense.
+    """
     spec = scenario.compression
     if not spec.uplink:
         return None
@@ -58,7 +60,7 @@ def round_codec(scenario: Scenario, server_round: int) -> Codec | None:
 
 def advance(strategy: Strategy, state: ServerState, agg: MeanState | None, *, min_clients: int,
             server_round: int, mean_of: Callable[[MeanState], np.ndarray]) -> tuple[ServerState, str]:
-    """The state after ``server_round`` and the round's status (``ok``, ``empty`` or ``skipped``).
+    """Return the state after ``server_round`` and the round's status (``ok``, ``empty`` or ``skipped``).
 
     Fewer than ``min_clients`` usable updates leave the model as it was
     unless the strategy must account every round (DP). ``mean_of`` turns the
@@ -68,8 +70,8 @@ def advance(strategy: Strategy, state: ServerState, agg: MeanState | None, *, mi
     """
     answered = agg.count if agg is not None else 0
     if answered < min_clients and strategy.skip_when_short:
-        return replace(state, round=server_round), SKIPPED
+        return replace(state, round=server_round), RoundStatus.SKIPPED
     if agg is None:
         agg = strategy.new_aggregate(state.params.size)
     new = strategy.apply(state, mean_of(agg))
-    return replace(new, round=server_round), "ok" if answered else "empty"
+    return replace(new, round=server_round), RoundStatus.OK if answered else RoundStatus.EMPTY

@@ -1,4 +1,4 @@
-"""The statuses of a run and of a client's reply: one enum each, the one place their names are spelled.
+"""The statuses of a run, of a round and of a client's reply: one enum each, the one place their names are spelled.
 
 Both are ``StrEnum``: a member is its string (``RunStatus.FINISHED ==
 "finished"``), so the run store, JSON, the API and the pages hold the same
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["RunStatus", "ClientStatus", "ENDED"]
+__all__ = ["RunStatus", "ClientStatus", "RoundStatus", "NOT_LEARNED", "ENDED"]
 
 
 class RunStatus(StrEnum):
@@ -46,3 +46,20 @@ class ClientStatus(StrEnum):
     FAILED = "failed"
     #: what stores written before ``failed`` existed hold (counted as failed)
     ERROR = "error"
+
+
+class RoundStatus(StrEnum):
+    """What a committed round did to the model (``metrics["status"]`` of a stored round)."""
+
+    #: at least one client update went into the model
+    OK = "ok"
+    #: too few usable updates (``federation.min_clients``): the model was left as it was
+    SKIPPED = "skipped"
+    #: the aggregate failed the server's check (``federation.max_update_ratio``, a non-finite value): not applied
+    REJECTED = "rejected"
+    #: no client answered, so nothing was aggregated (the server optimiser and DP's noise still ran)
+    EMPTY = "empty"
+
+
+#: Rounds in which no client update reached the model: a run of only these learned nothing (``failed``).
+NOT_LEARNED = frozenset({RoundStatus.SKIPPED, RoundStatus.REJECTED, RoundStatus.EMPTY})

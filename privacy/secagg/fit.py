@@ -22,6 +22,7 @@ from core.errors import UpdateRejected
 from core.fit import FitOutcome, FitRequest
 from core.instructions import train_instruction
 from core.records import ClientRecord
+from core.status import ClientStatus
 from core.strategy import Strategy
 from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggAborted, SecAggConfigError
@@ -126,18 +127,18 @@ def _client_record(node: int, result: SecureSumResult, survivors: set[int]) -> C
     if node in survivors:
         metrics = dict(result.client_metrics.get(node, {}))
         loss = metrics.get("train-loss")
-        return ClientRecord(client=str(node), outcome="ok", num_examples=int(metrics.get("num-examples", 0)),
+        return ClientRecord(client=str(node), outcome=ClientStatus.OK, num_examples=int(metrics.get("num-examples", 0)),
                             train_loss=float(loss) if isinstance(loss, (int, float)) else None,
                             duration_s=metrics.get("duration-s"),
                             metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))})
     failed = next((s for s in result.stages if node not in s.completed), None)
     stage = failed.stage.value if failed is not None else "unknown"
     if failed is not None and node in failed.rejected:
-        return ClientRecord(client=str(node), outcome="rejected", stage=stage,
+        return ClientRecord(client=str(node), outcome=ClientStatus.REJECTED, stage=stage,
                             reason=f"secure-aggregation stage {stage}: {failed.rejected[node]}")
     if failed is not None and node in failed.failed:
-        return ClientRecord(client=str(node), outcome="failed", stage=stage, reason=failed.failed[node])
-    return ClientRecord(client=str(node), outcome="dropped", stage=stage,
+        return ClientRecord(client=str(node), outcome=ClientStatus.FAILED, stage=stage, reason=failed.failed[node])
+    return ClientRecord(client=str(node), outcome=ClientStatus.DROPPED, stage=stage,
                         reason=f"no valid reply at secure-aggregation stage {stage}")
 
 
@@ -148,11 +149,12 @@ def _too_small(request: FitRequest, exc: SecAggConfigError) -> FitOutcome:
     DP strategy still releases and accounts it).
     """
     reason = f"secure aggregation not run for {len(request.nodes)} sampled clients: {exc}"
-    clients = [ClientRecord(client=str(n), outcome="dropped", stage="setup", reason=reason) for n in request.nodes]
+    clients = [ClientRecord(client=str(n), outcome=ClientStatus.DROPPED, stage="setup", reason=reason)
+               for n in request.nodes]
     return FitOutcome(aggregate=None, clients=clients, secagg={"aborted": reason, "stage": "setup"})
 
 
 def _aborted(request: FitRequest, exc: SecAggAborted) -> FitOutcome:
-    clients = [ClientRecord(client=str(n), outcome="dropped", stage=exc.stage.value, reason=str(exc))
+    clients = [ClientRecord(client=str(n), outcome=ClientStatus.DROPPED, stage=exc.stage.value, reason=str(exc))
                for n in request.nodes]
     return FitOutcome(aggregate=None, clients=clients, secagg={"aborted": str(exc), "stage": exc.stage.value})

@@ -20,6 +20,7 @@ from torch import nn
 
 from aggregator.serverapp import build_strategy
 from aggregator.step import train_config
+from core.status import RoundStatus
 from core.strategy import ServerState, Strategy
 from learning.datasets import Federation
 from learning.federation import build_federation
@@ -195,7 +196,7 @@ def run_round(job: Job, state: ServerState, server_round: int) -> RoundResult:
     """
     sent, table = job.comm.bytes_sent, np.zeros((job.rows, len(COLUMNS)))
     if job.spec.mode is Mode.SYNC:
-        state, status = _sync_round(job, server_round, table), "ok"
+        state, status = _sync_round(job, server_round, table), RoundStatus.OK
         t = job.scenario.training
         steps = t.local_epochs * steps_per_epoch(job.sizes, t.batch_size)
         evals = {job.comm.rank: job.clients}
