@@ -55,8 +55,12 @@ _FIRST_REPLY_S = 300.0
 
 @dataclass(frozen=True)
 class AppModel:
-    """A Flower app's global model: its initial values (one flat float32 buffer), the tensors' names
-    and shapes as they travel, where it came from, and the train config the app's ServerApp sends."""
+    """A Flower app's global model, as Quorum's round loop starts from it.
+
+    Its initial values (one flat float32 buffer), the tensors' names and shapes
+    as they travel, where it came from, and the train config the app's
+    ServerApp sends.
+    """
 
     params: np.ndarray
     layout: ParamLayout
@@ -66,7 +70,7 @@ class AppModel:
 
 
 def model_from_arrays(arrays: ArrayRecord, source: str, config: ConfigRecord | None = None) -> AppModel:
-    """The model held by ``arrays`` (any float or integer dtype, C or Fortran order; converted once to float32).
+    """Return the model in ``arrays`` (any float or integer dtype, C or Fortran order; converted once to float32).
 
     Raises
     ------
@@ -91,7 +95,7 @@ def model_from_arrays(arrays: ArrayRecord, source: str, config: ConfigRecord | N
 
 
 def _kind(dtype: str) -> str:
-    """numpy's kind letter of a Flower ``Array``'s dtype name (``"?"`` when numpy does not know it)."""
+    """Return numpy's kind letter of a Flower ``Array``'s dtype name (``"?"`` when numpy does not know it)."""
     if str(dtype).startswith("bfloat"):  # no numpy dtype; a float all the same (the payload decides)
         return "f"
     try:
@@ -101,7 +105,9 @@ def _kind(dtype: str) -> str:
 
 
 def initial_model(grid: Grid, context: Context, own_serverapp: str | None) -> AppModel:
-    """The app's initial model: its ``initial-arrays`` hook, its own ServerApp (``own_serverapp``,
+    """Find the app's initial model.
+
+    From its ``initial-arrays`` hook, its own ServerApp (``own_serverapp``,
     ``"module:attr"``, when the app has one), or the first reply.
 
     Raises
@@ -139,8 +145,11 @@ def _load(ref: str) -> Any:
 
 
 def _from_object(value: Any, ref: str, grid: Grid, context: Context) -> AppModel:
-    """An ``initial-arrays`` object as a model: an ArrayRecord, a torch Module, numpy arrays, a ServerApp,
-    or a zero-argument callable (a class, a factory) returning one of them."""
+    """Read an ``initial-arrays`` object as a model.
+
+    The object is an ArrayRecord, a torch Module, numpy arrays, a ServerApp,
+    or a zero-argument callable (a class, a factory) returning one of them.
+    """
     if isinstance(value, ServerApp):
         return _probe(value, ref, grid, context)
     if isinstance(value, ArrayRecord):

@@ -12,13 +12,18 @@ class ResumeRefused(QuorumError):
 
 
 class AppModelError(QuorumError):
-    """A Flower app's initial model could not be found (``aggregator.app_model``); the message says where it
-    was looked for and how to name it."""
+    """A Flower app's initial model could not be found (``aggregator.app_model``).
+
+    The message says where it was looked for and how to name it.
+    """
 
 
 class RunFailed(QuorumError):
-    """A run ended ``failed``: raised by the ServerApp under ``flwr run``, so Flower records the run as failed
-    (its log has the reason)."""
+    """A run ended ``failed``.
+
+    Raised by the ServerApp under ``flwr run``, so Flower records the run as
+    failed (its log has the reason).
+    """
 
 
 class TooFewClients(QuorumError):

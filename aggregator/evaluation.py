@@ -1,5 +1,8 @@
-"""Evaluation: federated (clients score the global model on their own test
-split) and server-side (the aggregator scores it on a held-out set)."""
+"""Evaluation of the global model, federated and server-side.
+
+Federated: the clients score the global model on their own test split.
+Server-side: the aggregator scores it on a held-out set.
+"""
 
 from __future__ import annotations
 
@@ -84,7 +87,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
 
 def _summarise(results: dict[int, tuple[float | None, float | None, int]], named: dict[int, dict[str, int | float]],
                train: list[tuple[float, int]], bytes_in: int, bytes_out: int) -> EvalSummary:
-    """The weighted means over the nodes that answered (each one's count capped at 3x the median)."""
+    """Return the weighted means over the nodes that answered (each one's count capped at 3x the median)."""
     if not results:
         return EvalSummary(None, None, None, {}, bytes_in=bytes_in, bytes_out=bytes_out)
     nodes_in = list(results)
@@ -101,7 +104,7 @@ def _summarise(results: dict[int, tuple[float | None, float | None, int]], named
 
 
 def _weighted(values: dict[int, float], weights: dict[int, float]) -> float | None:
-    """The weighted mean of the nodes' ``values`` (``None`` when no node reported one)."""
+    """Return the weighted mean of the nodes' ``values`` (``None`` when no node reported one)."""
     if not values:
         return None
     return float(np.average(list(values.values()), weights=[weights[n] for n in values]))
@@ -123,11 +126,11 @@ class ServerEvaluator:
         return self._model.evaluate(self._test)
 
     def __call__(self, params: np.ndarray) -> tuple[float, float | None]:
-        """The loss and the accuracy (``None`` for a task that reports none)."""
+        """Return the loss and the accuracy (``None`` for a task that reports none)."""
         scores = self.score(params)
         return scores["loss"], scores.get("accuracy")
 
 
 def task_round_metrics(scores: Metrics, prefix: str = "server-") -> dict[str, float]:
-    """A task's metrics other than loss, accuracy and the count, named for a round's metrics (``server-mae``)."""
+    """Return a task's metrics other than loss, accuracy and the count, named as a round's (``server-mae``)."""
     return {prefix + k: v for k, v in scores.items() if k not in ("loss", "accuracy", "num_examples")}

@@ -53,7 +53,7 @@ from core.outcomes import error_outcome
 from core.records import ClientRecord, RoundRecord
 from core.replies import parse_train_reply
 from core.status import ClientStatus, RoundStatus, RunStatus
-from core.strategy import ServerState, Strategy
+from core.strategy import AggregateState, ServerState, Strategy
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
 from runstore.store import RunStore
@@ -141,7 +141,7 @@ class BufferedLoop:
         Keeps ``async.concurrency`` clients training, folds each reply with its
         staleness discount, and takes a server step every ``async.buffer_size``
         folded updates. Returns the last state, the status (``finished``, or
-        ``failed`` when the loop gave up or ran out of clients) and the last
+        ``failed`` when it stopped short of ``scenario.rounds``) and the last
         step's record.
         """
         spec = self.scenario.asynchronous
@@ -239,7 +239,7 @@ class BufferedLoop:
                             train_loss=float(loss) if isinstance(loss, (int, float)) else None,
                             metrics={**base, "weight": weight, "discount": discount}), nbytes, parsed.delta
 
-    def _step(self, state: ServerState, agg, folded: list[ClientRecord], now: float, out: _Dispatcher,
+    def _step(self, state: ServerState, agg: AggregateState, folded: list[ClientRecord], now: float, out: _Dispatcher,
               started: float, t0: float, bytes_in: int) -> tuple[ServerState, RoundRecord]:
         """Apply the full buffer as one server step, evaluate, and commit it like a round."""
         in_flight, bytes_out, counters = out.in_flight, out.take_bytes_out(), out.counters()

@@ -57,6 +57,12 @@ class PlainFit:
         self.max_update_ratio = max_update_ratio
 
     def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome:
+        """Push the round's train instruction to ``request.nodes`` and fold each reply as it arrives.
+
+        A node with no reply within ``request.deadline_s`` is recorded
+        ``dropped``. The outcome's aggregate is ``None`` when no update was
+        folded; its ``train_loss`` is the weighted mean of the clients' losses.
+        """
         content = train_instruction(request.state.params, request.config, request.layout)
         contents = {n: content for n in request.nodes}
         agg = strategy.new_aggregate(request.state.params.size)
@@ -83,8 +89,10 @@ class PlainFit:
 
 
 def _reference(request: FitRequest) -> np.ndarray:
-    """The model the clients start from: the global model as the broadcast's precision leaves it
-    (a full-weight reply is made a delta against it)."""
+    """Return the model the clients start from: the global model as the broadcast's precision leaves it.
+
+    A full-weight reply is made a delta against it.
+    """
     params = request.state.params
     return broadcast_of(request.config).roundtrip(params, request.layout or ParamLayout.flat(params.size))
 

@@ -32,7 +32,7 @@ _SHOWN = 3  # differences named in one line
 
 
 def has_ended(run: Run) -> bool:
-    """Ended: finished, degraded, out of privacy budget, or failed after its last round."""
+    """Tell whether ``run`` ended: finished, degraded, out of privacy budget, or failed after its last round."""
     return run.status in ENDED or (run.status == RunStatus.FAILED and run.rounds_done >= run.rounds_total)
 
 
@@ -52,7 +52,7 @@ def _show(value: Any) -> str:
 
 
 def scenario_difference(run: Mapping[str, Any], scenario: Mapping[str, Any]) -> str | None:
-    """The keys whose values differ, one line (``rounds: 3 in the run, 5 in the scenario``); ``None`` if none."""
+    """Name the keys whose values differ, one line (``rounds: 3 in the run, 5 in the scenario``); ``None`` if none."""
     old, new = dict(_leaves(run)), dict(_leaves(scenario))
     keys = [k for k in old if old[k] != new.get(k, _ABSENT)] + [k for k in new if k not in old]
     shown = [f"{k}: {_show(old.get(k, _ABSENT))} in the run, {_show(new.get(k, _ABSENT))} in the scenario"
@@ -105,7 +105,7 @@ def _comparable(scenario: Scenario, what: str) -> dict[str, Any]:
 
 
 def parent_of(run: Run) -> tuple[str, int] | None:
-    """The run and round a run was started from (``quorum resume --from``), if any."""
+    """Return the run and round a run was started from (``quorum resume --from``), if any."""
     parent = (run.info or {}).get("parent")
     if not isinstance(parent, Mapping) or not isinstance(parent.get("round"), int):
         return None
@@ -113,8 +113,12 @@ def parent_of(run: Run) -> tuple[str, int] | None:
 
 
 def start_state(store: RunStore, run: Run, strategy: Strategy) -> ServerState | None:
-    """The state ``run`` continues from: its last committed round, else its parent's round (with the
-    optimiser and privacy state only when the strategy is the parent's), else ``None`` (a fresh start)."""
+    """Return the state ``run`` continues from.
+
+    Its last committed round, else its parent's round (with the optimiser and
+    privacy state only when the strategy is the parent's), else ``None`` (a
+    fresh start).
+    """
     own = store.load_state(run.id)
     origin = parent_of(run)
     if own is not None or origin is None:

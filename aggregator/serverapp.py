@@ -78,7 +78,7 @@ __all__ = ["app", "build_strategy", "build_fit", "run_federation", "fork_run", "
 def build_strategy(scenario: Scenario) -> Strategy:
     """Build the scenario's strategy, wrapped in DP-FedAvg when ``[dp]`` is enabled."""
     s = scenario.strategy
-    base: Strategy = {
+    factories: dict[str, Callable[[], Strategy]] = {
         "fedavg": lambda: FedAvg(server_lr=s.server_lr),
         "fedprox": lambda: FedProx(server_lr=s.server_lr, mu=s.mu),
         "fedavgm": lambda: FedAvgM(server_lr=s.server_lr, momentum=s.momentum),
@@ -91,7 +91,8 @@ def build_strategy(scenario: Scenario) -> Strategy:
         "median": lambda: FedMedian(server_lr=s.server_lr),
         "trimmed_mean": lambda: FedTrimmedMean(server_lr=s.server_lr, beta=s.trim_fraction),
         "krum": lambda: Krum(server_lr=s.server_lr, num_byzantine=s.num_byzantine, num_selected=s.num_selected),
-    }[s.name]()
+    }
+    base = factories[s.name]()
     if not scenario.dp.enabled:
         return base
     return make_dp_strategy(base, scenario.dp, clients_per_round=scenario.federation.per_round,
@@ -135,7 +136,8 @@ def _headline(scenario: Scenario) -> dict[str, str]:
 
 
 def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: str,
-             resume_id: str | None = None, model: AppModel | None = None):
+             resume_id: str | None = None,
+             model: AppModel | None = None) -> tuple[str, ServerState, Callable[[], TaskModel] | None, Any]:
     """Create a run (or reopen ``resume_id``); returns (run_id, state, model factory, test set).
 
     With ``model`` (a Flower app's own, ``aggregator.app_model``) no task is loaded: no factory, no test set.
@@ -209,8 +211,11 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     try:
         if on_start is not None:
             on_start(run_id)
-        evaluator, layout, standardization = (_prepare(grid, scenario, store, run_id, factory, test)
-                                              if model is None else (None, model.layout, None))
+        if model is None:
+            assert factory is not None  # open_run builds the task's model factory whenever there is no app model
+            evaluator, layout, standardization = _prepare(grid, scenario, store, run_id, factory, test)
+        else:
+            evaluator, layout, standardization = None, model.layout, None
         loop = _loop(scenario, strategy, fit, store, run_id, evaluator, on_round, layout, standardization, model)
         result = LoopResult(*loop.run(grid, state)) if isinstance(loop, BufferedLoop) else loop.run(grid, state)
     except BaseException as exc:
@@ -336,7 +341,7 @@ def final_status(store: RunStore, run_id: str, loop_status: str) -> tuple[str, s
     return (RunStatus.DEGRADED, "; ".join(problems)) if problems else (RunStatus.FINISHED, None)
 
 
-def _injects_drops(scenario: dict | None) -> bool:
+def _injects_drops(scenario: dict[str, Any] | None) -> bool:
     """Whether a stored scenario makes clients miss rounds on purpose (``[faults]`` dropouts or stragglers)."""
     faults = (scenario or {}).get("faults") or {}
     dropouts = faults.get("dropouts") or {}
@@ -375,7 +380,7 @@ def wait_for_nodes(grid: Grid, want: int, timeout_s: float, least: int = 0, poll
 DEPLOYMENT = "deployment"
 
 
-def record_failed_start(store: TakenRunStore, scenario: Scenario, flower_run: int, devices: dict,
+def record_failed_start(store: TakenRunStore, scenario: Scenario, flower_run: int, devices: dict[str, Any],
                         why: str) -> str:
     """Store a run that never started as ``failed``, with the reason, under its Flower run id."""
     try:  # as every run records its scenario, unless the task is what failed to load
@@ -419,7 +424,7 @@ def _own_log(state_dir: str, flower_run: int) -> None:
     atexit.register(pidfile.unlink, missing_ok=True)
 
 
-def _deployed_resume(store: TakenRunStore, config: dict, flower_run: int) -> str | None:
+def _deployed_resume(store: TakenRunStore, config: dict[str, Any], flower_run: int) -> str | None:
     """Return the run a deployment's ServerApp drives on: the one asked for, else the one Flower restarted it for."""
     resume = str(config.get("resume") or "") or _find_run(store, flower_run)
     if not resume:

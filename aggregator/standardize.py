@@ -54,7 +54,7 @@ class StatisticsPassFailed(RuntimeError):
 
 
 def statistics_fit(scenario: Scenario, size: int) -> FitWorkflow:
-    """A pass's fit workflow for vectors of ``size`` values, each within :data:`LIMIT`.
+    """Return a pass's fit workflow for vectors of ``size`` values, each within :data:`LIMIT`.
 
     Secure aggregation when the run has it, on a 64-bit ring (the vectors are
     small, and each value is weighted by count / max_weight, which a 32-bit
@@ -115,8 +115,10 @@ def _pass(grid: Grid, scenario: Scenario, nodes: list[int], config: TrainConfig,
 
 def standardize_run(grid: Grid, scenario: Scenario, store: RunStore, run_id: str,
                     test: Any) -> tuple[Standardization | None, Any]:
-    """The run's standardisation (``None`` unless ``[data] standardize = "federated"``) and the
-    server's held-out set standardised with it."""
+    """Return the run's standardisation and the server's held-out set standardised with it.
+
+    The standardisation is ``None`` unless ``[data] standardize = "federated"``.
+    """
     if scenario.data.standardize != "federated":
         return None, test
     shape = test.x.shape[1:] if hasattr(test, "x") else getattr(load_task(scenario), "input_shape", None)

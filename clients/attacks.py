@@ -86,12 +86,15 @@ def scaling(update: np.ndarray, scale: float) -> np.ndarray:
 
 def ipm(honest: np.ndarray, epsilon: float) -> np.ndarray:
     """``-epsilon * mean(honest)`` over the rows of ``honest`` (Xie et al., UAI 2020)."""
-    return (-np.float32(epsilon) * honest.mean(axis=0)).astype(np.float32)
+    mean: np.ndarray = honest.mean(axis=0)
+    return (-np.float32(epsilon) * mean).astype(np.float32)
 
 
 def alie(honest: np.ndarray, z: float) -> np.ndarray:
     """``mean - z * std`` coordinate-wise over the rows of ``honest`` (Baruch et al., NeurIPS 2019)."""
-    return (honest.mean(axis=0) - np.float32(z) * honest.std(axis=0)).astype(np.float32)
+    mean: np.ndarray = honest.mean(axis=0)
+    std: np.ndarray = honest.std(axis=0)
+    return (mean - np.float32(z) * std).astype(np.float32)
 
 
 def alie_z(n: int, f: int) -> float:
@@ -134,6 +137,7 @@ class AttackPlan:
 
     @classmethod
     def from_scenario(cls, scenario: Scenario) -> AttackPlan:
+        """Return the plan of ``scenario``'s ``[faults] byzantine``, its federation and its seed."""
         fed = scenario.federation
         return cls(scenario.faults.byzantine_spec, fed.clients, fed.per_round, scenario.seed)
 
@@ -143,11 +147,11 @@ class AttackPlan:
         return self.spec.active
 
     def attackers(self) -> tuple[int, ...]:
-        """The attacking partition ids, sorted: ``round(fraction * clients)`` of them."""
+        """Return the attacking partition ids, sorted: ``round(fraction * clients)`` of them."""
         return self.spec.attackers(self.num_clients, self.seed)
 
     def mimic_target(self) -> int:
-        """The honest partition every mimic attacker copies: the lowest-numbered one."""
+        """Return the honest partition every mimic attacker copies: the lowest-numbered one."""
         bad = set(self.attackers())
         return next(p for p in range(self.num_clients) if p not in bad)
 
@@ -175,6 +179,12 @@ class AttackMod:
     plan_of: Callable[[Context], AttackPlan]
 
     def __call__(self, message: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+        """Answer ``message``: honestly (``call_next``), or with an attacker's forged train reply.
+
+        Only a train message to a simulated attacker's partition is forged;
+        secure-aggregation and statistics messages are answered honestly. An
+        ``absent`` attacker replies with an error instead of an update.
+        """
         partition = context.node_config.get("partition-id")
         if message.metadata.message_type.split(".")[0] != "train" or not isinstance(partition, int):
             return call_next(message, context)
@@ -189,7 +199,7 @@ class AttackMod:
 
     def forge(self, plan: AttackPlan, partition: int, message: Message,
               context: Context) -> tuple[np.ndarray, int, dict[str, float]]:
-        """The attacker's update, example count and metrics for this round."""
+        """Forge the attacker's update, example count and metrics for this round."""
         spec = plan.spec
         delta, n, metrics = self.honest(partition, spec.attack == "labelflip", message, context)
         if spec.attack in ("alie", "ipm"):

@@ -63,8 +63,11 @@ class _Runtime:
 
 @dataclass
 class _Shared:
-    """What a process keeps per scenario: one model for every node it serves, and the
-    initial values of the model's own buffers (each node's copies live in its state)."""
+    """What a process keeps per scenario.
+
+    One model for every node it serves, and the initial values of the model's
+    own buffers (each node's copies live in its state).
+    """
 
     model: TaskModel
     buffers: dict[str, np.ndarray]
@@ -79,7 +82,7 @@ BUFFERS_KEY = "quorum.buffers"
 
 
 def _runtime(context: Context) -> _Runtime:
-    """The process's model (built once per scenario) with this node's buffers, and the node's data.
+    """Return the process's model (built once per scenario) with this node's buffers, and the node's data.
 
     A simulated node's partition is materialised for this call and dropped
     after it (a virtual client costs nothing until it is sampled); a
@@ -97,7 +100,7 @@ def _runtime(context: Context) -> _Runtime:
 
 
 def _node_data(task: Task, scenario: Scenario, node: dict[str, Any]) -> LocalData:
-    """The task's data for this node: a device's own file, or a simulated partition."""
+    """Return the task's data for this node: a device's own file, or a simulated partition."""
     if "data-path" in node:
         path = str(node["data-path"])
         key = (id(scenario), path, _version(path))
@@ -123,7 +126,7 @@ def _version(path: str) -> tuple[int, int]:
 
 
 def _own_buffers(model: TaskModel) -> dict[str, np.ndarray]:
-    """The saved buffers that do not travel (e.g. batch-norm statistics), at their initial values."""
+    """Return the saved buffers that do not travel (e.g. batch-norm statistics), at their initial values."""
     buffers = {name for name, _ in model.model.named_buffers()}
     travel = set(model.names)
     return {k: v.detach().cpu().numpy().copy() for k, v in model.model.state_dict().items()
@@ -151,9 +154,12 @@ def _keep_buffers(runtime: _Runtime, context: Context) -> None:
 
 
 def client_mods() -> list[Any]:
-    """ClientApp mods: secure aggregation answers its own protocol stages; the
-    attack harness (``[faults] byzantine``, off unless a scenario asks) forges
-    the train replies of its Byzantine nodes, before secure aggregation masks them."""
+    """Return the ClientApp mods: secure aggregation, then the attack harness.
+
+    Secure aggregation answers its own protocol stages; the attack harness
+    (``[faults] byzantine``, off unless a scenario asks) forges the train
+    replies of its Byzantine nodes, before secure aggregation masks them.
+    """
     return [secagg_mod, AttackMod(honest=_honest_update, plan_of=_attack_plan)]
 
 
@@ -166,7 +172,7 @@ _HONEST: dict[tuple[Any, ...], tuple[np.ndarray, int, dict[str, float]]] = {}
 
 def _honest_update(partition: int, flip: bool, message: Message,
                    context: Context) -> tuple[np.ndarray, int, dict[str, float]]:
-    """An honest copy of this round's training on simulated ``partition`` (labels flipped on request).
+    """Return an honest copy of this round's training on simulated ``partition`` (labels flipped on request).
 
     The attack harness's view of honest behaviour; cached per round and process,
     since every colluding attacker asks for the same copies.
@@ -218,8 +224,10 @@ def train_handler(message: Message, context: Context) -> Message:
 
 
 def _statistics(runtime: _Runtime, message: Message) -> RecordDict:
-    """This node's answer to one statistics pass (:func:`learning.standardize.statistics_vector`),
-    weighted by its row count."""
+    """Answer one statistics pass (:func:`learning.standardize.statistics_vector`) for this node.
+
+    The answer is weighted by the node's row count.
+    """
     settings = message.content.config_records["config"]
     train = runtime.data.train
     if not hasattr(train, "x"):
@@ -240,7 +248,7 @@ def _positive(settings: Any, key: str, default: float | None) -> float:
 
 
 def _standardized(runtime: _Runtime, config: TrainConfig) -> _Runtime:
-    """The node's data standardised as the instruction says (``[data] standardize``), else as it is."""
+    """Return the node's data standardised as the instruction says (``[data] standardize``), else as it is."""
     found = Standardization.from_extra(config.extra)
     return runtime if found is None else replace(runtime, data=standardized(runtime.data, found))
 
@@ -251,7 +259,7 @@ RESIDUAL_KEY = "quorum.residual"
 
 def _compress(delta: np.ndarray, config: TrainConfig, context: Context,
               secure: bool) -> tuple[np.ndarray, dict[str, Array] | None]:
-    """The update as the round asks for it (``[compression]``, :mod:`core.compress`), after DP's clip.
+    """Encode the update as the round asks for it (``[compression]``, :mod:`core.compress`), after DP's clip.
 
     Under secure aggregation only shared-seed random-k applies: the kept
     values travel as a dense vector that the protocol masks (every client
@@ -285,8 +293,11 @@ def _keep_residual(context: Context, residual: np.ndarray) -> None:
 
 
 def _read(message: Message, runtime: _Runtime) -> Instruction:
-    """The instruction, from Quorum or from a stock Flower server (answered in its own layout;
-    the settings it does not send are the scenario's)."""
+    """Read the instruction, from Quorum or from a stock Flower server.
+
+    A stock Flower server's is answered in its own layout; the settings it does
+    not send are the scenario's.
+    """
     t, seed = runtime.scenario.training, runtime.scenario.seed
     defaults = TrainConfig(round=0, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
                            seed=seed, steps=t.steps)
@@ -326,9 +337,11 @@ def _trained(runtime: _Runtime, config: TrainConfig, seed: int, params: np.ndarr
 
 
 def _train(runtime: _Runtime, config: TrainConfig, seed: int) -> tuple[Metrics, dict[str, float]]:
-    """The task's training, or DP-SGD with its sample-level epsilon when ``[dp] local_dp_sgd`` is on
-    (a task allows it with ``supports_dp_sgd``); DP-SGD's batches and noise come from a secure
-    generator, never from ``seed`` (the server knows it)."""
+    """Run the task's training, or DP-SGD with its sample-level epsilon when ``[dp] local_dp_sgd`` is on.
+
+    A task allows DP-SGD with ``supports_dp_sgd``. DP-SGD's batches and noise
+    come from a secure generator, never from ``seed`` (the server knows it).
+    """
     if not runtime.scenario.dp.local_dp_sgd:
         return runtime.model.train(runtime.data.train, config, seed), {}
     result, extra = train_client(runtime.model.model, runtime.data.train, config, runtime.scenario.dp, seed=seed,
@@ -337,15 +350,18 @@ def _train(runtime: _Runtime, config: TrainConfig, seed: int) -> tuple[Metrics, 
 
 
 def _named(prefix: str, metrics: Metrics) -> dict[str, float]:
-    """A task's own metrics (all but ``loss`` and ``num_examples``), prefixed for the reply."""
+    """Return a task's own metrics (all but ``loss`` and ``num_examples``), prefixed for the reply."""
     return {prefix + k: v for k, v in metrics.items() if k not in ("loss", "num_examples")}
 
 
 def _privatize(delta: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, dict[str, float]]:
-    """Client-level DP: clip, add this client's noise share (distributed placement)
-    and append the centred clip bit (adaptive clipping). Nothing about the norm
-    goes into the metrics: it would leak. Under secure aggregation every client
-    weighs 1, as DP-FedAvg's fixed denominator requires."""
+    """Apply client-level DP to ``delta``: clip, add the noise share, append the clip bit.
+
+    The noise is this client's share (distributed placement); the bit is the
+    centred clip bit (adaptive clipping). Nothing about the norm goes into the
+    metrics: it would leak. Under secure aggregation every client weighs 1, as
+    DP-FedAvg's fixed denominator requires.
+    """
     dp = ClientDPConfig.from_config(config.extra)
     if dp is None:
         return delta, {}

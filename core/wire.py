@@ -79,7 +79,8 @@ def _count(obj: Any, sizes: dict[Hashable, int]) -> Hashable:
 
 def _count_array(array: Array, sizes: dict[Hashable, int]) -> Hashable:
     # as Flower slices it: by item of the data's own memoryview (a chunk's header counts items, its body bytes)
-    step = flower_array.FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+    # Read where Array.deflate reads it (a patch there applies here), though that module does not re-export it
+    step: int = flower_array.FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE  # type: ignore[attr-defined]  # not re-exported
     data = memoryview(array.data)
     chunks = [(len(piece), piece.tobytes()) for piece in (data[i:i + step] for i in range(0, len(data), step))]
     unique = {chunk: i for i, chunk in enumerate(dict.fromkeys(chunks))}  # equal chunks are one object

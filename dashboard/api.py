@@ -46,7 +46,8 @@ HIDDEN: dict[int | str, dict[str, Any]] = {403: {"description": "The run keeps i
 
 
 def reader_of(request: Request) -> Reader:
-    return request.app.state.reader
+    reader: Reader = request.app.state.reader  # set by dashboard.app.create_app
+    return reader
 
 
 def _found(value: Any, what: str) -> Any:
@@ -106,8 +107,11 @@ def run_log(request: Request, run_id: str) -> list[dict[str, Any]]:
 async def run_stream(request: Request, run_id: str,
                      after: Annotated[int, Query(ge=0, le=MAX_INT, description="Send rounds after this one.")] = 0,
                      last_event_id: Annotated[str | None, Header()] = None) -> AsyncIterator[ServerSentEvent]:
-    """`round` events (data: `{"round": Round, "display": {...}}`, id: the round number) and
-    `run` events (data: `{"run": Run, "display": {...}}`); the stream ends when the run does."""
+    """Stream a run's new rounds and status changes as Server-Sent Events; the stream ends when the run does.
+
+    `round` events (data: `{"round": Round, "display": {...}}`, id: the round number) and
+    `run` events (data: `{"run": Run, "display": {...}}`).
+    """
     if last_event_id and last_event_id.isdigit():
         after = max(after, min(int(last_event_id), MAX_INT))
     async for event in run_events(reader_of(request), run_id, after):
@@ -118,9 +122,12 @@ async def run_stream(request: Request, run_id: str,
 async def all_runs_stream(request: Request,
                           since: Annotated[float | None, Query(description="Unix time of the last change seen.")]
                           = None) -> AsyncIterator[ServerSentEvent]:
-    """A `run` event (data: `{"run": Run, "display": {...}}`) whenever a run starts, commits a
+    """Stream changes to any run as Server-Sent Events.
+
+    A `run` event (data: `{"run": Run, "display": {...}}`) whenever a run starts, commits a
     round or changes status; after each batch of them a `counts` event (data: `{"counts":
-    {status: runs}, "total": runs}`)."""
+    {status: runs}, "total": runs}`).
+    """
     async for event in runs_events(reader_of(request), since):
         yield event
 
@@ -128,8 +135,11 @@ async def all_runs_stream(request: Request,
 @router.get("/runs/{run_id}/metrics.csv", summary="A run's per-round metrics as CSV",
             response_class=Response, responses={200: {"content": {"text/csv": {}}}, **NOT_FOUND})
 def rounds_csv(request: Request, run_id: str) -> Response:
-    """One row per round: the round's figures, the task's headline metric under its own name (`c_index`: the
-    server's score, else the clients'), then every task score by split (`fed-c_index`, `server-mae`, ...)."""
+    """Download a run's per-round metrics as CSV, one row per round.
+
+    Columns: the round's figures, the task's headline metric under its own name (`c_index`: the
+    server's score, else the clients'), then every task score by split (`fed-c_index`, `server-mae`, ...).
+    """
     reader = reader_of(request)
     run, _ = _found(reader.run(run_id), f"run {run_id!r}")
     metric = Headline.from_info(run.info).name

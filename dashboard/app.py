@@ -67,7 +67,10 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
 
 
 def plotly_dir() -> Path | None:
-    """The installed ``plotly`` package's folder holding ``plotly.min.js`` (without importing plotly)."""
+    """Return the installed ``plotly`` package's folder holding ``plotly.min.js`` (without importing plotly).
+
+    None when plotly is not installed or its folder lacks ``plotly.min.js``.
+    """
     spec = importlib.util.find_spec("plotly")
     if spec is None or spec.origin is None:
         return None
@@ -95,7 +98,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if _is_api(request.url.path):
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
     title = "Not found" if exc.status_code == 404 else f"Error {exc.status_code}"
-    return request.app.state.templates.TemplateResponse(
+    templates: Jinja2Templates = request.app.state.templates  # set by create_app
+    return templates.TemplateResponse(
         request, "error.html", {"title": title, "detail": exc.detail, "nav": ""}, status_code=exc.status_code)
 
 

@@ -34,7 +34,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def is_loopback(host: str) -> bool:
-    """True for addresses only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    """Return True for addresses only this machine can reach (127.0.0.0/8, ::1, localhost)."""
     name = host.strip().strip("[]").lower()
     if name == "localhost":
         return True
@@ -45,7 +45,7 @@ def is_loopback(host: str) -> bool:
 
 
 def host_is_loopback(header: str) -> bool:
-    """True for a ``Host`` header that names this machine: localhost, 127.0.0.0/8 or [::1], any port."""
+    """Return True for a ``Host`` header that names this machine: localhost, 127.0.0.0/8 or [::1], any port."""
     value = header.strip()
     if value.startswith("["):
         name, close, port = value[1:].partition("]")
@@ -99,6 +99,13 @@ class TokenGuard:
         self.unauthorized = unauthorized
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on if it carries the token, else answer it with ``unauthorized``.
+
+        The token counts in an ``Authorization: Bearer`` header, the session
+        cookie, or a ``token`` query parameter; the last sets the cookie (a
+        page GET is redirected to its URL without the token). Non-HTTP scopes
+        and static files pass unchecked.
+        """
         if scope["type"] != "http" or scope["path"].startswith(PUBLIC_PREFIXES):
             await self.app(scope, receive, send)
             return
@@ -113,7 +120,7 @@ class TokenGuard:
 
     @staticmethod
     def _cookie(scope: Scope, value: str) -> bytes:
-        """The session cookie; ``Secure`` when the request came over TLS, so it never travels in clear."""
+        """Build the session cookie header; ``Secure`` when the request came over TLS, so it never travels in clear."""
         secure = "; Secure" if scope.get("scheme") in ("https", "wss") else ""
         return f"{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict{secure}".encode()
 
@@ -163,6 +170,7 @@ class LoopbackHostGuard:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on if its ``Host`` is loopback, else answer 400 (close a websocket with 1008)."""
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return

@@ -50,8 +50,12 @@ async def run_events(reader: Reader, run_id: str, after: int, poll_s: float = PO
 
 async def runs_events(reader: Reader, since: float | None, poll_s: float = RUNS_POLL_S
                       ) -> AsyncIterator[ServerSentEvent]:
-    """A ``run`` event whenever a run starts, commits a round or changes status, then one
-    ``counts`` event (runs per status, and in all) after each batch of changes."""
+    """Yield a ``run`` event whenever a run starts, commits a round or changes status.
+
+    After each batch of changes comes one ``counts`` event (runs per status,
+    and in all). ``since`` None starts from the store's latest change; the
+    store is polled every ``poll_s`` seconds, forever.
+    """
     if since is None:
         since = await run_in_threadpool(reader.last_update)
     while True:

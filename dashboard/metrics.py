@@ -50,6 +50,7 @@ class StoreCollector(Collector):
         self.reader = reader
 
     def collect(self) -> Iterator[Metric]:
+        """Yield every metric family, read from the store in one pass over its runs."""
         runs = self.reader.runs()
         yield _status_counts(runs)
         yield _info(runs)
@@ -72,7 +73,7 @@ class StoreCollector(Collector):
 
 
 def _task_metrics(runs: list[tuple[Run, RunStats]]) -> Iterator[GaugeMetricFamily]:
-    """The task's headline metric (last and best) and every score of the last round, labelled by name."""
+    """Yield the task's headline metric (last and best) and every score of the last round, labelled by name."""
     last = GaugeMetricFamily("quorum_run_metric", "The task's headline metric after the last committed round "
                              "(server, else federated).", labels=["run", "metric", "direction"])
     best = GaugeMetricFamily("quorum_run_best_metric", "Best value of the task's headline metric over the rounds "
@@ -113,10 +114,12 @@ def _info(runs: list[tuple[Run, RunStats]]) -> GaugeMetricFamily:
 
 
 def make_registry(reader: Reader) -> CollectorRegistry:
+    """Return a Prometheus registry holding a :class:`StoreCollector` over ``reader``."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(reader))
     return registry
 
 
 def render_metrics(registry: CollectorRegistry) -> bytes:
+    """Render the registry's metrics in the Prometheus text exposition format."""
     return generate_latest(registry)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -26,6 +26,9 @@ from dashboard.views import (
     secagg_table,
 )
 
+if TYPE_CHECKING:
+    from fastapi.templating import Jinja2Templates
+
 __all__ = ["router", "STATUSES"]
 
 router = APIRouter(include_in_schema=False)
@@ -34,11 +37,13 @@ PER_PAGE = 50
 
 
 def _render(request: Request, template: str, **context: Any) -> HTMLResponse:
-    return request.app.state.templates.TemplateResponse(request, template, context)
+    templates: Jinja2Templates = request.app.state.templates  # set by dashboard.app.create_app
+    return templates.TemplateResponse(request, template, context)
 
 
 def _reader(request: Request) -> Reader:
-    return request.app.state.reader
+    reader: Reader = request.app.state.reader  # set by dashboard.app.create_app
+    return reader
 
 
 def _run_or_404(reader: Reader, run_id: str) -> tuple[dict[str, Any], dict[str, str], Any]:
@@ -121,7 +126,7 @@ def round_page(request: Request, run_id: str, number: RoundPath) -> HTMLResponse
 
 
 def device_names(stored: Any) -> dict[str, str]:
-    """node id -> device name of a deployed run (its enrolment registry, recorded when the run opened)."""
+    """Node id -> device name of a deployed run (its enrolment registry, recorded when the run opened)."""
     devices = (getattr(stored, "info", None) or {}).get("devices")
     if not isinstance(devices, dict):
         return {}
@@ -129,7 +134,7 @@ def device_names(stored: Any) -> dict[str, str]:
 
 
 def all_device_names(stored: Any) -> dict[str, str]:
-    """node id -> device name over every deployed run (newest last, so a renamed device shows its new name).
+    """Node id -> device name over every deployed run (newest last, so a renamed device shows its new name).
 
     Node ids are the SuperLink's, one per enrolled key, stable across runs.
     """

@@ -46,6 +46,8 @@ def without_private_runs(reader: Reader, rows: Iterable[Any]) -> list[Any]:
 
 
 def public_clients(reader: Reader, limit: int | None = None, offset: int = 0) -> list[ClientSummary]:
-    """Every client's participation summed over the runs that do not hide their clients, one page
-    (the DP runs are left out in the same SQL query that sums the rest)."""
+    """Sum every client's participation over the runs that do not hide their clients, one page.
+
+    The DP runs are left out in the same SQL query that sums the rest.
+    """
     return reader.clients(None, limit, offset, public=True)

@@ -66,6 +66,8 @@ class RunHead:
 
 @dataclass(frozen=True)
 class Participation:
+    """One round a client took part in: the run, round, outcome, and the stage and reason of a failure."""
+
     run_id: str
     round: int
     outcome: str
@@ -75,6 +77,8 @@ class Participation:
 
 @dataclass(frozen=True)
 class ClientSummary:
+    """One client's totals over the runs asked for, with its most recent participations (newest first)."""
+
     client: str
     rounds: int
     ok: int
@@ -88,8 +92,11 @@ class ClientSummary:
 
 
 def changed_at(run: Run) -> float:
-    """When a run (as :class:`Reader` returns it) last changed for a reader: its last write, or the
-    moment its lease expired (a run that reads ``interrupted`` without a write)."""
+    """Return when a run (as :class:`Reader` returns it) last changed for a reader.
+
+    That is its last write, or the moment its lease expired (a run that reads
+    ``interrupted`` without a write).
+    """
     lapsed = run.lease_until if run.status == INTERRUPTED and run.lease_until is not None else 0.0
     return max(run.updated_at, lapsed)
 
@@ -108,7 +115,7 @@ class Reader:
     # -- runs ---------------------------------------------------------------
     def runs(self, status: str | None = None, limit: int | None = None,
              offset: int = 0) -> list[tuple[Run, RunStats]]:
-        """Runs newest first, optionally one status only and one page (``limit`` from ``offset``).
+        """List runs newest first, optionally one status only and one page (``limit`` from ``offset``).
 
         Every run here (and from :meth:`run`, :meth:`changed_runs`, :meth:`head`) carries the
         status a reader shows: a running run whose lease expired reads ``interrupted``.
@@ -128,6 +135,7 @@ class Reader:
         return [(r, stats.get(r.id, RunStats())) for r in runs]
 
     def run(self, run_id: str) -> tuple[Run, RunStats] | None:
+        """Return one run with its round statistics, or None when there is no such run."""
         with self._session() as s:
             run = s.get(Run, run_id)
             if run is None:
@@ -135,8 +143,12 @@ class Reader:
             return as_shown(run, self.store.clock()), _stats(s, [run_id]).get(run_id, RunStats())
 
     def changed_runs(self, since: float) -> list[tuple[Run, RunStats]]:
-        """Runs whose row changed after ``since`` (new, new round, new status), and running runs whose
-        lease expired after ``since`` (they now read ``interrupted``; :func:`changed_at` dates both)."""
+        """List the runs that changed for a reader after ``since``, with their round statistics.
+
+        These are runs whose row changed after ``since`` (new, new round, new
+        status), and running runs whose lease expired after ``since`` (they now
+        read ``interrupted``; :func:`changed_at` dates both).
+        """
         now = self.store.clock()
         lapsed = and_(Run.status == RunStatus.RUNNING, Run.lease_until > since, Run.lease_until < now)
         with self._session() as s:
@@ -145,11 +157,12 @@ class Reader:
         return [(r, stats.get(r.id, RunStats())) for r in runs]
 
     def last_update(self) -> float:
+        """Return the latest ``updated_at`` over all runs (0.0 when there are none)."""
         with self._session() as s:
             return s.scalar(select(func.max(Run.updated_at))) or 0.0
 
     def status_counts(self) -> dict[str, int]:
-        """Runs per status shown (running runs whose lease expired count as ``interrupted``)."""
+        """Count runs per status shown (running runs whose lease expired count as ``interrupted``)."""
         now = self.store.clock()
         with self._session() as s:
             rows = s.execute(select(Run.status, func.count()).group_by(Run.status)).all()
@@ -162,6 +175,7 @@ class Reader:
         return {status: count for status, count in counts.items() if count}
 
     def head(self, run_id: str) -> RunHead | None:
+        """Return a run's status shown, last round and last write, or None when there is no such run."""
         with self._session() as s:
             row = s.execute(select(Run.status, Run.updated_at, Run.lease_until).where(Run.id == run_id)).first()
             if row is None:
@@ -171,32 +185,39 @@ class Reader:
         return RunHead(status=status, last_round=last or 0, updated_at=row.updated_at)
 
     def headline(self, run_id: str) -> Headline:
-        """The run's headline metric (``accuracy`` for an unknown run, or one stored before runs recorded it)."""
+        """Return the run's headline metric (``accuracy`` for an unknown run, or one stored before runs recorded it)."""
         with self._session() as s:
             return Headline.from_info(s.scalar(select(Run.info).where(Run.id == run_id)))
 
     # -- rounds -------------------------------------------------------------
     def rounds(self, run_id: str, after: int = 0) -> list[Round]:
+        """List a run's rounds numbered above ``after``, in round order."""
         with self._session() as s:
             query = select(Round).where(Round.run_id == run_id, Round.round > after)
             return list(s.scalars(query.order_by(Round.round)).all())
 
     def round(self, run_id: str, number: int) -> Round | None:
+        """Return round ``number`` of a run, or None when it was not recorded."""
         with self._session() as s:
             return s.get(Round, (run_id, number))
 
     def round_clients(self, run_id: str, number: int) -> list[ClientResult]:
+        """List the client results of one round of a run, in the order they were recorded."""
         with self._session() as s:
             query = select(ClientResult).where(ClientResult.run_id == run_id, ClientResult.round == number)
             return list(s.scalars(query.order_by(ClientResult.id)).all())
 
     def events(self, run_id: str, limit: int = 200) -> list[Event]:
+        """List a run's last ``limit`` events, oldest first."""
         with self._session() as s:
             query = select(Event).where(Event.run_id == run_id).order_by(Event.id.desc()).limit(limit)
             return list(reversed(s.scalars(query).all()))
 
     def checkpoint(self, run_id: str, number: int | None = None) -> tuple[int, Path] | None:
-        """The round number and file of a round's checkpoint (default: the last round)."""
+        """Return the round number and file of a round's checkpoint (default: the last round).
+
+        None when that round has no checkpoint or its file is not found.
+        """
         with self._session() as s:
             query = select(Round.round, Round.checkpoint).where(Round.run_id == run_id)
             if number is not None:
@@ -210,9 +231,12 @@ class Reader:
     # -- clients ------------------------------------------------------------
     def clients(self, runs: str | Sequence[str] | None = None, limit: int | None = None,
                 offset: int = 0, public: bool = False) -> list[ClientSummary]:
-        """Clients summed over ``runs`` (one run, several, or all when None), in natural order
-        ("2" before "10", names after numbers); one page of ``limit`` from ``offset``. ``public``
-        leaves out the runs that hide their participants (``[dp] enabled``), decided in the same query."""
+        """Sum each client's participations over ``runs`` (one run, several, or all when None).
+
+        Clients come in natural order ("2" before "10", names after numbers);
+        one page of ``limit`` from ``offset``. ``public`` leaves out the runs
+        that hide their participants (``[dp] enabled``), decided in the same query.
+        """
         scope = _scope(runs)
         with self._session() as s:
             query = _public(_client_totals(scope), public).order_by(*_natural_order())
@@ -242,6 +266,7 @@ class Reader:
             return int(s.execute(query).scalar_one())
 
     def client_history(self, client: str, run_id: str | None = None, limit: int = 1000) -> list[ClientResult]:
+        """List a client's last ``limit`` results, newest first, in one run or (``run_id`` None) all."""
         with self._session() as s:
             query = select(ClientResult).where(ClientResult.client == client)
             if run_id:
@@ -249,6 +274,7 @@ class Reader:
             return list(s.scalars(query.order_by(ClientResult.id.desc()).limit(limit)).all())
 
     def run_names(self, run_ids: Sequence[str]) -> dict[str, str]:
+        """Map run id -> run name for the given runs (ids not stored are left out)."""
         if not run_ids:
             return {}
         with self._session() as s:
@@ -262,7 +288,7 @@ def natural_key(label: str) -> tuple[int, int, str]:
 
 
 def _stats(s: Session, run_ids: Sequence[str] | None) -> dict[str, RunStats]:
-    """Aggregates over each run's rounds (all runs when ``run_ids`` is None): two queries in all."""
+    """Aggregate each run's rounds (all runs when ``run_ids`` is None): two queries in all."""
     if run_ids is not None and not run_ids:
         return {}
     last = {row.run_id: row for row in s.execute(_last_rounds(run_ids)).all()}
@@ -282,7 +308,7 @@ def _stats(s: Session, run_ids: Sequence[str] | None) -> dict[str, RunStats]:
     return out
 
 
-def _totals(run_ids: Sequence[str] | None) -> Select:
+def _totals(run_ids: Sequence[str] | None) -> Select[*tuple[Any, ...]]:
     query = select(Round.run_id, func.count().label("rounds"), func.max(ACCURACY).label("best"),
                    func.max(Round.round).label("last_round"), func.max(Round.epsilon).label("epsilon"),
                    func.sum(Round.bytes_in).label("bytes_in"), func.sum(Round.bytes_out).label("bytes_out"),
@@ -293,7 +319,7 @@ def _totals(run_ids: Sequence[str] | None) -> Select:
     return query if run_ids is None else query.where(Round.run_id.in_(run_ids))
 
 
-def _last_rounds(run_ids: Sequence[str] | None) -> Select:
+def _last_rounds(run_ids: Sequence[str] | None) -> Select[*tuple[Any, ...]]:
     last = select(Round.run_id.label("run_id"), func.max(Round.round).label("last")).group_by(Round.run_id)
     if run_ids is not None:
         last = last.where(Round.run_id.in_(run_ids))
@@ -311,7 +337,7 @@ def _scope(runs: str | Sequence[str] | None) -> list[str] | None:
     return None if runs is None else [runs] if isinstance(runs, str) else list(runs)
 
 
-def _public(query: Select, public: bool) -> Select:
+def _public(query: Select[*tuple[Any, ...]], public: bool) -> Select[*tuple[Any, ...]]:
     """Without the client rows of runs whose scenario enables DP (``dashboard.privacy.hides_clients``)."""
     if not public:
         return query
@@ -320,8 +346,11 @@ def _public(query: Select, public: bool) -> Select:
 
 
 def _natural_order() -> tuple[ColumnElement[Any], ...]:
-    """SQL's form of :func:`natural_key`: numeric labels by value (length without leading zeros, then
-    text), then names (the empty label among them) alphabetically."""
+    """Return SQL's form of :func:`natural_key` as ORDER BY terms.
+
+    Numeric labels come first, by value (length without leading zeros, then
+    text), then names (the empty label among them) alphabetically.
+    """
     client = ClientResult.client
     is_name = or_(func.length(func.trim(client, "0123456789")) > 0, client == "")
     value = func.ltrim(client, "0")  # a number's digits without leading zeros: by length, then by text
@@ -329,7 +358,7 @@ def _natural_order() -> tuple[ColumnElement[Any], ...]:
             case((is_name, client), else_=value), client.expression)
 
 
-def _client_totals(runs: list[str] | None) -> Select:
+def _client_totals(runs: list[str] | None) -> Select[*tuple[Any, ...]]:
     query = select(ClientResult.client, func.count().label("rounds"),
                    _count_if(ClientResult.outcome == ClientStatus.OK).label("ok"),
                    _count_if(ClientResult.outcome.in_((ClientStatus.DROPPED, ClientStatus.LATE))).label("dropped"),
@@ -341,7 +370,7 @@ def _client_totals(runs: list[str] | None) -> Select:
     return query if runs is None else query.where(ClientResult.run_id.in_(runs))
 
 
-def _client_recent(runs: list[str] | None, clients: list[str] | None, public: bool) -> Select:
+def _client_recent(runs: list[str] | None, clients: list[str] | None, public: bool) -> Select[*tuple[Any, ...]]:
     rank = func.row_number().over(partition_by=ClientResult.client, order_by=ClientResult.id.desc())
     inner = select(ClientResult.client, ClientResult.run_id, ClientResult.round, ClientResult.outcome,
                    ClientResult.stage, ClientResult.reason, ClientResult.id, rank.label("rank"))
@@ -354,7 +383,9 @@ def _client_recent(runs: list[str] | None, clients: list[str] | None, public: bo
 
 
 def _existing_checkpoint(recorded: Path, run_folder: Path) -> Path | None:
-    """The recorded path, or the same file name in the store's checkpoint folder.
+    """Return the recorded path, or the same file name in the store's checkpoint folder.
+
+    None when neither is an existing ``.safetensors`` file.
 
     A relative path was recorded against the aggregator's working directory,
     which may not be the dashboard's.

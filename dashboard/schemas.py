@@ -18,6 +18,8 @@ class MetricOut(BaseModel):
 
 
 class RunOut(BaseModel):
+    """A run: its scenario, status, progress and headline figures."""
+
     id: str
     name: str = Field(description="The scenario's name.")
     status: str = Field(description="running | finished | degraded | failed | stopped_budget | interrupted "
@@ -47,11 +49,15 @@ class RunOut(BaseModel):
 
 
 class RunDetailOut(RunOut):
+    """A run with the scenario it ran and the facts it recorded about itself (``info``)."""
+
     scenario: dict[str, Any] = Field(description="The scenario as submitted.")
     info: dict[str, Any]
 
 
 class RoundOut(BaseModel):
+    """One committed round of a run: its clients, losses, scores, traffic and privacy spend."""
+
     round: int
     started_at: float
     duration_s: float
@@ -79,6 +85,8 @@ class RoundOut(BaseModel):
 
 
 class ClientResultOut(BaseModel):
+    """One client's part in one round: its outcome, figures and traffic."""
+
     run_id: str
     round: int
     client: str
@@ -101,6 +109,8 @@ class ClientResultOut(BaseModel):
 
 
 class RecentOut(BaseModel):
+    """One recent participation of a client: the run, the round and its outcome."""
+
     run_id: str
     round: int
     outcome: str
@@ -108,6 +118,8 @@ class RecentOut(BaseModel):
 
 
 class ClientSummaryOut(BaseModel):
+    """A client's participation summed over runs, with its most recent rounds."""
+
     client: str
     rounds: int = Field(description="Rounds the client was sampled in.")
     ok: int
@@ -123,6 +135,8 @@ class ClientSummaryOut(BaseModel):
 
 
 class EventOut(BaseModel):
+    """One line of a run's log: Unix time, level and message."""
+
     ts: float
     level: str
     message: str

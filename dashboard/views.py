@@ -35,10 +35,12 @@ _SHOWN_METRICS = {"num-examples", "train-loss", "duration-s", "eval-loss", "eval
 
 # -- formatting -----------------------------------------------------------
 def fmt_time(ts: float | None) -> str:
+    """Format a Unix time as local ``YYYY-MM-DD HH:MM:SS`` (a dash for None)."""
     return DASH if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
 def fmt_duration(seconds: float | None) -> str:
+    """Format seconds as ``12.3 s``, ``4 min 05 s`` or ``2 h 07 min`` (a dash for None or not finite)."""
     if seconds is None or not math.isfinite(seconds):
         return DASH
     if seconds < 60:
@@ -51,6 +53,7 @@ def fmt_duration(seconds: float | None) -> str:
 
 
 def fmt_bytes(n: int | None) -> str:
+    """Format a byte count in decimal units: ``512 B``, ``1.5 kB``, ``3.2 MB``, ``1.0 GB`` (a dash for None)."""
     if n is None:
         return DASH
     size = float(n)
@@ -62,17 +65,19 @@ def fmt_bytes(n: int | None) -> str:
 
 
 def fmt_pct(x: float | None) -> str:
+    """Format a fraction as a percentage with one decimal (a dash for None or not finite)."""
     return DASH if x is None or not math.isfinite(x) else f"{x:.1%}"
 
 
 def fmt_num(x: float | None, digits: int = 4) -> str:
+    """Format a number with ``digits`` decimals (a dash for None; ``nan`` and ``inf`` as such)."""
     if x is None:
         return DASH
     return f"{x:.{digits}f}" if math.isfinite(x) else str(x)
 
 
 def fmt_metric(name: str, x: float | None) -> str:
-    """A task's score: ``accuracy`` as a percentage, any other to four significant digits."""
+    """Format a task's score: ``accuracy`` as a percentage, any other to four significant digits."""
     if name == "accuracy":
         return fmt_pct(x)
     return DASH if x is None or not math.isfinite(x) else f"{x:.4g}"
@@ -103,6 +108,7 @@ def run_data(run: Run, stats: RunStats, now: float | None = None) -> dict[str, A
 
 
 def run_display(d: Mapping[str, Any]) -> dict[str, str]:
+    """Return the display strings of a run, from its :func:`run_data`."""
     return {
         "status": d["status"].replace("_", " "), "rounds": f"{d['rounds_done']} / {d['rounds_total']}",
         "best_accuracy": fmt_pct(d["best_accuracy"]), "last_accuracy": fmt_pct(d["last_accuracy"]),
@@ -114,7 +120,7 @@ def run_display(d: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _metric_display(d: Mapping[str, Any]) -> dict[str, str]:
-    """The run's headline metric: its name, best and last value, and the best with its name (a mixed list)."""
+    """Return the run's headline metric: its name, best and last value, and the best with its name (a mixed list)."""
     name = (d.get("metric") or ACCURACY.to_json())["name"]
     best, last = fmt_metric(name, d.get("best_metric")), fmt_metric(name, d.get("last_metric"))
     return {"metric": name, "best_metric": best, "last_metric": last,
@@ -128,6 +134,7 @@ def _named(name: str, shown: str) -> str:
 
 # -- rounds ---------------------------------------------------------------
 def round_data(r: Round) -> dict[str, Any]:
+    """Return a round as JSON-ready values; ``accuracy`` is the server's, else the federated one."""
     accuracy = r.server_accuracy if r.server_accuracy is not None else r.fed_accuracy
     return {
         "round": r.round, "started_at": r.started_at, "duration_s": r.duration_s,
@@ -143,8 +150,11 @@ def round_data(r: Round) -> dict[str, Any]:
 
 
 def round_display(d: Mapping[str, Any], metric: str = "accuracy") -> dict[str, str]:
-    """Display strings of a round; ``metric`` names the run's headline (``server_metric``, ``fed_metric``)
-    and ``task_metrics`` lists the task's others, by split."""
+    """Return the display strings of a round, from its :func:`round_data`.
+
+    ``metric`` names the run's headline (shown as ``metric``, ``server_metric``
+    and ``fed_metric``) and ``task_metrics`` lists the task's other scores, by split.
+    """
     scores = d.get("scores") or {}
     return {
         "metric": fmt_metric(metric, d.get("metric")),
@@ -165,7 +175,7 @@ def round_display(d: Mapping[str, Any], metric: str = "accuracy") -> dict[str, s
 
 
 def _others(scores: Mapping[str, Mapping[str, float]], metric: str) -> str:
-    """The task's scores besides its headline and loss: ``fed mae 1.234, fed r2 0.45``."""
+    """Format the task's scores besides its headline and loss: ``fed mae 1.234, fed r2 0.45``."""
     shown = [f"{_SHORT_SPLIT[split]} {k} {fmt_metric(k, v)}" for split, values in scores.items()
              for k, v in sorted(values.items()) if k not in (metric, "loss")]
     return ", ".join(shown) or DASH
@@ -175,8 +185,12 @@ _SHORT_SPLIT = {"server": "server", "federated": "fed"}
 
 
 def round_csv_fields(rounds: Sequence[Mapping[str, Any]], metric: str) -> list[str]:
-    """The metrics CSV's columns: :data:`ROUND_CSV_FIELDS`, the headline metric under its own name (its server
-    value, else the federated one), then each task score the rounds recorded (``fed-c_index``, ``server-mae``)."""
+    """Return the metrics CSV's columns.
+
+    They are :data:`ROUND_CSV_FIELDS`, the headline metric under its own name
+    (its server value, else the federated one), then each task score the
+    rounds recorded (``fed-c_index``, ``server-mae``).
+    """
     named = sorted({f"{_SHORT_SPLIT[split]}-{k}" for d in rounds for split, values in (d.get("scores") or {}).items()
                     for k in values if k not in ("accuracy", "loss")})
     return [*ROUND_CSV_FIELDS, _headline_column(metric), *named]
@@ -203,6 +217,7 @@ def outcome_text(outcome: str, stage: str | None, reason: str | None) -> str:
 
 
 def client_result_data(c: ClientResult) -> dict[str, Any]:
+    """Return a client's result in a round as JSON-ready values, with its outcome as one line of text."""
     return {
         "run_id": c.run_id, "round": c.round, "client": c.client, "outcome": c.outcome,
         "stage": c.stage, "reason": c.reason, "description": outcome_text(c.outcome, c.stage, c.reason),
@@ -231,7 +246,7 @@ def client_result_display(d: Mapping[str, Any], metric: str = "accuracy") -> dic
 
 
 def robust_mark(metrics: Mapping[str, Any]) -> str:
-    """What a robust aggregator did to this client's update ("" when nothing): core.buffer marks."""
+    """Describe what a robust aggregator did to this client's update ("" when nothing): core.buffer marks."""
     marks = []
     if metrics.get("clipped"):
         marks.append("clipped")
@@ -244,6 +259,7 @@ def robust_mark(metrics: Mapping[str, Any]) -> str:
 
 
 def client_summary_data(c: ClientSummary) -> dict[str, Any]:
+    """Return a client's totals as JSON-ready values, with its last run and round and recent participations."""
     last = c.recent[0] if c.recent else None
     return {
         "client": c.client, "rounds": c.rounds, "ok": c.ok, "dropped": c.dropped, "rejected": c.rejected,
@@ -263,7 +279,7 @@ def _short(value: Any) -> str:
 
 # -- scenario and secure aggregation --------------------------------------
 def scenario_text(scenario: Mapping[str, Any]) -> str:
-    """The scenario as TOML-like text: top-level keys, then one ``[table]`` per section."""
+    """Render the scenario as TOML-like text: top-level keys, then one ``[table]`` per section."""
     lines = [_toml_line(k, v) for k, v in scenario.items() if not isinstance(v, Mapping)]
     lines.extend(_toml_tables(scenario, prefix=""))
     return "\n".join(lines).strip() + "\n"

@@ -69,6 +69,7 @@ class AgentSpec:
 
     @property
     def runtime_address(self) -> str:
+        """Return the SuperNode's ClientApp runtime address: ``127.0.0.1:<runtime_port>``."""
         return f"127.0.0.1:{self.runtime_port}"
 
 
@@ -95,8 +96,11 @@ def supernode_argv(spec: AgentSpec) -> list[str]:
 
 
 class _PollClock:
-    """Stands in for the ``time`` module inside Flower's SuperNode loop only:
-    its idle and reply sleeps become ``poll_s`` and a tenth of it."""
+    """Stand in for the ``time`` module inside Flower's SuperNode loop only.
+
+    Its idle sleeps become ``poll_s`` and its reply sleeps a tenth of it
+    (between 0.01 s and Flower's own).
+    """
 
     def __init__(self, poll_s: float) -> None:
         self._poll_s = poll_s
@@ -120,7 +124,8 @@ def run_supernode(argv: Sequence[str], poll_s: float) -> None:
 
     update_console_handler(timestamps=True, colored=False)
     if poll_s < IDLE_SLEEP_S:
-        loop.time = _PollClock(poll_s)  # type: ignore[assignment]  # a stand-in for the time module (duck-typed)
+        # a stand-in for the time module (duck-typed), which that module imports without re-exporting
+        loop.time = _PollClock(poll_s)  # type: ignore[assignment,attr-defined]
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 
@@ -299,7 +304,7 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]], grace_s: float = 15.0) -> No
 
 
 def child_args(spec: AgentSpec) -> dict[str, list[str]]:
-    """The arguments of the agent's two children (``python -m deploy.agent ROLE ...``)."""
+    """Return the arguments of the agent's two children (``python -m deploy.agent ROLE ...``), by role."""
     return {
         "supernode": ["--poll-s", str(spec.poll_s), "--", *supernode_argv(spec)],
         "worker": ["--runtime", spec.runtime_address, "--poll-s", str(min(spec.poll_s, 0.2)),

@@ -35,8 +35,11 @@ def enroll(
         help="The device's own secure-aggregation identity, a file holding its Ed25519 public key as 64 hex "
              "digits. Without it one is made here.")] = None,
 ) -> None:
-    """(aggregator) Register a device's key with the running aggregator and its secure-aggregation identity
-    in the enrolment directory; print what the device needs."""
+    """Register a device with the running aggregator and print what the device needs (run on the aggregator).
+
+    The device's key goes to the running aggregator and its secure-aggregation
+    identity into the enrolment directory.
+    """
     from core.errors import QuorumError
     from deploy.config import load_config
     from deploy.enroll import directory_path
@@ -69,7 +72,7 @@ def revoke(
     name: Annotated[str, typer.Argument(help="The device to remove.")],
     config: ConfigOption = None,
 ) -> None:
-    """(aggregator) Unregister a device's key: the aggregator refuses it from now on."""
+    """Unregister a device's key: the aggregator refuses it from now on (run on the aggregator)."""
     from core.errors import QuorumError
     from deploy.config import load_config
     from deploy.enroll import revoke as do_revoke
@@ -90,7 +93,7 @@ def keygen(
                          "--secagg-public-key PATH.pub, so the aggregator never holds this device's signing key.")]
     = False,
 ) -> None:
-    """(device) Make this device's key pair; send only the .pub file to the aggregator."""
+    """Make this device's key pair; send only the .pub file to the aggregator (run on the device)."""
     from deploy.pki import make_node_key, public_key_fingerprint
     from privacy.secagg.identity import write_identity
 
@@ -108,7 +111,7 @@ def keygen(
 
 def _preflight(server: str, ca: Path | None, runtime_port: int | None, workdir: Path,
                data: Path) -> tuple[int, Any]:
-    """The checks before joining (docs/deploy.md, section 4); the runtime port, and the held workdir lock."""
+    """Run the checks before joining (docs/deploy.md, section 4); return the runtime port and the held workdir lock."""
     from deploy.preflight import PreflightError, check_ca, check_data, check_port, free_port, lock_workdir
 
     port = free_port() if runtime_port is None else runtime_port
@@ -145,7 +148,7 @@ def start(
     secagg_directory: Annotated[Path | None, typer.Option(
         help="Secure aggregation: the operator's enrolment directory (JSON, id -> public key).")] = None,
 ) -> None:
-    """(device) Run the client agent: a SuperNode plus a warm ClientApp worker, restarted if they die."""
+    """Run the client agent: a SuperNode plus a warm ClientApp worker, restarted if they die (run on the device)."""
     from deploy.agent import AgentSpec, run_agent
 
     if not data.exists():
@@ -177,7 +180,7 @@ def agent_status(
     = Path(".quorum-agent"),
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
-    """(device) Is this device's agent running, which node is it, and how did its last tasks end."""
+    """Show whether this device's agent is running, its node id, and how its last tasks ended (run on the device)."""
     import json
 
     from deploy.agent_console import agent_report

@@ -39,10 +39,13 @@ _LEADING_FILE = re.compile(r"^(?:<path>|[\w.~-]+\.[A-Za-z]\w*): ")
 
 
 def public_reason(exc: BaseException, limit: int = 200) -> str:
-    """What a failed task tells the aggregator: the error's type and a short message, never the device's
-    file paths or its data's column lists (the device's own console and log keep the whole message).
-    The data file a message starts with (``<path>: line 5, ...``) is left out: the aggregator knows it
-    as this device's file."""
+    """Return what a failed task tells the aggregator: the error's type and a short message.
+
+    Never the device's file paths or its data's column lists (the device's own
+    console and log keep the whole message). The data file a message starts
+    with (``<path>: line 5, ...``) is left out: the aggregator knows it as this
+    device's file.
+    """
     text = _LEADING_FILE.sub("", _PATH.sub("<path>", str(exc)))
     parts = text.split(",")
     if len(parts) > 6:
@@ -121,6 +124,10 @@ class AgentConsole:
         self.cause, self.probed_at = "", -PROBE_EVERY_S  # why the aggregator was last unreachable, and when
 
     def poll(self) -> None:
+        """Relay the children's new log lines and track whether the SuperNode is connected.
+
+        While connected, the session file is touched every ``SESSION_TOUCH_S``.
+        """
         seen = self.relay.poll()
         if CONNECTED in seen:
             self.connected = True
@@ -130,7 +137,7 @@ class AgentConsole:
             self._touch()
 
     def _retrying(self, rest: str) -> str:
-        """The SuperNode lost the aggregator: the cause (a connection attempt of our own) and the countdown."""
+        """Say that the SuperNode lost the aggregator: the cause (a connection attempt of our own) and the countdown."""
         seconds = rest.split()[0] if rest else ""
         where = f"the aggregator at {self.server}" if self.server else "the aggregator"
         if self.server and time.monotonic() - self.probed_at > PROBE_EVERY_S:  # a retry storm probes once
@@ -153,7 +160,10 @@ class AgentConsole:
 
     def after_exit(self, role: str, code: int | None, restarts: int, max_restarts: int | None,
                    backoff: float) -> int | None:
-        """The agent's exit code when ``role``'s exit ends it (said in one line), else ``None`` (restart it)."""
+        """Return the agent's exit code when ``role``'s exit ends it (said in one line), else ``None`` (restart it).
+
+        3: the SuperNode's log shows a fatal cause; 1: more than ``max_restarts`` restarts.
+        """
         fatal = None
         if role == "supernode":
             if self.connected:
@@ -191,7 +201,7 @@ def _is_number(text: str) -> bool:
 
 
 def agent_report(workdir: Path, tasks: int = 10) -> dict[str, Any]:
-    """What ``quorum client status`` shows: is the agent running, its node id, its last tasks' outcomes."""
+    """Return what ``quorum client status`` shows: is the agent running, its node id, its last tasks' outcomes."""
     logs = workdir / "logs"
     node = _last_after(logs / "supernode.log", "SuperNode ID: ", 1)
     return {"workdir": str(workdir), "running": agent_running(workdir),
@@ -200,7 +210,7 @@ def agent_report(workdir: Path, tasks: int = 10) -> dict[str, Any]:
 
 
 def _last_after(path: Path, mark: str, count: int) -> list[str]:
-    """The text after ``mark`` on the last ``count`` lines of ``path`` that hold it (the last MB read)."""
+    """Return the text after ``mark`` on the last ``count`` lines of ``path`` that hold it (the last MB read)."""
     try:
         with path.open("rb") as handle:
             handle.seek(max(0, path.stat().st_size - (1 << 20)))

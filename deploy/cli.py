@@ -19,6 +19,8 @@ from deploy.config import DeployConfig, load_config
 from scenarios.errors import ScenarioError
 
 if TYPE_CHECKING:
+    from deploy.supervisor import Supervisor
+    from runstore.store import Round, Run, RunStore
     from scenarios.schema import Scenario
 
 __all__ = ["app", "ConfigOption"]
@@ -118,7 +120,7 @@ def _detach(log: Path, ready_s: float = 180.0) -> None:
         time.sleep(0.3)
 
 
-def _announce(sup) -> None:
+def _announce(sup: Supervisor) -> None:
     from deploy.pki import fingerprint
 
     cfg = sup.config
@@ -169,8 +171,12 @@ def run(
 
 
 def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float, scenario: Scenario | None = None) -> None:
-    """Print each round as it commits; exit with the run's code: 0 finished, 3 degraded, 1 failed or
-    interrupted (``core.outcomes.exit_code``). Until the run opens, say how many devices are connected."""
+    """Print each round as it commits, then exit with the run's code.
+
+    The code is 0 finished, 3 degraded, 1 failed or interrupted
+    (``core.outcomes.exit_code``). Until the run opens, say how many devices
+    are connected.
+    """
     from core.outcomes import exit_code
     from deploy.status import ServerAppWatch, find_stored_run
     from runstore.store import RunStore
@@ -235,7 +241,7 @@ class DeviceWait:
                   f"aggregator.wait_clients_s = {self.config.aggregator.wait_clients_s:g} s", flush=True)
 
 
-def _round_line(store, run, r) -> str:
+def _round_line(store: RunStore, run: Run, r: Round) -> str:
     """``2/3 answered, 1 failed: device-3 DataError: no label column 'label', 14.0 s, accuracy 0.741``."""
     from core.outcomes import count, round_line
 
@@ -267,7 +273,7 @@ def status(
     config: ConfigOption = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
-    """Connected clients and the current run."""
+    """Show the connected clients and the current run."""
     from deploy.status import collect_status, render_status
 
     cfg = _load(config)

@@ -30,7 +30,7 @@ __all__ = ["AggregatorSpec", "DashboardSpec", "DeployConfig", "StatePaths", "loa
 
 
 def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    """Return True for 127.0.0.0/8, ::1 and ``localhost``."""
     if host == "localhost":
         return True
     try:
@@ -46,6 +46,8 @@ def _port(key: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class AggregatorSpec:
+    """The ``[aggregator]`` table: the federation's name, addresses, ports, state folder and run store."""
+
     name: str = "quorum"
     address: str = "127.0.0.1"
     listen: str = "0.0.0.0"
@@ -59,6 +61,15 @@ class AggregatorSpec:
     rate_limit: int = 200       # Fleet requests per second per device address at the front door; 0: off
 
     def check(self) -> None:
+        """Validate the values together.
+
+        Raises
+        ------
+        ConfigError
+            A port is out of range, the two ports are equal, the name has other
+            than letters, digits, - and _, ``insecure`` is set off loopback, or
+            ``rate_limit`` or ``wait_clients_s`` is negative.
+        """
         _port("aggregator.port", self.port)
         _port("aggregator.internal_port", self.internal_port)
         if self.port == self.internal_port:
@@ -76,12 +87,21 @@ class AggregatorSpec:
 
 @dataclass(frozen=True)
 class DashboardSpec:
+    """The ``[dashboard]`` table: whether the aggregator serves the dashboard, where, and its token."""
+
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = 8000
     token: str = ""
 
     def check(self) -> None:
+        """Validate the values together.
+
+        Raises
+        ------
+        ConfigError
+            The port is out of range, or an enabled dashboard binds beyond loopback without a token.
+        """
         _port("dashboard.port", self.port)
         if self.enabled and not is_loopback(self.host) and not self.token:
             raise ConfigError(f"dashboard.host = {self.host!r} without dashboard.token: a dashboard "
@@ -94,40 +114,85 @@ class StatePaths:
 
     root: Path
 
-    tls = property(lambda self: self.root / "tls")
-    keys = property(lambda self: self.root / "devices")
-    registry = property(lambda self: self.root / "devices" / "registry.json")
-    linkstate = property(lambda self: self.root / "superlink" / "linkstate.db")
-    flwr_home = property(lambda self: self.root / "flwr-home")
-    app = property(lambda self: self.root / "app")
-    proxy = property(lambda self: self.root / "proxy")
-    logs = property(lambda self: self.root / "logs")
-    pidfile = property(lambda self: self.root / "aggregator.json")
-    runs_db = property(lambda self: self.root / "runs" / "quorum.db")
+    @property
+    def tls(self) -> Path:
+        """Return the folder of the federation's CA and server certificate."""
+        return self.root / "tls"
+
+    @property
+    def keys(self) -> Path:
+        """Return the folder of the enrolment registry and directory, and of device keys made here."""
+        return self.root / "devices"
+
+    @property
+    def registry(self) -> Path:
+        """Return the enrolment registry: the enrolled devices by name (JSON)."""
+        return self.root / "devices" / "registry.json"
+
+    @property
+    def linkstate(self) -> Path:
+        """Return the SuperLink's state database (node keys and ids)."""
+        return self.root / "superlink" / "linkstate.db"
+
+    @property
+    def flwr_home(self) -> Path:
+        """Return ``$FLWR_HOME`` for this host's Flower processes."""
+        return self.root / "flwr-home"
+
+    @property
+    def app(self) -> Path:
+        """Return the folder of the Flower App ``flwr run`` bundles."""
+        return self.root / "app"
+
+    @property
+    def proxy(self) -> Path:
+        """Return nginx's working folder (its configuration, pid, logs and temp files)."""
+        return self.root / "proxy"
+
+    @property
+    def logs(self) -> Path:
+        """Return the folder of the aggregator's children's logs."""
+        return self.root / "logs"
+
+    @property
+    def pidfile(self) -> Path:
+        """Return the running aggregator's pid file (JSON: its pid, addresses and children)."""
+        return self.root / "aggregator.json"
+
+    @property
+    def runs_db(self) -> Path:
+        """Return the default run store, a SQLite file."""
+        return self.root / "runs" / "quorum.db"
 
 
 @dataclass(frozen=True)
 class DeployConfig:
+    """A parsed ``federation.toml``; ``base`` is its folder, against which relative paths resolve."""
+
     aggregator: AggregatorSpec = field(default_factory=AggregatorSpec)
     dashboard: DashboardSpec = field(default_factory=DashboardSpec)
     base: Path = Path(".")
 
     @property
     def state(self) -> StatePaths:
+        """Return the paths under ``state_dir`` (resolved against ``base`` when relative)."""
         path = Path(self.aggregator.state_dir).expanduser()
         return StatePaths(path if path.is_absolute() else (self.base / path).resolve())
 
     @property
     def db_url(self) -> str:
+        """Return the run store's URL: ``database``, else SQLite in the state folder."""
         return self.aggregator.database or f"sqlite:///{self.state.runs_db}"
 
     @property
     def device_address(self) -> str:
+        """Return the ``host:port`` devices dial (an IPv6 address in brackets)."""
         a = self.aggregator
         return f"[{a.address}]:{a.port}" if ":" in a.address else f"{a.address}:{a.port}"
 
     @property
     def control_address(self) -> str:
+        """Return the SuperLink's address on 127.0.0.1 (``internal_port``)."""
         return f"127.0.0.1:{self.aggregator.internal_port}"
 
     @property
@@ -136,6 +201,13 @@ class DeployConfig:
         return [self.aggregator.address, *self.aggregator.extra_names, "localhost", "127.0.0.1"]
 
     def with_overrides(self, **aggregator: Any) -> DeployConfig:
+        """Return a copy with the given ``[aggregator]`` values replaced, checked again.
+
+        Raises
+        ------
+        ConfigError
+            The new values fail :meth:`AggregatorSpec.check`.
+        """
         new = replace(self, aggregator=replace(self.aggregator, **aggregator))
         new.aggregator.check()
         return new

@@ -46,6 +46,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 @dataclass(frozen=True)
 class Device:
+    """One enrolled device as the registry records it: its name, node id, public keys and when it enrolled."""
+
     name: str
     node_id: int
     fingerprint: str
@@ -57,13 +59,15 @@ class Device:
 
 @dataclass(frozen=True)
 class Enrolled:
+    """What an enrolment made: the device's record and the private key files made here, if any."""
+
     device: Device
     private_key: Path | None   # only when the pair was made here: copy it to the device, then delete it
     secagg_identity: Path | None = None  # likewise, the secure-aggregation identity made here (hex, 0600)
 
 
 def directory_path(config: DeployConfig) -> Path:
-    """The published secure-aggregation enrolment directory (``node id -> hex public key``)."""
+    """Return the path of the published secure-aggregation enrolment directory (``node id -> hex public key``)."""
     return config.state.registry.parent / "secagg-directory.json"
 
 
@@ -72,7 +76,7 @@ def _revoked_path(config: DeployConfig) -> Path:
 
 
 def revoked_devices(config: DeployConfig) -> dict[int, str]:
-    """node id -> name of each device revoked here (the SuperLink lists their nodes as ``unregistered``)."""
+    """Node id -> name of each device revoked here (the SuperLink lists their nodes as ``unregistered``)."""
     path = _revoked_path(config)
     if not path.exists():
         return {}
@@ -80,6 +84,7 @@ def revoked_devices(config: DeployConfig) -> dict[int, str]:
 
 
 def load_registry(config: DeployConfig) -> dict[str, Device]:
+    """Return the enrolled devices by name (empty when the registry file does not exist yet)."""
     path = config.state.registry
     if not path.exists():
         return {}
@@ -87,7 +92,7 @@ def load_registry(config: DeployConfig) -> dict[str, Device]:
 
 
 def _save(config: DeployConfig, devices: dict[str, Device]) -> None:
-    """The registry, then the directory of the devices' secure-aggregation identities."""
+    """Write the registry, then the directory of the devices' secure-aggregation identities, each atomically."""
     path = config.state.registry
     path.parent.mkdir(parents=True, exist_ok=True)
     _replace(path, json.dumps({n: asdict(d) for n, d in sorted(devices.items())}, indent=2))
@@ -124,14 +129,16 @@ def _secagg_identity(config: DeployConfig, name: str, public: Path | None) -> tu
 
 
 def device_names(config: DeployConfig) -> dict[int, str]:
-    """node id -> device name, for the round loop's records and the dashboard."""
+    """Node id -> device name, for the round loop's records and the dashboard."""
     return {d.node_id: d.name for d in load_registry(config).values()}
 
 
 def enroll(config: DeployConfig, name: str, public_key: Path | None = None,
            secagg_public_key: Path | None = None) -> Enrolled:
-    """Register ``name``'s key with the SuperLink and its secure-aggregation identity in the directory
-    (making either key pair here when its public half is not given)."""
+    """Register ``name``'s key with the SuperLink and its secure-aggregation identity in the directory.
+
+    Either key pair is made here when its public half is not given.
+    """
     if not _NAME.match(name):
         raise EnrollError(f"device name {name!r}: use letters, digits, '.', '_' and '-' (at most 63)")
     devices = load_registry(config)

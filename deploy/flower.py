@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import deploy
 from deploy.config import APP_CONFIG, DeployConfig
@@ -36,13 +36,13 @@ _QUIET = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
 
 
 def bin_path(name: str) -> str:
-    """A console script of this Python environment (Flower's, Quorum's)."""
+    """Return the path of a console script of this Python environment (Flower's, Quorum's), else its bare name."""
     local = Path(sys.executable).parent / name
     return str(local) if local.exists() else name
 
 
 def flower_env(config: DeployConfig, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for Flower processes: its own FLWR_HOME, quiet, Quorum importable."""
+    """Build the environment for Flower processes: its own FLWR_HOME, quiet, Quorum importable."""
     env = dict(os.environ)
     env.update(_QUIET)
     env["FLWR_HOME"] = str(config.state.flwr_home)
@@ -65,7 +65,10 @@ def write_flower_home(config: DeployConfig, tls: TlsFiles | None) -> Path:
 
 
 def superlink_command(config: DeployConfig, tls: TlsFiles | None) -> list[str]:
-    """The SuperLink on 127.0.0.1 only, its state in a database file (node keys and ids survive restarts)."""
+    """Build the SuperLink's command: on 127.0.0.1 only, its state in a database file.
+
+    Node keys and ids survive restarts.
+    """
     config.state.linkstate.parent.mkdir(parents=True, exist_ok=True)
     cmd = [bin_path("flower-superlink"), "--host", "127.0.0.1", "--port", str(config.aggregator.internal_port),
            "--database", str(config.state.linkstate), "--disable-runtime-dependency-installation"]
@@ -76,7 +79,7 @@ def superlink_command(config: DeployConfig, tls: TlsFiles | None) -> list[str]:
 
 
 def write_app(config: DeployConfig) -> Path:
-    """The Flower App ``flwr run`` bundles: configuration only, no code.
+    """Write the Flower App ``flwr run`` bundles (configuration only, no code); return its folder.
 
     The ServerApp and ClientApp are imported from each side's own Quorum
     installation, so a device runs only code it installed itself.
@@ -97,7 +100,7 @@ def write_app(config: DeployConfig) -> Path:
 
 @contextmanager
 def control(config: DeployConfig) -> Iterator[ControlHttpClient]:
-    """A client of this host's SuperLink Control API, in this process.
+    """Open a client of this host's SuperLink Control API, in this process.
 
     What ``flwr supernode register``, ``flwr run`` and the rest send, without a
     ``flwr`` process per call (about 1.2 s of CPU each, mostly imports): the
@@ -163,6 +166,13 @@ def register_key(config: DeployConfig, public_key: Path, name: str) -> int:
 
 
 def unregister_node(config: DeployConfig, node_id: int) -> None:
+    """Unregister ``node_id`` from the SuperLink (``flwr supernode unregister``).
+
+    Raises
+    ------
+    DeployError
+        The SuperLink refused, in Flower's CLI words.
+    """
     from flwr.proto.control_pb2 import UnregisterNodeRequest
 
     with control(config) as api, _refusal(f"the SuperLink did not unregister node {node_id}"):
@@ -180,7 +190,7 @@ def stop_run(config: DeployConfig, flower_run_id: int) -> bool:
         return False
 
 
-def list_nodes(config: DeployConfig) -> list[dict]:
+def list_nodes(config: DeployConfig) -> list[dict[str, Any]]:
     """``flwr supernode list --format json``'s rows: ``node-id``, ``owner-name``, ``status``."""
     from flwr.proto.control_pb2 import ListNodesRequest
 

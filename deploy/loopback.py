@@ -35,6 +35,7 @@ _CLI = [sys.executable, "-m", "deploy"]
 
 
 def free_ports(count: int) -> list[int]:
+    """Return ``count`` distinct TCP ports on 127.0.0.1 the kernel found free (released again on return)."""
     with contextlib.ExitStack() as stack:
         socks = [stack.enter_context(socket.socket()) for _ in range(count)]
         for s in socks:
@@ -56,11 +57,14 @@ def _tagged(tag: str) -> list[int]:
 
 @dataclass
 class Started:
+    """A started process: its name, its ``Popen`` and the log file its stdout and stderr go to."""
+
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
 
     def text(self) -> str:
+        """Return the log so far ("" before the file exists)."""
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def kill_group(self, sig: int = signal.SIGKILL) -> None:
@@ -80,6 +84,12 @@ class Processes:
 
     def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
               cwd: Path | None = None) -> Started:
+        """Start ``argv`` in a new session, tagged, logging to ``workdir/<name>.log``; return it.
+
+        The process inherits this environment plus ``env``, the federation's
+        tag and this repository on ``PYTHONPATH``; it runs in ``cwd`` (default
+        ``workdir``) with stdin closed.
+        """
         full = {**os.environ, **(env or {}), TAG_ENV: self.tag}
         root = str(Path(__file__).resolve().parents[2])
         full["PYTHONPATH"] = os.pathsep.join(p for p in (root, full.get("PYTHONPATH", "")) if p)
@@ -92,9 +102,11 @@ class Processes:
         return started
 
     def alive(self) -> list[int]:
+        """Return the pids of the live (not zombie) processes that carry this federation's tag."""
         return _tagged(self.tag)
 
     def wait_gone(self, pids: Sequence[int], timeout_s: float = 30.0) -> list[int]:
+        """Wait up to ``timeout_s`` for ``pids`` to exit, reaping started ones; return those still alive."""
         deadline = time.monotonic() + timeout_s
         left = [p for p in pids if p in self.alive()]
         while left and time.monotonic() < deadline:
@@ -164,6 +176,7 @@ class LoopbackFederation:
     agents: dict[str, Started] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        """Pick free ports unless given, write ``workdir/federation.toml`` and load it as ``deploy``."""
         if not self.port:
             self.port, self.internal_port, self.dashboard_port = free_ports(3)
         self.config = self.workdir / "federation.toml"
@@ -176,9 +189,11 @@ class LoopbackFederation:
 
     @property
     def address(self) -> str:
+        """Return the address devices dial: ``127.0.0.1:<port>``."""
         return f"127.0.0.1:{self.port}"
 
     def cli(self, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """Run ``python -m deploy *args`` in ``workdir``, tagged; return it completed, output captured."""
         env = {**os.environ, TAG_ENV: self.procs.tag}
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
@@ -186,21 +201,47 @@ class LoopbackFederation:
                               cwd=self.workdir, stdin=subprocess.DEVNULL, check=False)
 
     def start_aggregator(self, timeout_s: float = 90.0) -> Started:
+        """Start ``aggregator start`` and wait until it logs ``aggregator ready``.
+
+        Raises
+        ------
+        ProcessFailed
+            The aggregator exited or was not ready within ``timeout_s``.
+        """
         n = sum(1 for s in self.procs.started if s.name.startswith("aggregator"))
         self.aggregator = self.procs.start(f"aggregator-{n}", [*_CLI, "aggregator", "start", "-c", str(self.config)])
         _wait_for(self.aggregator, "aggregator ready", timeout_s)
         return self.aggregator
 
     def enroll(self, name: str) -> None:
+        """Enroll device ``name`` with ``client enroll``.
+
+        Raises
+        ------
+        ProcessFailed
+            The command exited non-zero.
+        """
         done = self.cli("client", "enroll", name, "-c", str(self.config))
         if done.returncode != 0:
             raise ProcessFailed(f"enroll {name} failed:\n{done.stdout}\n{done.stderr}")
 
     def key(self, name: str) -> Path:
+        """Return the path of device ``name``'s key, as enrolment writes it."""
         return self.deploy.state.keys / f"{name}.key"
 
     def start_agent(self, name: str, data: Path, key: Path | None = None, runtime_port: int | None = None,
                     connect_timeout_s: float = 90.0, wait: bool = True) -> Started:
+        """Start ``client start`` for device ``name`` on ``data``; return the agent process.
+
+        It uses the device's key and the federation's CA (or ``--insecure``),
+        and its secure-aggregation identity when enrolment issued one. With
+        ``wait``, block until its SuperNode logs its node id.
+
+        Raises
+        ------
+        ProcessFailed
+            With ``wait``: the agent exited, or its SuperNode logged no node id within ``connect_timeout_s``.
+        """
         port = runtime_port or free_ports(1)[0]
         argv = [*_CLI, "client", "start", "--server", self.address, "--data", str(data), "--name", name,
                 "--runtime-port", str(port), "--poll", str(self.poll_s), "--workdir", str(self.workdir / name)]
@@ -217,4 +258,5 @@ class LoopbackFederation:
         return agent
 
     def supernode_log(self, name: str) -> Path:
+        """Return the path of device ``name``'s SuperNode log."""
         return self.workdir / name / "logs" / "supernode.log"

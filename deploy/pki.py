@@ -44,6 +44,7 @@ class TlsFiles:
 
     @classmethod
     def in_dir(cls, directory: Path) -> TlsFiles:
+        """Return the files under ``directory``: ``ca.pem``, ``ca.key``, ``server.pem``, ``server.key``."""
         return cls(directory / "ca.pem", directory / "ca.key", directory / "server.pem", directory / "server.key")
 
 
@@ -72,7 +73,7 @@ def _validity(days: int) -> tuple[datetime.datetime, datetime.datetime]:
 
 
 def make_ca(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    """A self-signed CA allowed to sign server certificates only (path length 0)."""
+    """Make a self-signed CA allowed to sign server certificates only (path length 0); return it and its key."""
     key = ec.generate_private_key(_CURVE)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
                       x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Quorum federation")])
@@ -102,7 +103,15 @@ def san_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
 
 def make_server_cert(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey,
                      hosts: Sequence[str]) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    """A TLS server certificate for ``hosts`` (the first is the common name)."""
+    """Make a TLS server certificate for ``hosts`` signed by the CA (the first is the common name).
+
+    Returns the certificate and its new private key.
+
+    Raises
+    ------
+    ValueError
+        ``hosts`` is empty.
+    """
     if not hosts:
         raise ValueError("a server certificate needs at least one host name or address")
     key = ec.generate_private_key(_CURVE)
@@ -121,8 +130,10 @@ def make_server_cert(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateK
 
 
 def fingerprint(cert_pem: bytes) -> str:
-    """SHA-256 fingerprint of a PEM certificate, as ``AB:CD:...`` (what ``openssl x509
-    -fingerprint -sha256`` prints)."""
+    """Return the SHA-256 fingerprint of a PEM certificate, as ``AB:CD:...``.
+
+    That is what ``openssl x509 -fingerprint -sha256`` prints.
+    """
     der = x509.load_pem_x509_certificate(cert_pem).public_bytes(serialization.Encoding.DER)
     digest = hashlib.sha256(der).hexdigest().upper()
     return ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
@@ -167,6 +178,7 @@ class NodeKey:
 
     @property
     def public_openssh(self) -> str:
+        """Return the public key file's OpenSSH line, stripped."""
         return self.public.read_text().strip()
 
 

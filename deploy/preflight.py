@@ -76,7 +76,10 @@ def lock_workdir(workdir: Path) -> IO[str]:
 
 
 def agent_running(workdir: Path) -> int | None:
-    """The pid of the agent that holds ``workdir``'s lock, or ``None`` when none does."""
+    """Return the pid of the agent that holds ``workdir``'s lock, or ``None`` when none does.
+
+    0 when the lock is held but its file names no pid.
+    """
     path = workdir / "agent.lock"
     if not path.exists():
         return None
@@ -92,7 +95,7 @@ def agent_running(workdir: Path) -> int | None:
 
 
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1, chosen by the kernel."""
+    """Return a free TCP port on 127.0.0.1, chosen by the kernel."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -117,7 +120,7 @@ def _host_port(server: str) -> tuple[str, int]:
 
 
 def check_ca(server: str, ca: Path, timeout_s: float = 5.0) -> str | None:
-    """A TLS handshake with the aggregator, verified by ``ca``.
+    """Try a TLS handshake with the aggregator, verified by ``ca``.
 
     Returns ``None`` when the certificate verifies, or a warning when the
     aggregator cannot be reached (the agent retries).
@@ -160,7 +163,7 @@ class SupernodeDiagnosis:
     cause: str = ""  # why it exited this time, when its log says (shown with the restart)
 
     def after_exit(self, now: float | None = None, recent_session: bool = True) -> str | None:
-        """The fatal reason in what the SuperNode logged since its last exit, or ``None`` to restart it.
+        """Return the fatal reason in what the SuperNode logged since its last exit, or ``None`` to restart it.
 
         ``recent_session``: this device's key may still hold a session at the
         SuperLink (it was connected within :data:`ACTIVATION_GRACE_S`), so a
@@ -204,8 +207,11 @@ _LOG_PREFIX = re.compile(r"^.*?\b(?:ERROR|CRITICAL|WARNING|INFO|DEBUG)\b\s*:?\s*
 
 
 def last_error(text: str, limit: int = 160) -> str:
-    """The last line of ``text`` (a process's log since it started) that says what went wrong, without its
-    timestamp and level; ``""`` when none does."""
+    """Return the last line of ``text`` (a process's log since it started) that says what went wrong.
+
+    The line comes without its timestamp and level, cut to ``limit``
+    characters; ``""`` when no line does.
+    """
     lines = [line.strip() for line in text.splitlines() if _ERROR_LINE.search(line)]
     if not lines:
         return ""
@@ -251,7 +257,7 @@ def check_data(path: Path, label_column: str = "label", sample_rows: int = 2000)
 
 
 def _scale_warning(path: Path, x: np.ndarray, names: list[str] | None) -> list[str]:
-    """The feature of largest magnitude, when it is beyond :data:`UNSCALED_ABOVE`: its name and range."""
+    """Warn of the feature of largest magnitude, when it is beyond :data:`UNSCALED_ABOVE`: its name and range."""
     if not x.size:
         return []
     with np.errstate(invalid="ignore"):

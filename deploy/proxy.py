@@ -58,8 +58,11 @@ def _listen(host: str, port: int) -> str:
 
 
 def _upstream_block(spec: ProxySpec) -> str:
-    """What every forwarded location shares: keep-alive to the SuperLink, no buffering
-    (model updates stream through), and on TLS the SuperLink's certificate verified."""
+    """Return the nginx directives every forwarded location shares.
+
+    Keep-alive to the SuperLink, no buffering (model updates stream through),
+    and on TLS the SuperLink's certificate verified.
+    """
     lines = ["proxy_http_version 1.1;", 'proxy_set_header Connection "";', "proxy_set_header Host localhost;",
              "proxy_set_header X-Forwarded-For $remote_addr;", "proxy_buffering off;",
              "proxy_request_buffering off;", "proxy_read_timeout 300s;", "proxy_send_timeout 300s;"]
@@ -78,7 +81,7 @@ def _tls_block(spec: ProxySpec) -> str:
 
 
 def _rate_limit(spec: ProxySpec) -> tuple[str, str]:
-    """The ``http``-level zone and the Fleet location's rule (empty when there is no limit).
+    """Return the ``http``-level zone and the Fleet location's rule (both empty when there is no limit).
 
     A SuperNode polls about once a second and fetches a model as a handful of
     object requests, so the limit is per address, sized for many devices behind
@@ -139,7 +142,13 @@ http {{
 
 
 def nginx_binary() -> str:
-    """The ``nginx`` executable (Debian: ``apt-get install nginx-light``)."""
+    """Return the path of the ``nginx`` executable (Debian: ``apt-get install nginx-light``).
+
+    Raises
+    ------
+    ProcessFailed
+        nginx is not installed.
+    """
     found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
                                            if Path(p).exists()), None)
     if found is None:

@@ -1,4 +1,4 @@
-"""Before a deployed run is submitted: are enough devices online for the scenario?
+"""Check, before a deployed run is submitted, that enough devices are online for the scenario.
 
 ``quorum aggregator run`` asks the SuperLink which devices are online and
 compares them with the scenario's ``[federation] min_clients`` (the least a
@@ -32,7 +32,7 @@ class Fleet:
 
 
 def fleet(config: DeployConfig) -> Fleet:
-    """The SuperLink's view now (a device enrolled elsewhere shows as its node id)."""
+    """Return the SuperLink's view now: devices enrolled and online (one enrolled elsewhere shows as its node id)."""
     names, nodes = device_names(config), list_nodes(config)
     online = tuple(sorted(names.get(int(n["node-id"]), str(n["node-id"])) for n in nodes
                           if n.get("status") == "online"))

@@ -30,6 +30,7 @@ EXIT_GRACE_S = 5.0
 
 
 def find_stored_run(store: RunStore, flower_run: int) -> Run | None:
+    """Return the stored run whose recorded ``flower_run_id`` is ``flower_run``, or None before it opens."""
     for run in store.list_runs():
         if (run.info or {}).get("flower_run_id") == flower_run:
             return run
@@ -37,7 +38,7 @@ def find_stored_run(store: RunStore, flower_run: int) -> Run | None:
 
 
 def serverapp_pids(config: DeployConfig, flower_run: int) -> list[int]:
-    """The live ServerApp processes of ``flower_run`` (each leaves a pid file while it runs)."""
+    """Return the pids of the live ServerApp processes of ``flower_run`` (each leaves a pid file while it runs)."""
     pids = []
     for path in (config.state.root / "serverapps").glob("*.json"):
         try:
@@ -78,7 +79,7 @@ class ServerAppWatch:
 
 
 def _last_error(log: Path) -> str:
-    """The last line of ``log`` that names an error, or a plain hint."""
+    """Return the last line of ``log`` that names an error (at most 300 characters), or a plain hint."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
@@ -122,7 +123,7 @@ def stop_aggregator(config: DeployConfig, timeout_s: float = 60.0, poll_s: float
 
 
 def _command(pid: int) -> list[str]:
-    """A process's arguments (``/proc``, else ``ps``); empty for a zombie or a process that is gone."""
+    """Return a process's arguments (``/proc``, else ``ps``); empty for a zombie or a process that is gone."""
     try:
         return [w.decode(errors="replace") for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
     except OSError:
@@ -188,6 +189,7 @@ def _node(node_id: int, status: str, names: dict[int, str], revoked: dict[int, s
 
 
 def render_status(info: dict[str, Any]) -> None:
+    """Print :func:`collect_status`'s dict for a terminal: the aggregator, a table of clients, the current run."""
     out = Console(highlight=False)
     up = info["aggregator"]
     if up is None:

@@ -20,7 +20,13 @@ __all__ = ["submit", "run_config", "submitted_scenario"]
 
 
 def submitted_scenario(config: DeployConfig, scenario: Path | None = None, resume: str | None = None) -> Scenario:
-    """The scenario a submission runs: the file's, or the stored run's when resuming."""
+    """Return the scenario a submission runs: the file's, or the stored run's when resuming.
+
+    Raises
+    ------
+    DeployError
+        Neither a scenario file nor ``resume`` was given.
+    """
     if resume:
         stored = RunStore(config.db_url).get_run(resume)
         return scenario_from_dict(stored.scenario, source=f"run {stored.id}")
@@ -31,8 +37,11 @@ def submitted_scenario(config: DeployConfig, scenario: Path | None = None, resum
 
 def run_config(config: DeployConfig, scenario: Path | None = None, resume: str | None = None,
                overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ServerApp's run_config: the scenario inline (the ServerApp may run elsewhere than
-    the file), the store, and who is who. A resumed run continues with its own scenario only."""
+    """Build the ServerApp's run_config: the scenario inline, the store, and who is who.
+
+    The scenario goes inline because the ServerApp may run elsewhere than the
+    file. A resumed run continues with its own scenario only.
+    """
     if resume:
         stored = RunStore(config.db_url).get_run(resume)
         _check_resumable(stored, scenario, overrides)

@@ -60,6 +60,7 @@ def prepare(config: DeployConfig) -> TlsFiles | None:
 
 
 def health_url(host: str, port: int, tls: bool) -> str:
+    """Return the ``/health`` URL of ``host:port`` (``https`` with TLS, else ``http``)."""
     return f"{'https' if tls else 'http'}://{host}:{port}/health"
 
 
@@ -76,6 +77,13 @@ def _get(url: str, ca: Path | None, timeout_s: float = 2.0) -> int:
 
 def wait_healthy(url: str, ca: Path | None, proc: subprocess.Popen[bytes] | None, timeout_s: float,
                  what: str, log: Path | None = None) -> None:
+    """Poll ``url`` until it answers 200, verified by ``ca`` when given.
+
+    Raises
+    ------
+    ProcessFailed
+        ``proc`` exited first (with the tail of ``log``), or ``url`` did not answer 200 within ``timeout_s``.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -172,6 +180,19 @@ class Supervisor:
 
     # -- start ------------------------------------------------------------
     def start(self) -> None:
+        """Start the SuperLink, the nginx front door and the dashboard, and write the pid file.
+
+        The ports must be free; ServerApps a previous aggregator left are
+        stopped, and with ``resume`` the runs they left running are marked
+        ``interrupted`` (:meth:`resume_interrupted` submits them again).
+
+        Raises
+        ------
+        DeployError
+            A port is in use.
+        ProcessFailed
+            The SuperLink or nginx exited or did not answer its health check in time.
+        """
         cfg, a = self.config, self.config.aggregator
         if a.insecure:
             self.say("WARNING: --insecure: TLS and device authentication are OFF. Anyone who can reach "
@@ -264,6 +285,7 @@ class Supervisor:
                     self._write_pidfile()
 
     def stop(self, grace_s: float = 10.0) -> None:
+        """Stop the children (SIGTERM in reverse start order, SIGKILL after ``grace_s``) and remove the pid file."""
         self.stopping.set()
         for child in reversed(list(self.children.values())):
             if child.proc is not None and child.proc.poll() is None:

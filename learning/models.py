@@ -89,7 +89,7 @@ def _cnn(shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 
 def num_params(model: nn.Module) -> int:
-    """Number of scalars in ``model.state_dict()``: the length of :func:`get_flat`."""
+    """Count the scalars in ``model.state_dict()``: the length of :func:`get_flat`."""
     return sum(t.numel() for t in model.state_dict().values())
 
 
@@ -144,12 +144,12 @@ def _selected(model: nn.Module, names: Sequence[str] | None) -> list[torch.Tenso
 
 
 def num_trainable(model: nn.Module, names: Sequence[str] | None = None) -> int:
-    """Number of scalars that travel: the length of :func:`get_trainable_flat`."""
+    """Count the scalars that travel: the length of :func:`get_trainable_flat`."""
     return sum(t.numel() for t in _selected(model, names))
 
 
 def get_trainable_flat(model: nn.Module, names: Sequence[str] | None = None) -> np.ndarray:
-    """The tensors ``names`` (default :func:`trainable_names`), in order, as one new 1-D float32 array."""
+    """Return the tensors ``names`` (default :func:`trainable_names`), in order, as one new 1-D float32 array."""
     tensors = [t.detach().reshape(-1).to(torch.float32) for t in _selected(model, names)]
     if not tensors:
         return np.zeros(0, dtype=np.float32)
@@ -179,8 +179,11 @@ def set_trainable_flat(model: nn.Module, flat: np.ndarray, names: Sequence[str] 
 
 
 def layout_of(model: nn.Module, names: Sequence[str] | None = None) -> ParamLayout:
-    """The names and shapes of the tensors that travel (default :func:`trainable_names`), in buffer order:
-    how the global model is laid out on the wire, as a ``state_dict`` a stock Flower client loads."""
+    """Return the names and shapes of the tensors that travel (default :func:`trainable_names`), in buffer order.
+
+    This is how the global model is laid out on the wire, as a ``state_dict`` a
+    stock Flower client loads.
+    """
     state = model.state_dict()
     return ParamLayout.of({name: tuple(state[name].shape) for name in (trainable_names(model) if names is None
                                                                           else names)})

@@ -58,7 +58,7 @@ def scenario_record(scenario: Scenario, task: Task | None) -> dict[str, Any]:
 
 
 def task_options(task: Task, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The task's options in full (its ``Options`` with every default), as JSON values; else those given.
+    """Return the task's options in full (its ``Options`` with every default), as JSON values; else those given.
 
     The full form is kept only when it reads back as the same options: every
     value plain JSON (no infinity or NaN, which JSON cannot hold), and the
@@ -69,7 +69,7 @@ def task_options(task: Task, given: Mapping[str, Any]) -> dict[str, Any]:
     if not dataclasses.is_dataclass(options) or isinstance(options, type):
         return dict(given)
     try:
-        full = json.loads(json.dumps(dataclasses.asdict(options), allow_nan=False))
+        full: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(options), allow_nan=False))
         if build_options(type(options), full, "record") != options:
             return dict(given)
     except (TypeError, ValueError, ScenarioError):

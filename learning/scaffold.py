@@ -1,5 +1,7 @@
-"""SCAFFOLD's client side (Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for
-Federated Learning", ICML 2020, Algorithm 1, option II).
+"""SCAFFOLD's client side.
+
+Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated
+Learning", ICML 2020, Algorithm 1, option II.
 
 Client ``i`` starts from the global model ``x`` with the server's control
 variate ``c`` and its own ``c_i``, and corrects every local gradient step::
@@ -37,9 +39,12 @@ class StepCount:
 
     @property
     def steps(self) -> int:
+        """Most backward passes any corrected parameter saw (0 before the first)."""
         return max(self.counts.values(), default=0)
 
     def hook(self, name: str, correction: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Return a gradient hook for parameter ``name`` that adds ``correction`` and counts the pass."""
+
         def add(grad: torch.Tensor) -> torch.Tensor:
             self.counts[name] = self.counts.get(name, 0) + 1
             return grad + correction
@@ -50,8 +55,10 @@ class StepCount:
 @contextmanager
 def corrected_gradients(model: nn.Module, names: tuple[str, ...] | list[str],
                         correction: np.ndarray) -> Iterator[StepCount]:
-    """Add ``correction`` (flat, in the order of the trainable tensors ``names``) to every gradient
-    the trainable parameters receive while the block runs; yields the count of backward passes.
+    """Add ``correction`` to every gradient the trainable parameters receive while the block runs.
+
+    ``correction`` is flat, in the order of the trainable tensors ``names``.
+    Yields the count of backward passes.
 
     A tensor among ``names`` that is not a parameter with ``requires_grad`` gets
     no gradient, hence no correction.

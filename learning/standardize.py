@@ -63,12 +63,12 @@ def asks_for_statistics(content: Any) -> bool:
 
 
 def feature_rows(x: np.ndarray) -> np.ndarray:
-    """The examples as rows of features (an image's pixels are its features), in float64."""
+    """Return the examples as rows of features (an image's pixels are its features), in float64."""
     return np.asarray(x, dtype=np.float64).reshape(x.shape[0], -1)
 
 
 def statistics_vector(x: np.ndarray, kind: str, limit: float, scales: Any = None, mean: Any = None) -> np.ndarray:
-    """What one client sends in pass ``kind`` about its rows ``x`` (module docstring); float32.
+    """Return what one client sends in pass ``kind`` about its rows ``x`` (module docstring); float32.
 
     Raises
     ------
@@ -96,7 +96,8 @@ def statistics_vector(x: np.ndarray, kind: str, limit: float, scales: Any = None
         values = ((rows - centre) ** 2).mean(axis=0) / (2 * per_feature) ** 2
     else:
         raise ValueError(f"unknown statistics pass {kind!r} (expected one of {', '.join(PASSES)})")
-    return np.clip(values, -limit, limit).astype(np.float32)
+    clipped: np.ndarray = np.clip(values, -limit, limit)
+    return clipped.astype(np.float32)
 
 
 def _per_feature(values: Any, features: int, what: str, positive: bool = True) -> np.ndarray:
@@ -123,7 +124,8 @@ def choose_scales(flag_shares: np.ndarray, features: int) -> np.ndarray:
     if not fits[-1].all():
         bad = np.flatnonzero(~fits[-1])[:5].tolist()
         raise ValueError(f"feature(s) {bad} exceed {SCALES[-1]:.3g} on some device: not a feature to standardise")
-    return np.asarray(SCALES)[fits.argmax(axis=0)]
+    chosen: np.ndarray = np.asarray(SCALES)[fits.argmax(axis=0)]
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -144,11 +146,12 @@ class Standardization:
         return cls((m * s).astype(np.float32), std.astype(np.float32))
 
     def to_extra(self) -> dict[str, list[float]]:
+        """Return the mean and std as an instruction carries them (lists of floats)."""
         return {MEAN_KEY: [float(v) for v in self.mean], STD_KEY: [float(v) for v in self.std]}
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> Standardization | None:
-        """The standardisation an instruction carries, or ``None``; a malformed one is a ``ValueError``."""
+        """Return the standardisation an instruction carries, or ``None``; a malformed one is a ``ValueError``."""
         if STD_KEY not in extra:
             return None
         malformed = ValueError("the instruction's feature standardisation is malformed (mean and std must be "
@@ -165,6 +168,7 @@ class Standardization:
         return cls(mean, std)
 
     def to_info(self) -> dict[str, list[float]]:
+        """Return the mean and std as a run stores them in ``info[INFO_KEY]``."""
         return {"mean": [float(v) for v in self.mean], "std": [float(v) for v in self.std]}
 
     @classmethod
@@ -180,11 +184,12 @@ class Standardization:
         if rows.shape[1] != self.mean.size:
             raise ValueError(f"the data have {rows.shape[1]} features; the run's standardisation has "
                              f"{self.mean.size}")
-        return ((rows - self.mean) / self.std).astype(np.float32).reshape(x.shape)
+        scaled: np.ndarray = (rows - self.mean) / self.std
+        return scaled.astype(np.float32).reshape(x.shape)
 
 
 def standardized(data: Any, standardization: Standardization | None) -> Any:
-    """``data`` (a dataset with ``x``, or a train/test pair of them) with its features standardised."""
+    """Return ``data`` (a dataset with ``x``, or a train/test pair of them) with its features standardised."""
     if standardization is None:
         return data
     if hasattr(data, "x"):
@@ -212,5 +217,6 @@ class StandardizeInputs(nn.Module):
         self.register_buffer("std", torch.from_numpy(np.array(found.std, dtype=np.float32)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return ``x`` standardised per feature, in its own shape."""
         rows = x.reshape(x.shape[0], -1)
         return ((rows - self.mean) / self.std).reshape(x.shape)

@@ -59,10 +59,14 @@ class LocalData(Protocol):
     """One client's data: what it trains on and what it evaluates on (any types the task understands)."""
 
     @property
-    def train(self) -> Any: ...
+    def train(self) -> Any:
+        """The data the client trains on."""
+        ...
 
     @property
-    def test(self) -> Any: ...
+    def test(self) -> Any:
+        """The data the client evaluates on."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ class Task(ABC):
 
     @abstractmethod
     def build_model(self, seed: int) -> nn.Module:
-        """A fresh model, initialised from ``seed`` (or from a pretrained checkpoint: the start of fine-tuning).
+        """Build a fresh model, initialised from ``seed`` (or from a pretrained checkpoint: the start of fine-tuning).
 
         Every node and the aggregator call it with the run's seed, so frozen
         tensors agree everywhere without travelling.
@@ -123,15 +127,15 @@ class Task(ABC):
 
     @abstractmethod
     def partition(self, partition_id: int) -> LocalData:
-        """The local data of simulated client ``partition_id`` (``0 .. federation.clients - 1``)."""
+        """Return the local data of simulated client ``partition_id`` (``0 .. federation.clients - 1``)."""
 
     def device_data(self, path: str) -> LocalData:
-        """The local data of a real device, read from ``path`` on that device (never leaves it)."""
+        """Return the local data of a real device, read from ``path`` on that device (never leaves it)."""
         raise TaskError(f"{type(self).__name__} cannot read a device's own data (data-path = {path!r}); "
                         "define device_data(path) in the task")
 
     def server_data(self) -> Any | None:
-        """The aggregator's held-out evaluation set, or ``None`` (no server-side evaluation)."""
+        """Return the aggregator's held-out evaluation set, or ``None`` (no server-side evaluation)."""
         return None
 
     @abstractmethod
@@ -151,7 +155,7 @@ class Task(ABC):
         """Score ``model`` on ``data``: at least ``loss`` and ``num_examples``, plus named metrics."""
 
     def serving_module(self, model: nn.Module) -> nn.Module:
-        """The module ``quorum export`` writes and ``quorum serve`` runs, around the trained ``model``.
+        """Return the module ``quorum export`` writes and ``quorum serve`` runs, around the trained ``model``.
 
         It maps inputs as a user holds them to outputs in the task's own
         units: wrap ``model`` with the preprocessing the task's data loader
@@ -162,7 +166,7 @@ class Task(ABC):
 
 
 def check_metrics(metrics: Any, method: str, task: object) -> Metrics:
-    """A task's metrics as finite floats, with ``loss`` and ``num_examples`` present.
+    """Return a task's metrics as finite floats, with ``loss`` and ``num_examples`` present.
 
     Raises
     ------
@@ -197,6 +201,13 @@ class TaskModel:
 
     @classmethod
     def build(cls, task: Task, seed: int) -> TaskModel:
+        """Build ``task``'s model from ``seed`` and fix the tensors that travel (``task.trainable``).
+
+        Raises
+        ------
+        TaskError
+            ``build_model`` returned something other than a torch ``nn.Module``.
+        """
         model = task.build_model(seed)
         if not isinstance(model, nn.Module):
             raise TaskError(f"{type(task).__name__}.build_model returned {type(model).__name__}, not a torch "
@@ -204,7 +215,7 @@ class TaskModel:
         return cls(task, model, tuple(task.trainable(model)))
 
     def get_flat(self) -> np.ndarray:
-        """The trainable tensors as one new 1-D float32 array (what travels)."""
+        """Return the trainable tensors as one new 1-D float32 array (what travels)."""
         return get_trainable_flat(self.model, self.names)
 
     def set_flat(self, flat: np.ndarray) -> None:
@@ -212,9 +223,11 @@ class TaskModel:
         set_trainable_flat(self.model, flat, self.names)
 
     def train(self, data: Any, config: TrainConfig, seed: int) -> Metrics:
+        """Train the model on ``data`` for one round with the task's ``train``; return its checked metrics."""
         return check_metrics(self.task.train(self.model, data, config, seed), "train", self.task)
 
     def evaluate(self, data: Any) -> Metrics:
+        """Score the model on ``data`` with the task's ``evaluate``; return its checked metrics."""
         return check_metrics(self.task.evaluate(self.model, data), "evaluate", self.task)
 
 
@@ -223,7 +236,7 @@ _TASKS: dict[int, tuple[Scenario, Task]] = {}  # keyed by id(); the scenario is 
 
 
 def load_task(scenario: Scenario) -> Task:
-    """The scenario's task, built once per scenario object and process.
+    """Return the scenario's task, built once per scenario object and process.
 
     Raises
     ------
@@ -258,7 +271,7 @@ def _instantiate(scenario: Scenario) -> Task:
 
 
 def task_headline(task: object, source: str = "<scenario>", entry: str = "") -> Headline:
-    """The headline metric ``task`` (a class or an instance) declares (:func:`core.headline.headline_of`).
+    """Return the headline metric ``task`` (a class or an instance) declares (:func:`core.headline.headline_of`).
 
     Raises
     ------

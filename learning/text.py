@@ -44,6 +44,7 @@ class Role:
 
     @property
     def text(self) -> str:
+        """The part's lines joined by newlines, ending with one."""
         return "\n".join(self.lines) + "\n"
 
 
@@ -54,10 +55,12 @@ class TextData:
     tokens: np.ndarray
 
     def __post_init__(self) -> None:
+        """Refuse tokens that are not a 2-D int64 array."""
         if self.tokens.ndim != 2 or self.tokens.dtype != np.int64:
             raise ValueError(f"need (n, seq_len) int64 tokens, got {self.tokens.dtype} {self.tokens.shape}")
 
     def __len__(self) -> int:
+        """Return the number of rows."""
         return int(self.tokens.shape[0])
 
 
@@ -68,9 +71,11 @@ class ByteTokenizer:
     eos_token_id: int | None = None
 
     def encode(self, text: str) -> list[int]:
+        """Return the UTF-8 bytes of ``text`` as ids."""
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
+        """Return the text of ``ids`` (each taken modulo 256; invalid UTF-8 replaced)."""
         return bytes(int(i) % 256 for i in ids).decode("utf-8", errors="replace")
 
 
@@ -123,7 +128,7 @@ def choose_roles(roles: tuple[Role, ...], count: int, seed: int) -> tuple[Role, 
 
 
 def read_text(path: str | Path) -> str:
-    """A user's text: one UTF-8 file, or every ``.txt`` file of a folder (sorted, joined by blank lines).
+    """Read a user's text: one UTF-8 file, or every ``.txt`` file of a folder (sorted, joined by blank lines).
 
     Only regular files are read, and at most :data:`MAX_TEXT_BYTES` in all
     (counted while reading, not trusted from the file system).
@@ -172,7 +177,7 @@ def chunk(ids: list[int] | np.ndarray, seq_len: int) -> np.ndarray:
 
 
 def split_chunks(rows: np.ndarray, test_fraction: float, seed: int, where: str) -> Split:
-    """A seeded split of token rows into ``train`` and ``test`` :class:`TextData` (at least one row to train on).
+    """Split token rows, seeded, into ``train`` and ``test`` :class:`TextData` (at least one row to train on).
 
     Raises
     ------

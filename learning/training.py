@@ -37,8 +37,11 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class TrainResult:
-    """Mean cross-entropy over the last epoch, or over every step when trained by ``steps``
-    (without the proximal term); examples; SGD steps taken."""
+    """What one local training returns: its loss, its examples and the SGD steps taken.
+
+    The loss is the mean cross-entropy over the last epoch, or over every step
+    when trained by ``steps`` (without the proximal term).
+    """
 
     loss: float
     num_examples: int
@@ -122,8 +125,11 @@ def train(
 
 
 class _SGD:
-    """Heavy-ball SGD as ``torch.optim.SGD(params, lr, momentum)`` computes it on CPU (its single-tensor
-    path: no dampening, weight decay or Nesterov), bit for bit, without importing ``torch._dynamo``."""
+    """Heavy-ball SGD as ``torch.optim.SGD(params, lr, momentum)`` computes it on CPU, bit for bit.
+
+    Its single-tensor path (no dampening, weight decay or Nesterov), without
+    importing ``torch._dynamo``.
+    """
 
     def __init__(self, params: list[nn.Parameter], lr: float, momentum: float) -> None:
         self.params, self.lr, self.momentum = params, lr, momentum
@@ -187,8 +193,10 @@ def _epoch(
 
 def _steps(step: _Step, x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator,
            steps: int) -> float:
-    """``steps`` batches, pass after pass in fresh random orders (as :func:`_epoch` draws them);
-    returns the example-weighted mean loss over every step."""
+    """Take ``steps`` batches, pass after pass in fresh random orders (as :func:`_epoch` draws them).
+
+    Returns the example-weighted mean loss over every step.
+    """
     total, seen, left = 0.0, 0, steps
     while left:
         order = torch.randperm(len(y), generator=generator)

@@ -30,6 +30,7 @@ from scenarios.errors import ScenarioError
 
 if TYPE_CHECKING:
     from runstore.store import Run, RunStore
+    from runtimes.simulation import RunSummary
 
 __all__ = ["app", "main"]
 
@@ -43,7 +44,7 @@ DEFAULT_DB = default_db_url()  # runs/quorum.db under the working directory
 
 
 def _store(db: str) -> RunStore:
-    """The run store at ``db`` (imported here: SQLAlchemy is most of a command's start-up)."""
+    """Open the run store at ``db`` (imported here: SQLAlchemy is most of a command's start-up)."""
     from runstore.store import RunStore
 
     return RunStore(db)
@@ -151,8 +152,8 @@ def resume(
     _print_summary(summary, json_out)
 
 
-def _print_summary(summary, json_out: bool) -> None:
-    """The run's ending, then exit with its code: 0 finished, 3 degraded, 1 failed (``core.outcomes``)."""
+def _print_summary(summary: RunSummary, json_out: bool) -> None:
+    """Print the run's ending, then exit with its code: 0 finished, 3 degraded, 1 failed (``core.outcomes``)."""
     from core.outcomes import exit_code
 
     code = exit_code(summary.status)
@@ -197,8 +198,8 @@ def runs(
     Console().print(table)
 
 
-def _final_metric(summary) -> str:
-    """The run's headline metric after its last scored round: ``accuracy 91.20%``, ``c_index 0.7123``."""
+def _final_metric(summary: RunSummary) -> str:
+    """Format the run's headline metric after its last scored round: ``accuracy 91.20%``, ``c_index 0.7123``."""
     from core.headline import format_value
 
     metric = summary.metric or {"name": "accuracy", "final": summary.final_accuracy}
@@ -206,7 +207,7 @@ def _final_metric(summary) -> str:
 
 
 def _status_text(run: Run) -> str:
-    """The status column: an interrupted run says when its process was last seen."""
+    """Return the status column: an interrupted run says when its process was last seen."""
     if run.status != RunStatus.INTERRUPTED or run.heartbeat_at is None:
         return run.status
     return f"interrupted (last seen {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(run.heartbeat_at))})"
@@ -338,4 +339,5 @@ _mount_subcommands()
 
 
 def main() -> None:
+    """Run the ``quorum`` command line."""
     app()

@@ -83,6 +83,7 @@ class ExportedModel:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
+        """The shape of one example, as the manifest declares it."""
         return tuple(int(d) for d in self.manifest["input_shape"])
 
     @property
@@ -141,8 +142,11 @@ def export_run(store: RunStore, run_id: str, out: Path, server_round: int | None
 
 def _write_weights(task: Task, model: nn.Module, out: Path, metadata: dict[str, str], merged: bool,
                    standardization: Standardization | None = None) -> dict[str, Any]:
-    """Write the weights (a language model's adapters, else the serving module's state, behind the run's
-    standardisation when it had one); the manifest's fields."""
+    """Write the weights to ``out`` and return the manifest's fields.
+
+    The weights are a language model's adapters, else the serving module's
+    state, behind the run's standardisation when it had one.
+    """
     if isinstance(task, LanguageModelTask):
         return {**task.write_adapters(model, out, merged), "output": {"kind": "text"}}
     serving, extra = task.serving_module(model), dict[str, Any]()
@@ -182,9 +186,13 @@ def _manifest(scenario: Scenario, task: Task, run: Any, server_round: int, row: 
 
 
 def _headline(task: Task, scores: dict[str, dict[str, float]]) -> dict[str, Any] | None:
-    """The task's headline metric for this round: the one the task declares (``headline_metric``), else
-    ``accuracy`` when the run has one, else the first metric its evaluation returned, else ``loss``; taken
-    from the server's scores when there are any, else the federated ones. ``None`` when the round has none."""
+    """Return the task's headline metric for this round; ``None`` when the round has none.
+
+    The metric is the one the task declares (``headline_metric``), else
+    ``accuracy`` when the run has one, else the first metric its evaluation
+    returned, else ``loss``; taken from the server's scores when there are
+    any, else the federated ones.
+    """
     declared = headline_of(task).name if getattr(task, "headline_metric", None) is not None else None
     for split, values in scores.items():
         others = [k for k in values if k != "loss"]
@@ -195,8 +203,11 @@ def _headline(task: Task, scores: dict[str, dict[str, float]]) -> dict[str, Any]
 
 
 def _input_shape(task: Task) -> tuple[int, ...]:
-    """The shape of one example: the task's ``input_shape`` if it declares one, else its data's (the server's
-    held-out set, else the first client's training part), whatever form the data takes (:func:`example_shape`)."""
+    """Return the shape of one example: the task's ``input_shape`` if it declares one, else its data's.
+
+    The data are the server's held-out set, else the first client's training
+    part, whatever form they take (:func:`example_shape`).
+    """
     declared = getattr(task, "input_shape", None)
     if declared is not None:
         return tuple(int(d) for d in declared)
@@ -211,9 +222,13 @@ def _input_shape(task: Task) -> tuple[int, ...]:
 
 
 def example_shape(data: Any) -> tuple[int, ...] | None:
-    """The shape of one example of ``data``: of ``x`` without its batch dimension for an object with ``x``, a
-    mapping with ``"x"`` or an ``(x, y)`` tuple or list; of a torch ``DataLoader``'s first batch; of a torch
-    ``Dataset``'s first item (``(x, y)`` or ``x``, which has no batch dimension). ``None`` when it cannot be read."""
+    """Return the shape of one example of ``data``; ``None`` when it cannot be read.
+
+    It is the shape of ``x`` without its batch dimension for an object with
+    ``x``, a mapping with ``"x"`` or an ``(x, y)`` tuple or list; of a torch
+    ``DataLoader``'s first batch; of a torch ``Dataset``'s first item
+    (``(x, y)`` or ``x``, which has no batch dimension).
+    """
     if data is None:
         return None
     if isinstance(data, DataLoader):
@@ -233,7 +248,7 @@ def example_shape(data: Any) -> tuple[int, ...] | None:
 
 
 def _features(task: Task, shape: tuple[int, ...]) -> list[str] | None:
-    """The task's ``feature_names`` (one per input value, in the flattened order), checked; ``None`` if it has none."""
+    """Return the task's ``feature_names`` (one per input value, in flattened order), checked; ``None`` if none."""
     declared = getattr(task, "feature_names", None)
     if declared is None:
         return None
@@ -303,7 +318,7 @@ def _same_base(task: LanguageModelTask, manifest: dict[str, Any], folder: Path) 
 
 
 def load_model(directory: str | Path) -> nn.Module:
-    """The torch module of an export (``quorum export``), in eval mode, weights loaded.
+    """Load the torch module of an export (``quorum export``), in eval mode, weights loaded.
 
     Examples
     --------
@@ -329,7 +344,7 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
 
 
 def _rebuild(manifest: dict[str, Any], folder: Path) -> tuple[nn.Module, Task | None]:
-    """The module, freshly built, and its task: by the built-in builder (no data set, no task) or by the task."""
+    """Rebuild the module and return it with its task: by the built-in builder (no data set, no task) or the task."""
     module, task = _rebuild_model(manifest, folder)
     features = manifest.get("standardize")
     if features is None:
@@ -352,8 +367,12 @@ def _rebuild_model(manifest: dict[str, Any], folder: Path) -> tuple[nn.Module, T
 
 
 def _rebuild_task(manifest: dict[str, Any], seed: int, folder: Path) -> tuple[nn.Module, Task]:
-    """The serving module, rebuilt by the task: imported from the export's copy of its source when it has one
-    (``quorum.task_source``), else from its entry (a built-in task, or one installed here)."""
+    """Rebuild the serving module with the task, and return both.
+
+    The task is imported from the export's copy of its source when it has one
+    (``quorum.task_source``), else from its entry (a built-in task, or one
+    installed here).
+    """
     try:
         raw = dict(manifest["scenario"])
         source = manifest.get("source")

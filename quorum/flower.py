@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -80,8 +80,8 @@ def run(
     raise typer.Exit(code)
 
 
-def _rounds_of(app_dir: Path, overrides: dict) -> int:
-    """The app's rounds, for the round lines' "of N" (its num-server-rounds, Flower's 3 when absent)."""
+def _rounds_of(app_dir: Path, overrides: dict[str, Any]) -> int:
+    """Return the app's rounds, for the round lines' "of N" (its num-server-rounds, Flower's 3 when absent)."""
     from aggregator.flower_app import read_app
 
     value = {**read_app(app_dir).config, **overrides}.get("num-server-rounds", 3)

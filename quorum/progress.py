@@ -39,17 +39,21 @@ class RoundDisplay:
         self.task = self.progress.add_task(f"{scenario.name}", total=scenario.rounds, completed=done)
 
     def __enter__(self) -> RoundDisplay:
+        """Start the progress bar."""
         self.progress.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        """Stop the progress bar."""
         self.progress.stop()
 
     def start(self, run_id: str) -> None:
+        """Print that run ``run_id`` started (when enabled)."""
         if self.enabled:
             self.progress.console.print(f"run [bold]{run_id}[/] started")
 
     def update(self, record: RoundRecord) -> None:
+        """Print one line for the round (when enabled) and advance the bar by one."""
         loss = record.server_loss if record.server_loss is not None else record.fed_loss
         eps = f"  eps {record.epsilon:.3f}" if record.epsilon is not None else ""
         clock = (record.metrics or {}).get("virtual-time-s")  # an asynchronous (FedBuff) step
@@ -64,7 +68,7 @@ class RoundDisplay:
         self.progress.advance(self.task)
 
     def _scores(self, record: RoundRecord) -> str:
-        """The headline metric, then the task's others from the same split: ``c_index 0.7123  mae 1.234``."""
+        """Format the headline metric, then the task's others from the same split: ``c_index 0.7123  mae 1.234``."""
         name = self.headline.name
         value, split = round_value(self.headline, record)
         label = "acc" if name == "accuracy" else name
@@ -74,6 +78,6 @@ class RoundDisplay:
 
 
 def _declared(scenario: Scenario) -> Headline:
-    """The headline metric the scenario's task declares (its class is imported, not built)."""
+    """Return the headline metric the scenario's task declares (its class is imported, not built)."""
     spec = scenario.task
     return task_headline(task_class(spec), spec.source or scenario.name, spec.entry)

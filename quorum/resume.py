@@ -50,8 +50,11 @@ def _when(ts: float | None) -> str:
 
 
 def plan_resume(store: RunStore, run_id: str, path: Path | None = None) -> Plan:
-    """Continue ``run_id``: refused (:class:`ResumeRefused`) for another scenario than the run's or
-    while its process still holds the run's lease; a run that ended is only reported."""
+    """Plan to continue ``run_id``; a run that ended is only reported.
+
+    Refused (:class:`ResumeRefused`) for another scenario than the run's or
+    while its process still holds the run's lease.
+    """
     run = store.get_run(run_id)
     scenario = _scenario(run, path)
     check_same_scenario(run, scenario)
@@ -69,8 +72,11 @@ def plan_resume(store: RunStore, run_id: str, path: Path | None = None) -> Plan:
 
 
 def plan_fork(store: RunStore, parent_id: str, server_round: int | None, path: Path | None = None) -> Plan:
-    """A new run from round ``server_round`` (default: the last) of ``parent_id``, with the parent's
-    scenario or the one at ``path``; the parent is left as it was."""
+    """Plan a new run from round ``server_round`` (default: the last) of ``parent_id``.
+
+    It runs the parent's scenario or the one at ``path``; the parent is left as
+    it was.
+    """
     parent = store.get_run(parent_id)
     scenario = _scenario(parent, path)
     child = fork_run(store, parent.id, server_round, scenario, _engine(parent))

@@ -61,7 +61,7 @@ class Predictor:
         self.features: list[str] | None = list(features) if isinstance(features, list) else None
 
     def batch(self, payload: Any) -> np.ndarray:
-        """The payload's ``inputs`` as one float32 array of shape ``(n, *input_shape)``.
+        """Return the payload's ``inputs`` as one float32 array of shape ``(n, *input_shape)``.
 
         Raises
         ------
@@ -91,6 +91,11 @@ class Predictor:
         return array
 
     def __call__(self, payload: Any) -> dict[str, Any]:
+        """Run the model on the payload's batch.
+
+        Returns ``predictions`` (the argmax class) and ``probabilities`` for a
+        classifier, else ``predictions`` and the raw ``outputs``.
+        """
         array = self.batch(payload)
         with torch.inference_mode():
             outputs = self.exported.module(torch.from_numpy(array)).float()
@@ -103,8 +108,11 @@ class Predictor:
 
 
 def _by_name(example: dict[str, Any], features: list[str], shape: tuple[int, ...]) -> Any:
-    """An example given as an object of the task's features: its values in the features' order, as nested lists
-    of ``shape`` (422 naming a missing or unknown feature)."""
+    """Return an example given as an object of the task's features as nested lists of ``shape``.
+
+    Its values go in the features' order; a missing or unknown feature is a
+    422 naming it.
+    """
     missing = [name for name in features if name not in example]
     unknown = sorted(set(example) - set(features))
     if missing or unknown:
@@ -129,7 +137,7 @@ class Generator:
         self._lock = threading.Lock()
 
     def request(self, payload: Any) -> tuple[str, dict[str, Any]]:
-        """The prompt and the checked settings; 422 naming the key that is missing, of a wrong type or out of range."""
+        """Return the prompt and the checked settings; 422 naming a key missing, of a wrong type or out of range."""
         if not isinstance(payload, dict):
             raise HTTPException(422, 'expected a JSON object {"prompt": "...", "max_new_tokens": 32, ...}')
         unknown = sorted(set(payload) - {"prompt", *self.FIELDS})
@@ -151,6 +159,16 @@ class Generator:
         return prompt, settings
 
     def __call__(self, payload: Any) -> dict[str, Any]:
+        """Continue the request's prompt; return the ``text``, its ``tokens`` and the ``prompt_tokens`` used.
+
+        Raises
+        ------
+        HTTPException
+            422 for a request :meth:`request` refuses, a prompt over
+            :data:`MAX_PROMPT_TOKENS` tokens or a generation the model refused;
+            503 when another generation held the model for over
+            :data:`BUSY_WAIT_S` seconds.
+        """
         prompt, settings = self.request(payload)
         used = len(self.task.tokenizer.encode(prompt))
         if used > MAX_PROMPT_TOKENS:
@@ -168,7 +186,7 @@ class Generator:
 
 def create_app(directory: str | Path, *, max_batch: int = DEFAULT_MAX_BATCH,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The prediction service of the export in ``directory`` (loaded once, here).
+    """Build the prediction service of the export in ``directory`` (loaded once, here).
 
     Raises
     ------
@@ -208,7 +226,7 @@ def create_app(directory: str | Path, *, max_batch: int = DEFAULT_MAX_BATCH,
 
 
 async def _payload(request: Request, limit: int) -> Any:
-    """The request's JSON body: 415 if it is not JSON, 413 as soon as it passes ``limit`` bytes, 422 if unparsable."""
+    """Read the request's JSON body: 415 if not JSON, 413 as soon as it passes ``limit`` bytes, 422 if unparsable."""
     kind = request.headers.get("content-type", "application/json").split(";")[0].strip()
     if kind != "application/json":
         raise HTTPException(415, f"expected application/json, got {kind!r}")

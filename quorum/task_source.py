@@ -60,7 +60,7 @@ _LOADS = itertools.count(1)
 
 
 def task_sources(entry: str, path: str) -> dict[str, Path]:
-    """The task's own modules, loaded by now: relative path in the copy (``pkg/util.py``) -> the file.
+    """Return the task's own modules, loaded by now: relative path in the copy (``pkg/util.py``) -> the file.
 
     ``entry`` is the task's ``module:Class`` and ``path`` its ``[task] path``
     (or ``""``). Empty for a built-in task (Quorum is installed) or a task installed as a distribution.
@@ -89,7 +89,7 @@ def task_sources(entry: str, path: str) -> dict[str, Path]:
 
 
 def _import_root(module_name: str) -> Path | None:
-    """The import-path folder the loaded module ``module_name`` came from, or ``None``."""
+    """Return the import-path folder the loaded module ``module_name`` came from, or ``None``."""
     file = getattr(sys.modules.get(module_name), "__file__", None)
     if not file:
         return None
@@ -162,7 +162,7 @@ class _CopyFinder(importlib.abc.MetaPathFinder):
 
 
 def _checked(folder: Path, section: Any) -> tuple[Path, dict[str, Path]]:
-    """The copy's folder, and its files by module name, each checked against the manifest's SHA-256."""
+    """Return the copy's folder, and its files by module name, each checked against the manifest's SHA-256."""
     files = section.get("files") if isinstance(section, dict) else None
     name = section.get("folder") if isinstance(section, dict) else None
     if not isinstance(files, dict) or not isinstance(name, str) or PurePosixPath(name).name != name or not name:

@@ -48,7 +48,7 @@ class Run(Base):
     __tablename__ = "runs"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
-    scenario: Mapped[dict] = mapped_column(JSON)
+    scenario: Mapped[dict[str, Any]] = mapped_column(JSON)
     seed: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(32), index=True)
     engine: Mapped[str] = mapped_column(String(32), default="inprocess")
@@ -60,7 +60,7 @@ class Run(Base):
     updated_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    info: Mapped[dict] = mapped_column(JSON, default=dict)
+    info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # The owner's lease (runstore/lease.py): when it last renewed ("last seen"), and until when
     # the run counts as alive; a running run past ``lease_until`` reads ``interrupted``.
     heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -88,8 +88,8 @@ class Round(Base):
     bytes_in: Mapped[int] = mapped_column(Integer, default=0)
     bytes_out: Mapped[int] = mapped_column(Integer, default=0)
     epsilon: Mapped[float | None] = mapped_column(Float, nullable=True)
-    secagg: Mapped[dict | None] = mapped_column(JSON, nullable=True)
-    metrics: Mapped[dict] = mapped_column(JSON, default=dict)
+    secagg: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     checkpoint: Mapped[str] = mapped_column(Text)
     # The value of the run's headline metric this round (core.headline: run.info["headline"], the server's
     # score first): what "best" and "last" mean for the run, in SQL, whatever the metric is called.
@@ -114,7 +114,7 @@ class ClientResult(Base):
     duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     bytes_in: Mapped[int] = mapped_column(Integer, default=0)
     bytes_out: Mapped[int] = mapped_column(Integer, default=0)
-    metrics: Mapped[dict] = mapped_column(JSON, default=dict)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     finished_at: Mapped[float] = mapped_column(Float)
 
 
@@ -172,8 +172,8 @@ class RunStore:
         return Session(self.engine, expire_on_commit=False)
 
     # -- runs -------------------------------------------------------------
-    def create_run(self, *, name: str, scenario: dict, seed: int, strategy: str, rounds: int,
-                   engine: str = "inprocess", num_params: int = 0, info: dict | None = None,
+    def create_run(self, *, name: str, scenario: dict[str, Any], seed: int, strategy: str, rounds: int,
+                   engine: str = "inprocess", num_params: int = 0, info: dict[str, Any] | None = None,
                    rounds_done: int = 0) -> str:
         """Create a new ``running`` run, with a first lease, and return its id.
 

@@ -21,7 +21,7 @@ _STAGE_CODES = {"train": 1, "advertise_keys": 2, "share_keys": 3, "masked_input"
 
 
 def stage_of(message: Message) -> str:
-    """The protocol stage a message belongs to: a secagg stage, or its type."""
+    """Return the protocol stage a message belongs to: a secagg stage, or its type."""
     content = message.content if message.has_content() else None
     if content is not None and "secagg" in content.config_records:
         return str(content.config_records["secagg"].get("stage", "train"))
@@ -48,10 +48,12 @@ class FaultPlan:
 
     @classmethod
     def none(cls) -> FaultPlan:
+        """Return a plan with no faults."""
         return cls()
 
     @classmethod
     def from_spec(cls, spec: FaultSpec, seed: int) -> FaultPlan:
+        """Return the plan for a scenario's ``[faults]``: dropouts, stragglers and corrupt replies only."""
         # Only corrupt replies are a transport fault; attacks with valid updates
         # are forged by the ClientApp (clients.attacks), on every runtime.
         byzantine = spec.byzantine_spec
@@ -90,7 +92,7 @@ class FaultPlan:
         return self.straggler_delay_s if self._chosen(message, self.stragglers, 101) else 0.0
 
     def corrupt(self, message: Message, reply: Message) -> Message:
-        """A Byzantine node's train reply with its update replaced by garbage."""
+        """Return a Byzantine node's train reply with its update replaced by garbage (else ``reply`` itself)."""
         if self.byzantine <= 0 or reply.has_error() or stage_of(message) != "train" \
                 or not self._chosen(message, self.byzantine, 202):
             return reply

@@ -31,7 +31,7 @@ __all__ = ["run_flower_app", "load_client_app", "app_nodes", "app_run_config"]
 
 
 def load_client_app(app: FlowerApp) -> ClientApp:
-    """The app's ClientApp object, imported from its folder.
+    """Import the app's ClientApp object from its folder and return it.
 
     Raises
     ------
@@ -59,7 +59,10 @@ def app_nodes(clients: int) -> list[NodeSpec]:
 
 def app_run_config(app: FlowerApp, rounds: int | None = None,
                    overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The app's run config, with ``overrides`` (``flwr run --run-config``'s) and ``num-server-rounds = rounds``."""
+    """Return the app's run config with ``overrides`` (``flwr run --run-config``'s) applied.
+
+    ``num-server-rounds`` is set to ``rounds`` when given.
+    """
     config = {**app.config, **(overrides or {})}
     if rounds is not None:
         config["num-server-rounds"] = rounds

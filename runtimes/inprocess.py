@@ -46,24 +46,31 @@ class NodeSpec:
 
 
 class LocalGrid(Grid):
-    """What every grid whose nodes live in this process shares: the run and its
-    node contexts (``self._run``, ``self._contexts``), and plain message creation."""
+    """Share what every grid whose nodes live in this process needs.
+
+    That is the run and its node contexts (``self._run``,
+    ``self._contexts``), and plain message creation.
+    """
 
     _run: Run
     _contexts: dict[int, Context]
 
     def set_run(self, run: Run) -> None:
+        """Set the Flower run the grid serves."""
         self._run = run
 
     @property
     def run(self) -> Run:
+        """Return the Flower run the grid serves."""
         return self._run
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
                        group_id: str, ttl: float | None = None) -> Message:
+        """Return a new message of ``message_type`` carrying ``content`` to node ``dst_node_id``."""
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
+        """Return the ids of every node, in the order they were given."""
         return list(self._contexts)
 
 
@@ -117,6 +124,16 @@ class InProcessGrid(LocalGrid):
 
     # -- Grid API ---------------------------------------------------------
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Give each message an id and start its ClientApp call; return the ids, in order.
+
+        A message the fault plan drops gets an id but no call: no reply will
+        ever come for it.
+
+        Raises
+        ------
+        ValueError
+            A message is for a node this grid does not have.
+        """
         batch = list(messages)
         if self._pool is not None:
             self._pool.start()
@@ -136,6 +153,11 @@ class InProcessGrid(LocalGrid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Return the replies to ``message_ids`` that are ready, in push order; each is returned once.
+
+        A reply is ready when its call is done, no earlier message among those
+        asked for is still running, and its straggler delay has passed.
+        """
         now = time.monotonic()
         out = []
         asked = list(message_ids)
@@ -156,6 +178,7 @@ class InProcessGrid(LocalGrid):
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
+        """Push ``messages`` and collect their replies until all are in, settled, or ``timeout`` s passed."""
         ids = set(self.push_messages(messages))
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
@@ -169,7 +192,7 @@ class InProcessGrid(LocalGrid):
 
     # -- in-process extras ------------------------------------------------
     def settled(self, message_ids: Iterable[str]) -> bool:
-        """True when none of ``message_ids`` can still produce a reply.
+        """Return True when none of ``message_ids`` can still produce a reply.
 
         Only an in-process runtime can know this (a dropped node is gone for
         good); the round loop uses it to close a round early instead of
@@ -179,17 +202,21 @@ class InProcessGrid(LocalGrid):
             return not any(m in self._pending for m in message_ids)
 
     def close(self) -> None:
-        """Cancel what has not started, stop the workers (a call still running in one ends as an
-        error reply once its worker is gone), then wait for the call threads."""
+        """Cancel what has not started, stop the workers, then wait for the call threads.
+
+        A call still running in a worker ends as an error reply once its worker is gone.
+        """
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self._pool is not None:
             self._pool.close()
         self._executor.shutdown(wait=True)
 
     def __enter__(self) -> InProcessGrid:
+        """Return the grid itself; leaving the block closes it."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Close the grid (:meth:`close`)."""
         self.close()
 
     def _handle(self, message: Message) -> Message | None:

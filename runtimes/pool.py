@@ -65,7 +65,7 @@ def call_app(app: ClientApp, message: Message, context: Context) -> Message:
 
 
 def _serve(app: ClientApp, conn: Connection, threads: int, inherited: list[Connection]) -> None:
-    """A worker's loop: (message, context) in, (reply, the context's new state) out, until an empty job.
+    """Serve calls in a worker: (message, context) in, (reply, the context's new state) out, until an empty job.
 
     Ctrl-C reaches the whole process group: a worker ignores it and lets the
     aggregator's process end the run and close the pool. A worker whose
@@ -103,8 +103,11 @@ def _serve(app: ClientApp, conn: Connection, threads: int, inherited: list[Conne
 
 
 def _answer(message: Message, reply: Message, context: Context) -> bytes:
-    """The reply and the node's new state, pickled; a reply that cannot be (an object the app slipped past
-    Flower's checks) becomes an error reply, with ``None`` for "the state stays as it was"."""
+    """Pickle the reply and the node's new state.
+
+    A reply that cannot be pickled (an object the app slipped past Flower's
+    checks) becomes an error reply, with ``None`` for "the state stays as it was".
+    """
     try:
         return _dumps((reply, context.state))
     except Exception as exc:  # whatever the app put in its reply, the worker lives on
@@ -124,8 +127,12 @@ class _Worker:
         self.held: Any = None  # the content the worker holds decoded
 
     def call(self, message: Message, context: Context) -> tuple[Message, RecordDict | None]:
-        """One call; a round's instruction (one content object pushed to every node) crosses the pipe
-        once per worker, later calls send only their metadata (the worker reuses what it decoded)."""
+        """Make one call on this worker; return the reply and the node's new state.
+
+        A round's instruction (one content object pushed to every node) crosses
+        the pipe once per worker; later calls send only their metadata (the
+        worker reuses what it decoded).
+        """
         content = message.content if message.has_content() and not message.has_error() else None
         reuse = content is not None and content is self.held
         self.conn.send_bytes(_dumps((message.metadata if reuse else message, context)))
@@ -172,8 +179,11 @@ class WorkerPool:
         self._closed = False
 
     def start(self) -> None:
-        """Fork the workers, once (idempotent); the grid calls it from the thread that pushes, before
-        any of its own call threads exist."""
+        """Fork the workers, once (idempotent).
+
+        The grid calls it from the thread that pushes, before any of its own
+        call threads exist.
+        """
         with self._lock:
             if self._all or self._closed:
                 return
@@ -247,24 +257,32 @@ def _reduce_array(array: Array) -> tuple[Any, tuple[Any, ...]]:
 
 
 class _Pickler(pickle.Pickler):
-    """Pickle with one addition: a Flower ``Array`` (whose data may be a memoryview), or a subclass's,
-    travels as its bytes."""
+    """Pickle with one addition: a Flower ``Array``, or a subclass's, travels as its bytes.
+
+    Its data may be a memoryview, which does not pickle.
+    """
 
     def reducer_override(self, obj: Any) -> Any:
         return _reduce_array(obj) if isinstance(obj, Array) else NotImplemented
 
 
 def _dumps(obj: Any) -> bytes:
-    """What crosses a worker's pipe: Flower's own objects, pickled (both ends are this program, forked;
-    records keep their checked values and arrays their exact bytes, at a third of protobuf's cost)."""
+    """Pickle what crosses a worker's pipe: Flower's own objects.
+
+    Both ends are this program, forked; records keep their checked values and
+    arrays their exact bytes, at a third of protobuf's cost.
+    """
     buffer = io.BytesIO()
     _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buffer.getvalue()
 
 
 def _fresh(content: RecordDict) -> RecordDict:
-    """A copy of ``content``: new records, lists and ``Array`` objects over the same immutable values
-    (arrays' bytes, numbers, strings); a record under two names (the legacy aliases) stays one record."""
+    """Return a copy of ``content``: new records, lists and ``Array`` objects over the same immutable values.
+
+    The values shared are arrays' bytes, numbers and strings; a record under
+    two names (the legacy aliases) stays one record.
+    """
     copies: dict[int, Any] = {}
     out = RecordDict()
     record: Any

@@ -22,8 +22,11 @@ MARKER_ENV = "QUORUM_RAY_CLUSTER"  # names the Ray cluster a process belongs to 
 
 
 def ray_processes(marker: str | Path) -> list[int]:
-    """Live processes of the Ray cluster tagged ``marker`` (all inherit :data:`MARKER_ENV`;
-    workers rename themselves ``ray::ClientAppActor``). Linux only."""
+    """Return the pids of the live processes of the Ray cluster tagged ``marker``. Linux only.
+
+    They are found by :data:`MARKER_ENV` in their environment, which all of
+    them inherit (workers rename themselves ``ray::ClientAppActor``).
+    """
     needle = f"{MARKER_ENV}={marker}".encode() + b"\0"
     pids = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
@@ -45,24 +48,31 @@ def _start_time(pid: int) -> str | None:
 
 @dataclass
 class Cluster:
-    """One call's Ray processes: by marker, and by PID (with start time) once seen,
-    since an exiting process has an empty ``/proc/<pid>/environ``."""
+    """One call's Ray processes: by marker, and by PID (with start time) once seen.
+
+    PIDs are kept because an exiting process has an empty ``/proc/<pid>/environ``.
+    """
 
     temp_dir: str
     known: dict[int, str] = field(default_factory=dict)
 
     def snapshot(self) -> None:
+        """Remember the cluster's processes now live, each with its start time."""
         for pid in ray_processes(self.temp_dir):
             self.known[pid] = _start_time(pid) or ""
 
     def alive(self) -> list[int]:
+        """Return the sorted pids still alive: remembered ones (same start time) and any now tagged."""
         seen = {pid for pid, start in self.known.items() if start and _start_time(pid) == start}
         return sorted(seen | set(ray_processes(self.temp_dir)))
 
 
 def shutdown_ray(cluster: Cluster, grace_s: float = 1.0, term_s: float = 10.0) -> None:
-    """Shut Ray down; actors that outlive it by ``grace_s`` (they notice their raylet is
-    gone seconds later) get SIGTERM, then SIGKILL after ``term_s``; remove its files."""
+    """Shut Ray down, end the processes that outlive it, and remove its files.
+
+    Actors that outlive it by ``grace_s`` (they notice their raylet is gone
+    seconds later) get SIGTERM, then SIGKILL after ``term_s``.
+    """
     import ray
 
     if ray.is_initialized():

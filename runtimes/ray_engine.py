@@ -72,6 +72,7 @@ class RayOptions:
     address: str | None = None
 
     def cpus(self) -> int:
+        """Return the CPUs Ray may use: ``num_cpus``, else ``min(2, cpu_count)``."""
         return self.num_cpus or max(1, min(2, os.cpu_count() or 1))
 
 
@@ -186,6 +187,7 @@ class ScenarioClient:
         self._node_configs = dict(node_configs or {})  # by logical node id (secagg identities)
 
     def __call__(self, message: Message, context: Context) -> Message:
+        """Run the app on ``message`` as node ``partition-id + 1``; return its reply from Flower's node id."""
         partition = int(context.node_config["partition-id"])
         if message.metadata.message_type == NODE_INFO:
             return Message(RecordDict({"node": ConfigRecord({"partition-id": partition})}), reply_to=message)
@@ -249,20 +251,34 @@ class PartitionGrid(Grid):
 
     # -- Grid API ---------------------------------------------------------
     def set_run(self, run: Any) -> None:
+        """Set the Flower run on the grid underneath."""
         self._inner.set_run(run)
 
     @property
     def run(self) -> Any:
+        """Return the Flower run of the grid underneath."""
         return self._inner.run
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
                        group_id: str, ttl: float | None = None) -> Message:
+        """Return a new message of ``message_type`` carrying ``content`` to logical node ``dst_node_id``."""
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
+        """Return the logical node ids (``partition-id + 1``), sorted."""
         return sorted(self._to_real)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Send each message to its node's Flower id; return the message ids, in order.
+
+        A message the fault plan drops is not sent and gets an id of its own
+        that will never be answered.
+
+        Raises
+        ------
+        ValueError
+            A message is for a logical node id this grid does not have.
+        """
         self._alive()
         batch = list(messages)
         dropped = self._faults.pick_dropped(batch)  # decided on logical ids, as in-process
@@ -286,6 +302,11 @@ class PartitionGrid(Grid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Return the replies to ``message_ids`` that are ready, from logical node ids; each is returned once.
+
+        Corrupt replies are corrupted on arrival; a straggler's reply is held
+        back until its delay has passed.
+        """
         self._alive()
         wanted = [m for m in message_ids if m not in self._dropped]
         for reply in self._inner.pull_messages([m for m in wanted if m not in self._held]):
@@ -296,13 +317,14 @@ class PartitionGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
+        """Push ``messages`` and collect their replies until all are in, settled, or ``timeout`` s passed."""
         replies: list[Message] = []
         owed = Outstanding({m: 0 for m in self.push_messages(messages)})
         collect(self, owed, float("inf") if timeout is None else timeout, lambda _, r: replies.append(r))
         return replies
 
     def settled(self, message_ids: Iterable[str]) -> bool:
-        """True when every id left is a dropped message (no reply can come)."""
+        """Return True when every id left is a dropped message (no reply can come)."""
         return all(m in self._dropped for m in message_ids)
 
     def _arrived(self, reply: Message) -> None:
@@ -319,8 +341,11 @@ class PartitionGrid(Grid):
 # -- process hygiene ------------------------------------------------------------
 @contextlib.contextmanager
 def _first_interrupt_stops(run: _RayRun) -> Iterator[None]:
-    """Turn the first SIGINT into a stop the round loop sees at its next poll: a
-    ``KeyboardInterrupt`` here leaves a Flower thread in ``ray.get`` forever."""
+    """Turn the first SIGINT into a stop the round loop sees at its next poll.
+
+    A ``KeyboardInterrupt`` here would leave a Flower thread in ``ray.get``
+    forever. Only on the main thread, under Python's default SIGINT handler.
+    """
     previous = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or previous is not signal.default_int_handler:
         yield
@@ -339,8 +364,12 @@ def _first_interrupt_stops(run: _RayRun) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet_run(marker: str, verbose: bool) -> Iterator[None]:
-    """Telemetry off, a marker every Ray process inherits, Flower's log at ERROR (its
-    deprecation notice); restore all after, ``PYTHONPATH`` too (``init_ray`` overwrites it)."""
+    """Quiet Ray and Flower for the block, and tag every Ray process it starts.
+
+    Telemetry off, a marker every Ray process inherits, Flower's log at ERROR
+    (its deprecation notice); all restored after, ``PYTHONPATH`` too
+    (``init_ray`` overwrites it).
+    """
     saved = {k: os.environ.get(k) for k in (*_QUIET_ENV, "PYTHONPATH", MARKER_ENV)}
     os.environ.update({**{k: v for k, v in _QUIET_ENV.items() if k not in os.environ}, MARKER_ENV: marker})
     logger = logging.getLogger("flwr")

@@ -31,6 +31,8 @@ __all__ = ["simulate", "RunSummary", "summarize"]
 
 @dataclass(frozen=True)
 class RunSummary:
+    """What ``simulate`` reports of a finished run: its outcome, last round's scores, client totals and wall time."""
+
     run_id: str
     scenario: str
     strategy: str
@@ -48,6 +50,7 @@ class RunSummary:
     final_scores: dict[str, dict[str, float]] | None = None  # the last round's scores by split, in the task's names
 
     def to_json(self) -> dict[str, Any]:
+        """Return the fields as a dict, for JSON output."""
         return dict(self.__dict__)
 
 
@@ -108,7 +111,7 @@ def _run_inprocess(scenario: Scenario, store: RunStore, resume_id: str | None,
 
 
 def summarize(store: RunStore, run_id: str, wall_s: float) -> RunSummary:
-    """The headline figures of a stored run."""
+    """Summarise a stored run: its headline figures, ``wall_s`` being how long it took."""
     run = store.get_run(run_id)
     rounds = store.rounds(run_id)
     last = rounds[-1] if rounds else None

@@ -43,7 +43,7 @@ def content_size(content: RecordDict) -> int:
 
 
 def stage_name(message: Message) -> str:
-    """The protocol stage a message is for (ours or Flower's), else its type."""
+    """Return the protocol stage a message is for (ours or Flower's), else its type."""
     for record in message.content.values():
         if isinstance(record, ConfigRecord) and isinstance(record.get("stage"), str):
             return str(record["stage"])
@@ -54,7 +54,7 @@ _Record = ArrayRecord | MetricRecord | ConfigRecord
 
 
 def _copied(message: Message) -> Message:
-    """A node's own copy of the records (Flower's secaggplus_mod mutates them); arrays shared."""
+    """Return a node's own copy of the records (Flower's secaggplus_mod mutates them); arrays shared."""
     def copy_record(record: _Record) -> _Record:
         if isinstance(record, ArrayRecord):
             return ArrayRecord(dict(record.items()))
@@ -95,6 +95,11 @@ class SyncGrid(LocalGrid):
         return reply
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Give each message an id and run the ClientApp on it now, unless ``drop``; return the ids.
+
+        Each call gets its own copy of the records; an exception the app
+        raises becomes an error reply.
+        """
         ids = []
         for message in messages:
             message_id = uuid.uuid4().hex
@@ -105,12 +110,14 @@ class SyncGrid(LocalGrid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Return the replies to ``message_ids`` not yet pulled; each is returned once."""
         return [self._replies.pop(m) for m in message_ids if m in self._replies]
 
     def settled(self, message_ids: Iterable[str]) -> bool:
-        """True when none of ``message_ids`` can still be answered (all ran at push)."""
+        """Return True when none of ``message_ids`` can still be answered (all ran at push)."""
         return not any(m in self._replies for m in message_ids)
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:  # noqa: ARG002 (Grid's signature)
+        """Push ``messages`` and return their replies (all ran at push; ``timeout`` is not needed)."""
         return self.pull_messages(list(self.push_messages(messages)))

@@ -323,7 +323,7 @@ class TaskSpec:
         if not isinstance(options, Mapping):
             raise Bad(key + ".options", options, "must be a table")
         own = {k: v for k, v in raw.items() if k in TASK_KEYS and k != "options"}
-        spec = build(cls, own, key + ".")
+        spec: TaskSpec = build(cls, own, key + ".")
         return dataclasses.replace(spec, options={**options, **{k: v for k, v in raw.items() if k not in TASK_KEYS}})
 
     def _check(self) -> None:

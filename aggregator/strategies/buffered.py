@@ -33,20 +33,30 @@ class BufferedStrategy(FedAvg):
     needs_all_updates: ClassVar[bool] = True
 
     def new_aggregate(self, size: int) -> UpdateBuffer:
+        """Return an empty update buffer for a model of ``size`` parameters."""
         return empty_buffer(size)
 
     def accumulate(self, agg: UpdateBuffer, update: np.ndarray, num_examples: float, *,
                    checked: bool = False) -> UpdateBuffer:
+        """Append one client's update to the buffer, with its example count."""
         return buffer_add(agg, update, float(num_examples), checked=checked)
 
     def merge(self, agg: UpdateBuffer, partial: UpdateBuffer) -> UpdateBuffer:
+        """Append the updates of ``partial`` (another worker's buffer) to ``agg``."""
         return buffer_merge(agg, partial)
 
     def finalize(self, agg: UpdateBuffer, rng: np.random.Generator) -> np.ndarray:  # noqa: ARG002 (Strategy's)
+        """Return the robust aggregate of the buffered updates, as float32.
+
+        Raises
+        ------
+        ValueError
+            The buffer holds no update.
+        """
         if agg.count == 0:
             raise ValueError("cannot finalize an empty aggregate: no update was added")
         return np.asarray(self.combine(agg), dtype=np.float32)
 
     @abstractmethod
     def combine(self, agg: UpdateBuffer) -> np.ndarray:
-        """The robust aggregate of ``agg.updates``; may record ``agg.marks``."""
+        """Return the robust aggregate of ``agg.updates``; may record ``agg.marks``."""

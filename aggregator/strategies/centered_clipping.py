@@ -72,6 +72,7 @@ class CCState:
 
     @property
     def size(self) -> int:
+        """Number of parameters of the model aggregated."""
         return int(self.total.shape[0])
 
 
@@ -100,6 +101,7 @@ class CenteredClipping(Strategy):
     centres_private_terms = True  # class attribute (no annotation): the DP term is centred on the momentum
 
     def __post_init__(self) -> None:
+        """Refuse a non-positive or infinite radius, a bucket size below 1, a momentum outside [0, 1)."""
         if not 0 < self.clip_radius < float("inf"):
             raise ValueError(f"clip_radius must be a positive finite number, got {self.clip_radius}")
         if self.bucket_size < 1:
@@ -108,10 +110,11 @@ class CenteredClipping(Strategy):
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
 
     def for_round(self, state: ServerState) -> CenteredClipping:
-        """This strategy centred on the momentum ``state`` carries (zero before round 1)."""
+        """Return this strategy centred on the momentum ``state`` carries (zero before round 1)."""
         return replace(self, center=state.slots.get("momentum"))
 
     def new_aggregate(self, size: int) -> CCState:
+        """Return an empty state around this round's centre (zeros when it has none of ``size`` values)."""
         center = self.center if self.center is not None and self.center.size == size else np.zeros(size, np.float32)
         return CCState(center=center, total=np.zeros(size, np.float32), bucket=np.zeros(size, np.float32))
 
@@ -166,7 +169,8 @@ class CenteredClipping(Strategy):
         """``v_t = v_{t-1} + `` the noised mean of the clipped differences (``v_{t-1}`` was released)."""
         if self.center is None or self.center.size != mean_term.size:
             return mean_term
-        return (self.center + mean_term).astype(np.float32, copy=False)
+        released: np.ndarray = self.center + mean_term
+        return released.astype(np.float32, copy=False)
 
     def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
         """``x <- x + server_lr * v_t``; ``v_t`` becomes the next round's centre."""
@@ -174,6 +178,7 @@ class CenteredClipping(Strategy):
         return state.advanced(params.astype(np.float32, copy=False), momentum=mean_delta.astype(np.float32))
 
     def describe(self) -> dict[str, Any]:
+        """Return the settings worth recording with the run."""
         return {"name": self.name, "clip_radius": self.clip_radius, "bucket_size": self.bucket_size,
                 "momentum": self.momentum, "server_lr": self.server_lr}
 

@@ -23,8 +23,10 @@ class FedAvg(Strategy):
     name: str = "fedavg"
 
     def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
+        """Step the global model by ``server_lr`` times the mean delta."""
         params = state.params + np.float32(self.server_lr) * mean_delta
         return state.advanced(params.astype(np.float32, copy=False))
 
     def describe(self) -> dict[str, Any]:
+        """Return the settings worth recording with the run: name and ``server_lr``."""
         return {"name": self.name, "server_lr": self.server_lr}

@@ -1,5 +1,8 @@
-"""FedAvgM: server momentum (Hsu et al., "Measuring the Effects of Non-Identical
-Data Distribution for Federated Visual Classification", 2019)."""
+"""FedAvgM: server momentum.
+
+Hsu et al., "Measuring the Effects of Non-Identical Data Distribution for
+Federated Visual Classification", 2019.
+"""
 
 from __future__ import annotations
 
@@ -22,10 +25,12 @@ class FedAvgM(Strategy):
     name: str = "fedavgm"
 
     def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
+        """Update the momentum (the mean delta itself in round 1) and step the model by ``server_lr`` times it."""
         previous = state.slots.get("momentum")
         momentum = mean_delta.copy() if previous is None else np.float32(self.momentum) * previous + mean_delta
         params = state.params + np.float32(self.server_lr) * momentum
         return state.advanced(params.astype(np.float32, copy=False), momentum=momentum)
 
     def describe(self) -> dict[str, Any]:
+        """Return the settings worth recording with the run: name, ``server_lr`` and ``momentum``."""
         return {"name": self.name, "server_lr": self.server_lr, "momentum": self.momentum}

@@ -68,7 +68,8 @@ class FedYogi(_FedOpt):
     name: str = "fedyogi"
 
     def _second_moment(self, v: np.ndarray, delta_sq: np.ndarray) -> np.ndarray:
-        return v - np.float32(1 - self.beta2) * delta_sq * np.sign(v - delta_sq)
+        moment: np.ndarray = v - np.float32(1 - self.beta2) * delta_sq * np.sign(v - delta_sq)
+        return moment
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,9 @@ class FedAdagrad(_FedOpt):
     name: str = "fedadagrad"
 
     def _second_moment(self, v: np.ndarray, delta_sq: np.ndarray) -> np.ndarray:
-        return v + delta_sq
+        moment: np.ndarray = v + delta_sq
+        return moment
 
     def describe(self) -> dict[str, Any]:
+        """Return the settings worth recording with the run (no ``beta2``: it does not apply)."""
         return {"name": self.name, "server_lr": self.server_lr, "beta1": self.beta1, "tau": self.tau}

@@ -28,4 +28,5 @@ class FedProx(FedAvg):
         return replace(config, proximal_mu=float(self.mu))
 
     def describe(self) -> dict[str, Any]:
+        """Return the settings worth recording with the run: FedAvg's and ``mu``."""
         return {**super().describe(), "mu": self.mu}

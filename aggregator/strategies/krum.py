@@ -1,5 +1,7 @@
-"""Krum and Multi-Krum (Blanchard, El Mhamdi, Guerraoui & Stainer, "Machine
-Learning with Adversaries: Byzantine Tolerant Gradient Descent", NeurIPS 2017).
+"""Krum and Multi-Krum.
+
+Blanchard, El Mhamdi, Guerraoui & Stainer, "Machine Learning with
+Adversaries: Byzantine Tolerant Gradient Descent", NeurIPS 2017.
 
 Each update is scored by the sum of squared distances to its ``n - f - 2``
 nearest neighbours; Krum keeps the lowest-scoring one, Multi-Krum averages
@@ -40,17 +42,20 @@ class Krum(BufferedStrategy):
     name: str = "krum"
 
     def __post_init__(self) -> None:
+        """Refuse a negative ``num_byzantine`` or a ``num_selected`` below 1."""
         if self.num_byzantine < 0:
             raise ValueError(f"num_byzantine must be >= 0, got {self.num_byzantine}")
         if self.num_selected < 1:
             raise ValueError(f"num_selected must be >= 1, got {self.num_selected}")
 
     def combine(self, agg: UpdateBuffer) -> np.ndarray:
+        """Return the equal-weight mean of the selected updates; mark the others ``rejected``."""
         chosen = self.select(agg)
         for index in range(agg.count):
             if index not in chosen:
                 agg.marks[index] = {"rejected": 1.0}
-        return np.mean(np.stack([agg.updates[i] for i in chosen]), axis=0)
+        mean: np.ndarray = np.mean(np.stack([agg.updates[i] for i in chosen]), axis=0)
+        return mean
 
     def select(self, agg: UpdateBuffer) -> list[int]:
         """Arrival indices of the updates Multi-Krum keeps, best first."""
@@ -60,4 +65,5 @@ class Krum(BufferedStrategy):
         return [position[id(c)] for c in select_multikrum(contents, self.num_byzantine, keep)]
 
     def describe(self) -> dict[str, Any]:
+        """Return the settings worth recording with the run: FedAvg's, ``num_byzantine`` and ``num_selected``."""
         return {**super().describe(), "num_byzantine": self.num_byzantine, "num_selected": self.num_selected}

@@ -1,5 +1,7 @@
-"""Coordinate-wise median (Yin, Chen, Kannan & Bartlett, "Byzantine-Robust
-Distributed Learning: Towards Optimal Statistical Rates", ICML 2018).
+"""Coordinate-wise median.
+
+Yin, Chen, Kannan & Bartlett, "Byzantine-Robust Distributed Learning: Towards
+Optimal Statistical Rates", ICML 2018.
 
 The math is Flower's (``flwr.server.strategy.aggregate.aggregate_median``, the
 rule behind its ``FedMedian``), applied to the flat update buffers.
@@ -25,4 +27,5 @@ class FedMedian(BufferedStrategy):
     name: str = "median"
 
     def combine(self, agg: UpdateBuffer) -> np.ndarray:
+        """Return the coordinate-wise median of the buffered updates (Flower's ``aggregate_median``)."""
         return aggregate_median([([update], 1) for update in agg.updates])[0]

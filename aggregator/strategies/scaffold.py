@@ -1,5 +1,7 @@
-"""SCAFFOLD: stochastic controlled averaging (Karimireddy et al., "SCAFFOLD: Stochastic Controlled
-Averaging for Federated Learning", ICML 2020, Algorithm 1 with option II).
+"""SCAFFOLD: stochastic controlled averaging.
+
+Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated
+Learning", ICML 2020, Algorithm 1 with option II.
 
 The server keeps a control variate ``c`` beside the model ``x`` and sends both;
 client ``i`` keeps its own ``c_i`` in its node state
@@ -53,11 +55,12 @@ class Scaffold(Strategy):
     control: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def init_state(self, params: np.ndarray) -> ServerState:
+        """Return the state before round 1: a copy of ``params`` and a zero control variate."""
         return ServerState(params=params.astype(np.float32, copy=True),
                            slots={CONTROL_SLOT: np.zeros(params.size, dtype=np.float32)})
 
     def for_round(self, state: ServerState) -> Scaffold:
-        """This strategy carrying the round's control variate (zeros before round 1)."""
+        """Return this strategy carrying the round's control variate (zeros before round 1)."""
         control = state.slots.get(CONTROL_SLOT)
         return replace(self, control=np.zeros_like(state.params) if control is None else control)
 
@@ -68,14 +71,21 @@ class Scaffold(Strategy):
         return with_control(config, self.control)
 
     def new_aggregate(self, size: int) -> MeanState:
-        """A running mean of ``[model delta, control delta]``: twice the model's size."""
+        """Return an empty running mean of ``[model delta, control delta]``: twice the model's size."""
         return aggregate.empty(2 * size)
 
     def finalize(self, agg: MeanState, rng: np.random.Generator) -> np.ndarray:  # noqa: ARG002 (Strategy's)
-        """The mean of ``[dy, dc]`` with the count of updates behind it appended (``|S|``)."""
+        """Return the mean of ``[dy, dc]`` with the count of updates behind it appended (``|S|``)."""
         return np.append(aggregate.finalize(agg), np.float32(agg.count)).astype(np.float32, copy=False)
 
     def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
+        """Step the model by ``server_lr * mean(dy)`` and the control variate by ``|S|/N * mean(dc)``.
+
+        Raises
+        ------
+        UpdateRejected
+            ``mean_delta`` is not ``2 x size + 1`` values long.
+        """
         size = state.params.size
         if mean_delta.size != 2 * size + 1:
             raise UpdateRejected(f"SCAFFOLD's round mean has {mean_delta.size} values; expected 2 x {size} + 1")
@@ -87,4 +97,5 @@ class Scaffold(Strategy):
         return state.advanced(params.astype(np.float32, copy=False), **{CONTROL_SLOT: control.astype(np.float32)})
 
     def describe(self) -> dict[str, Any]:
+        """Return the settings worth recording with the run: name, ``server_lr`` and ``population``."""
         return {"name": self.name, "server_lr": self.server_lr, "population": self.population}

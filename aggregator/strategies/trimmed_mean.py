@@ -34,10 +34,12 @@ class FedTrimmedMean(BufferedStrategy):
     name: str = "trimmed_mean"
 
     def __post_init__(self) -> None:
+        """Refuse a trim fraction ``beta`` outside [0, 0.5)."""
         if not 0 <= self.beta < 0.5:
             raise ValueError(f"trim fraction beta must be in [0, 0.5), got {self.beta}")
 
     def combine(self, agg: UpdateBuffer) -> np.ndarray:
+        """Return the coordinate-wise ``beta``-trimmed mean; mark each client by the fraction of it trimmed."""
         stacked = agg.stacked()
         cut = int(self.beta * agg.count)
         if cut:
@@ -45,6 +47,7 @@ class FedTrimmedMean(BufferedStrategy):
         return np.asarray(trim_mean(stacked, self.beta))
 
     def describe(self) -> dict[str, Any]:
+        """Return the settings worth recording with the run: FedAvg's and ``beta``."""
         return {**super().describe(), "beta": self.beta}
 
 

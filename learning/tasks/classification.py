@@ -48,13 +48,21 @@ class ClassificationTask(Task):
 
     @property
     def input_shape(self) -> tuple[int, ...] | None:
+        """One example's shape, ``(data.features,)`` when the data live on the devices alone; else ``None``."""
         return (self.scenario.data.features,) if self.devices_only else None
 
     @property
     def num_classes(self) -> int | None:
+        """``data.classes`` when the data live on the devices alone; else ``None``."""
         return self.scenario.data.classes if self.devices_only else None
 
     def build_model(self, seed: int) -> nn.Module:
+        """Build the ``[model]`` the scenario names from ``seed``, for its data's input shape and classes.
+
+        The shape and classes come from ``[data]`` when the data live on the
+        devices alone, else from a device file read on this node, else from the
+        federation's data set.
+        """
         shape: tuple[int, ...]
         if self.devices_only:
             shape, classes = (self.scenario.data.features,), self.scenario.data.classes
@@ -66,6 +74,13 @@ class ClassificationTask(Task):
         return build_model(self.scenario.model.name, shape, classes, seed=seed)
 
     def partition(self, partition_id: int) -> ClientData:
+        """Return simulated client ``partition_id``'s data (modulo the federation's clients).
+
+        Raises
+        ------
+        DataError
+            ``dataset = "file"`` without ``data.path``: there are no simulated clients.
+        """
         if self.devices_only:
             raise DataError("dataset = 'file' without data.path has no simulated clients: each deployed device "
                             "trains on its own file (quorum client start --data FILE)")
@@ -73,7 +88,7 @@ class ClassificationTask(Task):
         return fed.clients[partition_id % len(fed.clients)]
 
     def device_data(self, path: str) -> ClientData:
-        """The device's own CSV or NPZ file, split into train and test by ``client_test_fraction``.
+        """Read the device's own CSV or NPZ file, split into train and test by ``client_test_fraction``.
 
         With ``dataset = "file"`` the model's input shape and classes come from
         this file (the aggregator reads its own copy at ``[data] path``);
@@ -89,14 +104,17 @@ class ClassificationTask(Task):
         return data
 
     def server_data(self) -> ArrayDataset | None:
+        """Return the federation's held-out test set (``None`` when the data live on the devices alone)."""
         return None if self.devices_only else self._federation().test
 
     def train(self, model: nn.Module, data: ArrayDataset, config: TrainConfig, seed: int) -> Metrics:
+        """Train ``model`` with SGD (:func:`learning.training.train`); return the loss and the count."""
         result = train(model, data, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
                        momentum=config.momentum, proximal_mu=config.proximal_mu, seed=seed, steps=config.steps)
         return {"loss": float(result.loss), "num_examples": float(result.num_examples)}
 
     def evaluate(self, model: nn.Module, data: ArrayDataset) -> Metrics:
+        """Score ``model`` on ``data``: loss, accuracy and the count."""
         result = evaluate(model, data)
         return {"loss": float(result.loss), "accuracy": float(result.accuracy),
                 "num_examples": float(result.num_examples)}
@@ -104,8 +122,11 @@ class ClassificationTask(Task):
 
 def _check_device_file(path: str, data: ClientData, features: int, classes: int,
                        label_column: str = "label") -> None:
-    """A device's file against the scenario's ``data.features`` and ``data.classes``, naming the mismatch
-    (for a CSV, the columns too many or the ones it has)."""
+    """Check a device's file against the scenario's ``data.features`` and ``data.classes``.
+
+    The error names the mismatch (for a CSV, the columns too many or the ones
+    it has).
+    """
     found = int(np.prod(data.train.x.shape[1:]))
     if found != features:
         names = [n for n in csv_header(path) if n != label_column] if path.lower().endswith(".csv") else []

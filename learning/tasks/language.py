@@ -95,6 +95,7 @@ class LanguageOptions:
 
     @property
     def modules(self) -> tuple[str, ...]:
+        """The ``target_modules`` names, split on commas, blanks dropped."""
         return tuple(n.strip() for n in self.target_modules.split(",") if n.strip())
 
 
@@ -131,6 +132,11 @@ class LanguageModelTask(Task):
     # -- model -------------------------------------------------------------------------------------------
 
     def build_model(self, seed: int) -> nn.Module:
+        """Build the frozen base with LoRA adapters on ``target_modules``, all from ``seed``.
+
+        The global RNG is left as it was; the adapters' ``A`` come from the seed
+        alone and their ``B`` are zero.
+        """
         peft = require("peft")
         config = peft.LoraConfig(r=self.options.lora_r, lora_alpha=self.options.lora_alpha,
                                  lora_dropout=self.options.lora_dropout, target_modules=list(self.options.modules),
@@ -141,10 +147,11 @@ class LanguageModelTask(Task):
             torch.manual_seed(int(seed))  # LoRA's A from the seed alone, whatever loading the base drew
             with warnings.catch_warnings():  # peft 0.21 still asks transformers 5 a deprecated question
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
-                return peft.get_peft_model(base, config)  # freezes the base; A from the seeded RNG, B = 0
+                model: nn.Module = peft.get_peft_model(base, config)  # freezes the base; A from the seeded RNG, B = 0
+                return model
 
     def build_base(self, seed: int) -> nn.Module:
-        """The frozen base model, without adapters: the wheel's SmolLM2, or the tiny Llama initialised from ``seed``."""
+        """Build the base model, without adapters: the wheel's SmolLM2, or the tiny Llama initialised from ``seed``."""
         if self.options.model == "tiny-llama":
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(seed))
@@ -168,7 +175,8 @@ class LanguageModelTask(Task):
     def _encode(self, text: str) -> np.ndarray | list[int]:
         if self.options.model == "tiny-llama":
             return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids
 
     def _rows(self, text: str, where: str) -> Split:
         rows = chunk(self._encode(text), self.options.seq_len)
@@ -195,11 +203,11 @@ class LanguageModelTask(Task):
         return self._rows(role.text, f"{role.play}/{role.name}")
 
     def device_data(self, path: str) -> Split:
-        """A device's own text: a UTF-8 file, or a folder of ``.txt`` files."""
+        """Read a device's own text: a UTF-8 file, or a folder of ``.txt`` files."""
         return self._rows(read_text(path), path)
 
     def server_data(self) -> TextData | None:
-        """The first ``eval_rows`` held-out rows of the clients, in client order (the same text for every run)."""
+        """Return the first ``eval_rows`` held-out rows of the clients, in client order (the same for every run)."""
         if self.options.eval_rows == 0 or not self.scenario.evaluation.server:
             return None
         rows: list[np.ndarray] = []
@@ -214,8 +222,11 @@ class LanguageModelTask(Task):
     # -- training ----------------------------------------------------------------------------------------
 
     def train(self, model: nn.Module, data: TextData, config: TrainConfig, seed: int) -> Metrics:
-        """AdamW on the adapters for ``steps`` batches (``task.steps`` or ``training.local_steps``; else
-        ``local_epochs`` passes), FedProx term when asked."""
+        """Train the adapters with AdamW for ``steps`` batches, with the FedProx term when asked.
+
+        The steps are ``task.steps`` or ``training.local_steps``; else
+        ``local_epochs`` passes.
+        """
         if len(data) == 0:
             return {"loss": 0.0, "num_examples": 0.0}
         batch = max(1, min(config.batch_size, len(data)))
@@ -346,7 +357,7 @@ def _peft_model(model: nn.Module) -> Any:
 
 
 def _batches(rows: int, batch: int, steps: int, seed: int) -> list[torch.Tensor]:
-    """``steps`` batches of row indices: seeded shuffled passes over the rows, as many as the steps need."""
+    """Draw ``steps`` batches of row indices: seeded shuffled passes over the rows, as many as the steps need."""
     generator = torch.Generator().manual_seed(int(seed) % 2**63)
     order = torch.cat([torch.randperm(rows, generator=generator)
                        for _ in range(math.ceil(steps * batch / rows))])

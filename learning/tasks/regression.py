@@ -79,15 +79,18 @@ class RegressionData:
     scale: float = 1.0
 
     def __post_init__(self) -> None:
+        """Refuse ``x`` or ``y`` that is not float32, ``x`` not 2-D, ``y`` not 1-D, or counts that differ."""
         if self.x.dtype != np.float32 or self.y.dtype != np.float32:
             raise ValueError(f"need float32 x and y, got {self.x.dtype} and {self.y.dtype}")
         if self.y.ndim != 1 or self.x.ndim != 2 or self.x.shape[0] != self.y.shape[0]:
             raise ValueError(f"x {self.x.shape} and y {self.y.shape} do not pair up")
 
     def __len__(self) -> int:
+        """Return the number of examples."""
         return int(self.y.shape[0])
 
     def subset(self, index: np.ndarray) -> RegressionData:
+        """Return the examples at ``index`` (a copy), with the same ``scale``."""
         return RegressionData(self.x[index], self.y[index], self.scale)
 
 
@@ -126,6 +129,7 @@ class RegressionTask(Task):
         return _federation(self.options, self.scenario.federation.clients, self.scenario.seed)
 
     def build_model(self, seed: int) -> nn.Module:
+        """Build the MLP from ``seed``, leaving the global RNG as it was."""
         features = _pool(self.options, self.scenario.seed).x.shape[1]
         hidden = self.options.hidden
         with torch.random.fork_rng(devices=[]):
@@ -134,13 +138,16 @@ class RegressionTask(Task):
                                  nn.Linear(hidden, 1))
 
     def partition(self, partition_id: int) -> Split:
+        """Return simulated client ``partition_id``'s split (modulo the federation's clients)."""
         clients, _ = self._federation()
         return clients[partition_id % len(clients)]
 
     def server_data(self) -> RegressionData | None:
+        """Return the held-out test set (``None`` when none is held out)."""
         return self._federation()[1]
 
     def train(self, model: nn.Module, data: RegressionData, config: TrainConfig, seed: int) -> Metrics:
+        """Train ``model`` with SGD on the MSE; return the loss and the count."""
         result = train(model, data, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
                        momentum=config.momentum, proximal_mu=config.proximal_mu, seed=seed, loss_fn=_mse,
                        steps=config.steps)
@@ -152,6 +159,7 @@ class RegressionTask(Task):
         return Standardised(model, x_mean, x_std, y_mean, y_scale)
 
     def evaluate(self, model: nn.Module, data: RegressionData) -> Metrics:
+        """Score ``model`` on ``data`` (:func:`regression_metrics`)."""
         if len(data) == 0:
             return regression_metrics(np.zeros(0), np.zeros(0))
         model.eval()
@@ -178,13 +186,13 @@ class Standardised(nn.Module):
         self.register_buffer("y_scale", torch.tensor(float(y_scale), dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.model((x - self.x_mean) / self.x_std)
+        out: torch.Tensor = self.model((x - self.x_mean) / self.x_std)
         return out * self.y_scale + self.y_mean
 
 
 @functools.lru_cache(maxsize=4)
 def _raw(options: RegressionOptions, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The whole data set in its own units (read or generated once per process)."""
+    """Return the whole data set in its own units (read or generated once per process)."""
     if options.dataset == "diabetes":
         return _diabetes()
     return _friedman1(options.examples, options.noise, np.random.default_rng(seed))
@@ -200,7 +208,7 @@ def _standardisation(options: RegressionOptions, seed: int) -> tuple[np.ndarray,
 
 @functools.lru_cache(maxsize=4)
 def _pool(options: RegressionOptions, seed: int) -> RegressionData:
-    """The whole data set, standardised."""
+    """Return the whole data set, standardised."""
     x, y = _raw(options, seed)
     x_mean, x_std, y_mean, scale = _standardisation(options, seed)
     return RegressionData(((x - x_mean) / x_std).astype(np.float32), ((y - y_mean) / scale).astype(np.float32), scale)

@@ -56,8 +56,11 @@ def parallel(
                                                 "command and exit.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object at the end.")] = False,
 ) -> None:
-    """Train a scenario data-parallel over torch.distributed (gloo), combining workers through the
-    aggregation core, and store every round like a federated run (engine "parallel")."""
+    """Train a scenario data-parallel over torch.distributed (gloo).
+
+    Workers are combined through the aggregation core, and every round is
+    stored like a federated run (engine "parallel").
+    """
     from runtimes.parallel.launch import LaunchSpec, launch, torchrun_command  # torch loads here, not at CLI start
 
     spec = LaunchSpec(scenario=scenario, nproc=nproc, mode=mode, local_steps=local_steps, comm_hook=comm_hook,

@@ -47,7 +47,7 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 def _first_sentence(exc: BaseException) -> str:
-    """The gist of a c10d/gloo error, without its source location or advice."""
+    """Return the gist of a c10d/gloo error, without its source location or advice."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     text = re.sub(r"^\[[^\]]*\]\s*", "", text)
     return text.split(". ")[0].rstrip(".")
@@ -72,7 +72,7 @@ def release_process_group() -> None:
 
 
 def wire_for(size: int) -> torch.Tensor:
-    """A zeroed wire buffer for a model of ``size`` parameters."""
+    """Return a zeroed wire buffer for a model of ``size`` parameters."""
     return torch.zeros(size + WIRE_EXTRA, dtype=torch.float32)
 
 
@@ -88,7 +88,7 @@ def pack(state: aggregate.MeanState, wire: np.ndarray) -> None:
 
 
 def unpack(wire: np.ndarray) -> aggregate.MeanState:
-    """The state held in ``wire``; its sums are a view of the buffer."""
+    """Return the state held in ``wire``; its sums are a view of the buffer."""
     size = wire.shape[0] - WIRE_EXTRA
     return aggregate.MeanState(total=wire[:size], weight=float(wire[size]), count=int(round(float(wire[size + 1]))))
 
@@ -97,12 +97,13 @@ def bucket_views(buffer: torch.Tensor, bucket_bytes: int) -> tuple[torch.Tensor,
     """Split a flat buffer into contiguous views of at most ``bucket_bytes`` each."""
     if bucket_bytes < buffer.element_size():
         raise ValueError(f"bucket_bytes must hold at least one element, got {bucket_bytes}")
-    return buffer.split(bucket_bytes // buffer.element_size())
+    views: tuple[torch.Tensor, ...] = buffer.split(bucket_bytes // buffer.element_size())
+    return views
 
 
 @dataclass
 class Comm:
-    """This rank's view of the job: rank, world size and the collectives it runs.
+    """One rank's view of the job: rank, world size and the collectives it runs.
 
     ``bytes_sent`` counts the payload this rank hands to collectives (what a
     ring all-reduce moves is about twice that); ``where`` names the job's
@@ -162,6 +163,13 @@ class Comm:
             dist.broadcast(tensor, src=src)
 
     def barrier(self) -> None:
+        """Wait until every rank reaches this point (nothing to wait for with one rank).
+
+        Raises
+        ------
+        WorkerLost
+            The barrier failed or timed out.
+        """
         if self.world > 1:
             with self._guard("barrier"):
                 dist.barrier()

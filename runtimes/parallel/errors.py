@@ -16,7 +16,7 @@ class WorkerLost(ParallelError):
 
 
 class WorkerStopped(ParallelError):
-    """This worker was told to stop (SIGTERM/SIGINT), usually because another one failed."""
+    """The worker was told to stop (SIGTERM/SIGINT), usually because another one failed."""
 
 
 class LaunchFailed(ParallelError):

@@ -42,8 +42,11 @@ __all__ = ["HookedSyncSGD", "step_totals"]
 
 
 def step_totals(sizes: Sequence[int], steps: int) -> list[int]:
-    """Examples over all ranks in each of an epoch's ``steps`` steps (``torch.tensor_split``'s cut:
-    the first ``n % steps`` batches of a shard of ``n`` hold one example more)."""
+    """Return the examples over all ranks in each of an epoch's ``steps`` steps.
+
+    Shards are cut as ``torch.tensor_split`` cuts them: the first
+    ``n % steps`` batches of a shard of ``n`` hold one example more.
+    """
     return [sum(n // steps + (1 if s < n % steps else 0) for n in sizes) for s in range(steps)]
 
 
@@ -91,15 +94,20 @@ class HookedSyncSGD:
 
     @property
     def size(self) -> int:
+        """Return the number of trainable parameters."""
         return sum(p.numel() for p in self.params)
 
     def _counting(self, hook: Any) -> Any:
-        """``hook``, counting what it hands to the collectives (fp16: two bytes a value; PowerSGD: its
-        P and Q factors and the tensors it leaves uncompressed, four bytes a value)."""
+        """Wrap ``hook`` so that it counts what it hands to the collectives in ``comm.bytes_sent``.
+
+        fp16: two bytes a value; PowerSGD: its P and Q factors and the tensors
+        it leaves uncompressed, four bytes a value.
+        """
 
         def counted(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
             self.comm.bytes_sent += self._payload(bucket)  # before the hook: PowerSGD's warm-up counter moves in it
-            return hook(state, bucket)
+            future: torch.futures.Future[torch.Tensor] = hook(state, bucket)
+            return future
 
         # DDP checks the annotations themselves, which postponed evaluation turned into strings
         counted.__annotations__ = {"state": object, "bucket": dist.GradBucket,
@@ -107,9 +115,13 @@ class HookedSyncSGD:
         return counted
 
     def _payload(self, bucket: dist.GradBucket) -> int:
-        """What the hook is about to hand to the collectives for ``bucket``, in bytes: fp16 two bytes a
-        value; PowerSGD, past its warm-up, the P and Q factors of each matrix it compresses (its own
-        ``_should_compress`` rule) and every other tensor in full, four bytes a value."""
+        """Return what the hook is about to hand to the collectives for ``bucket``, in bytes.
+
+        fp16 (and bf16): two bytes a value; PowerSGD, past its warm-up, the P
+        and Q factors of each matrix it compresses (its own
+        ``_should_compress`` rule) and every other tensor in full, four bytes a
+        value; during the warm-up, the whole bucket at four bytes a value.
+        """
         values = bucket.buffer().numel()
         if self.hook is CommHook.FP16 or self.hook is CommHook.BF16:
             return 2 * values
@@ -128,7 +140,7 @@ class HookedSyncSGD:
         return 4 * sent
 
     def begin_epoch(self, sizes: Sequence[int], steps: int) -> None:
-        """The examples each of the epoch's steps takes over all ranks (the weighted mean's denominator)."""
+        """Set the examples each of the epoch's steps takes over all ranks (the weighted mean's denominator)."""
         self.totals = step_totals(sizes, steps)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, index: int) -> float:
@@ -149,7 +161,7 @@ class HookedSyncSGD:
         return torch.zeros((1, *self.input_shape), dtype=torch.float32)
 
     def momentum(self) -> np.ndarray | None:
-        """The optimiser's momentum buffers as one flat array (``None`` before the first step)."""
+        """Return the optimiser's momentum buffers as one flat array (``None`` before the first step)."""
         return flat_momentum(self.optimizer, self.params)
 
     def load_momentum(self, flat: np.ndarray) -> None:

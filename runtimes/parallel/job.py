@@ -71,13 +71,16 @@ class Job:
 
     @property
     def scenario(self) -> Scenario:
+        """Return the scenario the job trains."""
         return self.spec.scenario
 
     @property
     def rows(self) -> int:
+        """Return the rows of the per-round table: one per rank in sync mode, else one per client."""
         return self.comm.world if self.spec.mode is Mode.SYNC else self.fed.num_clients
 
     def row_labels(self) -> list[str]:
+        """Return the rows' labels: ``rank-<r>`` in sync mode, else the node ids 1..n."""
         if self.spec.mode is Mode.SYNC:
             return [f"rank-{r}" for r in range(self.comm.world)]
         return [str(node) for node in range(1, self.fed.num_clients + 1)]
@@ -174,7 +177,7 @@ def build_job(spec: JobSpec, comm: Comm) -> Job:
 
 
 def initial_state(job: Job) -> ServerState:
-    """The state before round 1: the model's weights through the strategy (sync: no slots)."""
+    """Return the state before round 1: the model's weights through the strategy (sync: no slots)."""
     return job.strategy.init_state(get_flat(job.model))
 
 
@@ -195,6 +198,7 @@ def run_round(job: Job, state: ServerState, server_round: int) -> RoundResult:
     latter, else the mean of the clients' last-epoch training losses.
     """
     sent, table = job.comm.bytes_sent, np.zeros((job.rows, len(COLUMNS)))
+    status: str  # a RoundStatus value, as RoundResult records it
     if job.spec.mode is Mode.SYNC:
         state, status = _sync_round(job, server_round, table), RoundStatus.OK
         t = job.scenario.training

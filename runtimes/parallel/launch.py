@@ -22,6 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.status import RunStatus
 from runstore.store import RunStore, default_db_url
@@ -31,6 +32,10 @@ from runtimes.parallel.mode import CommHook, Mode
 from runtimes.parallel.worker import load_job_scenario
 from runtimes.simulation import RunSummary, summarize
 from scenarios.schema import Scenario
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+    from torch.distributed.launcher.api import LaunchConfig
 
 __all__ = ["LaunchSpec", "check_spec", "worker_args", "torchrun_command", "launch", "describe_failures"]
 
@@ -80,7 +85,7 @@ def check_spec(spec: LaunchSpec) -> Scenario:
 
 
 def worker_args(spec: LaunchSpec, run_id: str | None, run_id_file: Path | None = None) -> list[str]:
-    """The worker's command-line arguments."""
+    """Return the worker's command-line arguments for ``spec``."""
     args = ["--scenario", str(spec.scenario), "--mode", spec.mode.value, "--local-steps", str(spec.local_steps),
             "--comm-hook", spec.comm_hook.value,
             "--db", spec.db, "--timeout", f"{spec.timeout_s:g}", "--bucket-mb", f"{spec.bucket_mb:g}",
@@ -93,13 +98,13 @@ def worker_args(spec: LaunchSpec, run_id: str | None, run_id_file: Path | None =
 
 
 def torchrun_command(spec: LaunchSpec, run_id: str | None = None) -> str:
-    """The equivalent ``torchrun`` command line, for scripts and clusters."""
+    """Return the equivalent ``torchrun`` command line, for scripts and clusters."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(spec.nproc),
             "--max-restarts", str(spec.max_restarts), "-m", WORKER_MODULE, *worker_args(spec, run_id)]
     return shlex.join(argv)
 
 
-def describe_failures(failures: dict) -> str:
+def describe_failures(failures: dict[int, ProcessFailure]) -> str:
     """One clause per failed rank, likely root causes first: pid, then the signal or exit code and the error.
 
     A rank killed by a signal other than SIGTERM comes first, then ranks
@@ -118,14 +123,14 @@ def describe_failures(failures: dict) -> str:
     return "; ".join(parts)
 
 
-def _cause_order(item: tuple) -> tuple:
+def _cause_order(item: tuple[int, ProcessFailure]) -> tuple[int, int, int]:
     """Killed by a signal first, then errors, then ranks the launcher itself stopped (SIGTERM)."""
     rank, failure = item
     kind = (2 if failure.signal_name() == "SIGTERM" else 0) if failure.exitcode < 0 else 1
     return kind, failure.timestamp, rank
 
 
-def _config(spec: LaunchSpec, log_dir: str):
+def _config(spec: LaunchSpec, log_dir: str) -> LaunchConfig:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
@@ -143,7 +148,7 @@ def _worker_env(spec: LaunchSpec) -> None:
 
 
 def _run_id(spec: LaunchSpec, id_file: Path) -> str | None:
-    """The run the workers wrote into: the resumed one, or the one rank 0 created."""
+    """Return the run the workers wrote into: the resumed one, or the one rank 0 created (None if none)."""
     if spec.resume is not None:
         return spec.resume
     text = id_file.read_text().strip() if id_file.exists() else ""

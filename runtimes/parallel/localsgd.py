@@ -68,19 +68,19 @@ class ClientRun:
 
 
 def round_nodes(strategy: Strategy, scenario: Scenario, server_round: int) -> list[int]:
-    """The node ids ``strategy`` (bound to the round) samples, as the federated round loop asks it."""
+    """Return the node ids ``strategy`` (bound to the round) samples, as the federated round loop asks it."""
     nodes = list(range(1, scenario.federation.clients + 1))
     return [int(n) for n in strategy.sample(nodes, scenario.federation.per_round, scenario.seed, server_round)]
 
 
 def owned_nodes(nodes: Sequence[int], rank: int, world: int) -> list[int]:
-    """The nodes among ``nodes`` that ``rank`` trains."""
+    """Return the nodes among ``nodes`` that ``rank`` trains."""
     return [n for n in nodes if owner(n - 1, world) == rank]
 
 
 def train_steps(model: nn.Module, data: ArrayDataset, *, steps: int, batch_size: int, lr: float,
                 momentum: float = 0.0, proximal_mu: float = 0.0, seed: int) -> TrainResult:
-    """``steps`` SGD steps, visiting the data exactly as ``learning.training.train`` does.
+    """Take ``steps`` SGD steps, visiting the data exactly as ``learning.training.train`` does.
 
     Each pass draws a fresh ``randperm`` from one generator seeded with
     ``seed`` and takes consecutive batches (the last of a pass may be
@@ -188,8 +188,10 @@ def local_updates(model: nn.Module, fed: Federation, strategy: Strategy, state: 
 
 def finish_round(comm: Comm, strategy: Strategy, state: ServerState, agg: aggregate.MeanState,
                  scenario: Scenario, server_round: int) -> tuple[ServerState, str]:
-    """The federated round step (:func:`aggregator.step.advance`) across ranks: rank 0
-    finalizes the merged aggregate and shares the mean, every rank applies it."""
+    """Run the federated round step (:func:`aggregator.step.advance`) across ranks.
+
+    Rank 0 finalizes the merged aggregate and shares the mean; every rank applies it.
+    """
 
     def shared_mean(merged: aggregate.MeanState) -> np.ndarray:
         # finalize may return more than the aggregate (DP appends its contributor count): rank 0 says how much

@@ -15,8 +15,10 @@ class Mode(StrEnum):
 
 
 class CommHook(StrEnum):
-    """Torch's DDP communication hooks for the sync mode (``none``: the aggregation core's float32 all-reduce;
-    ``runtimes.parallel.hooks``)."""
+    """Torch's DDP communication hooks for the sync mode (``runtimes.parallel.hooks``).
+
+    ``none``: no hook, the aggregation core's float32 all-reduce.
+    """
 
     NONE = "none"
     FP16 = "fp16"          # default_hooks.fp16_compress_hook: half the bytes

@@ -32,13 +32,13 @@ _C = {name: i for i, name in enumerate(COLUMNS)}
 
 
 def run_info(mode: Mode, world: int, local_steps: int, bucket_mb: float, timeout_s: float) -> dict[str, Any]:
-    """What is recorded about the job with the run."""
+    """Return what is recorded about the job with the run (its ``info``)."""
     return {"mode": mode.value, "world": world, "local_steps": local_steps, "backend": "gloo",
             "bucket_mb": bucket_mb, "timeout_s": timeout_s}
 
 
 def strategy_label(scenario: Scenario, mode: Mode) -> str:
-    """The run's strategy column: the server optimiser, or plain SGD in synchronous mode."""
+    """Return the run's strategy column: the server optimiser, or plain SGD in synchronous mode."""
     return "sync-sgd" if mode is Mode.SYNC else scenario.strategy.name
 
 
@@ -61,9 +61,11 @@ class RunWriter:
             store.log(run_id, f"parallel job resumed after round {self.resumed.round}")
 
     def commit(self, record: RoundRecord, state: ServerState) -> None:
+        """Commit one round's record and the state after it to the run store."""
         self.store.commit_round(self.run_id, record, state)
 
     def finish(self, status: str, error: str | None = None) -> None:
+        """Stop renewing the lease and set the run's final ``status``; log ``error`` when given."""
         self.heartbeat.stop()
         self.store.set_status(self.run_id, status, error=error)
         if error:
@@ -72,7 +74,7 @@ class RunWriter:
 
 def round_record(job: Job, result: RoundResult, server_round: int, started: float, duration_s: float,
                  server: tuple[float, float | None] | None) -> RoundRecord:
-    """The round as the run store keeps it, built from the all-reduced per-client table."""
+    """Build the round as the run store keeps it, from the all-reduced per-client table."""
     table, labels = result.table, job.row_labels()
     present = np.flatnonzero(table[:, _C["present"]] > 0)
     clients = [_client(labels[i], table[i]) for i in present]
@@ -93,7 +95,10 @@ def round_record(job: Job, result: RoundResult, server_round: int, started: floa
 
 
 def _epsilon(job: Job, state: ServerState) -> float | None:
-    """The privacy spent so far, for strategies that account it (as the round loop records it)."""
+    """Return the privacy spent so far, for strategies that account it (as the round loop records it).
+
+    None in sync mode, or when the strategy accounts none or the value is not finite.
+    """
     value = job.strategy.epsilon(state)
     if value is None or job.spec.mode is Mode.SYNC:
         return None

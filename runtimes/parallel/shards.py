@@ -46,12 +46,12 @@ def assign_clients(num_clients: int, world: int) -> list[list[int]]:
 
 
 def owner(client: int, world: int) -> int:
-    """The rank that owns client index ``client``."""
+    """Return the rank that owns client index ``client``."""
     return client % world
 
 
 def union(parts: Sequence[ArrayDataset]) -> ArrayDataset:
-    """The examples of ``parts`` one after the other."""
+    """Concatenate the examples of ``parts``, one after the other."""
     return ArrayDataset(np.concatenate([p.x for p in parts]), np.concatenate([p.y for p in parts]))
 
 
@@ -61,7 +61,7 @@ def shard_sizes(fed: Federation, world: int) -> list[int]:
 
 
 def steps_per_epoch(sizes: Sequence[int], batch_size: int) -> int:
-    """Synchronous steps per epoch: enough for the largest shard."""
+    """Return the synchronous steps per epoch: enough for the largest shard."""
     return max(math.ceil(n / batch_size) for n in sizes)
 
 
@@ -72,5 +72,5 @@ def epoch_order(size: int, seed: int, epoch: int, rank: int) -> torch.Tensor:
 
 
 def epoch_batches(order: torch.Tensor, steps: int) -> tuple[torch.Tensor, ...]:
-    """The epoch's ``steps`` batches: ``order`` cut into nearly equal consecutive parts (some may be empty)."""
+    """Cut ``order`` into the epoch's ``steps`` batches: nearly equal consecutive parts (some may be empty)."""
     return torch.tensor_split(order, steps)

@@ -59,6 +59,7 @@ class SyncSGD:
 
     @property
     def size(self) -> int:
+        """Return the number of trainable parameters."""
         return int(self._sums.shape[0])
 
     def begin_epoch(self, sizes: Sequence[int], steps: int) -> None:
@@ -79,7 +80,7 @@ class SyncSGD:
         return loss
 
     def momentum(self) -> np.ndarray | None:
-        """The optimiser's momentum buffers as one flat array (``None`` before the first step)."""
+        """Return the optimiser's momentum buffers as one flat array (``None`` before the first step)."""
         return flat_momentum(self.optimizer, self.params)
 
     def load_momentum(self, flat: np.ndarray) -> None:

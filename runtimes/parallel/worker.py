@@ -1,4 +1,4 @@
-"""One data-parallel worker, as ``torchrun`` starts it: ``python -m runtimes.parallel.worker``.
+r"""One data-parallel worker, as ``torchrun`` starts it: ``python -m runtimes.parallel.worker``.
 
 Reads its rank and the rendezvous from the environment torchrun sets, joins
 the gloo process group with a timeout on every collective, trains the
@@ -8,7 +8,7 @@ the run failed with the reason before the process exits non-zero.
 
 Multi-node, e.g. under Slurm (every node runs the same line)::
 
-    torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 \\
+    torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 \
         -m runtimes.parallel.worker --scenario scenarios/quickstart.toml --db postgresql://...
 """
 
@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from aggregator.evaluation import ServerEvaluator
+from core.records import RoundRecord
 from core.status import RunStatus
 from core.strategy import ServerState
 from learning.models import num_params
@@ -45,6 +46,7 @@ __all__ = ["main", "parse_args", "load_job_scenario"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the worker's command line (``sys.argv[1:]`` when ``argv`` is None)."""
     parser = argparse.ArgumentParser(prog="python -m runtimes.parallel.worker", description=__doc__.split("\n")[0])
     parser.add_argument("--scenario", required=True, type=Path, help="scenario TOML file")
     parser.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.SYNC.value)
@@ -65,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load_job_scenario(path: Path, rounds: int | None, seed: int | None) -> Scenario:
-    """The scenario with the command line's overrides applied."""
+    """Load the scenario at ``path`` with the command line's overrides (``rounds``, ``seed``) applied."""
     scenario = load_scenario(path)
     overrides = {k: v for k, v in (("rounds", rounds), ("seed", seed)) if v is not None}
     return scenario.with_overrides(**overrides) if overrides else scenario
@@ -91,7 +93,7 @@ def _setup(args: argparse.Namespace) -> Comm:
 
 
 def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
-    """The rendezvous store, with keys of their own for each restart of the worker group.
+    """Return the rendezvous store, with keys of their own for each restart of the worker group.
 
     torchrun keeps its store across elastic restarts; without a per-attempt
     prefix a restarted rank can read the address its dead predecessor
@@ -153,7 +155,7 @@ def _server_due(job: Job, server_round: int) -> bool:
     return server_round % job.scenario.evaluation.every == 0 or server_round == job.scenario.rounds
 
 
-def _progress(job: Job, record) -> None:
+def _progress(job: Job, record: RoundRecord) -> None:
     acc = record.server_accuracy if record.server_accuracy is not None else record.fed_accuracy
     loss = "n/a" if record.train_loss is None else f"{record.train_loss:.4f}"
     shown = "n/a" if acc is None else f"{acc:.2%}"
