@@ -22,7 +22,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.attacks import AttackMod, AttackPlan, flip_labels
-from core.compress import Codec, with_feedback
+from clients.mods import compression_mod, dp_mod
 from core.errors import UpdateRejected
 from core.eval_replies import eval_reply
 from core.instructions import Instruction, TrainConfig, client_seed, control_of, parse_instruction, read_instruction
@@ -42,10 +42,8 @@ from learning.standardize import (
 )
 from learning.task import LocalData, Metrics, Task, TaskModel, load_task
 from privacy.dp.dpsgd import train_client
-from privacy.dp.mechanisms import ClientDPConfig, client_payload
 from privacy.dp.rng import secure_rng
 from privacy.secagg.flower_mod import secagg_mod
-from privacy.secagg.flower_records import RECORD
 from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario
 
@@ -154,13 +152,15 @@ def _keep_buffers(runtime: _Runtime, context: Context) -> None:
 
 
 def client_mods() -> list[Any]:
-    """Return the ClientApp mods: secure aggregation, then the attack harness.
+    """Return the ClientApp mods, outermost first: secure aggregation, the attack harness, compression, DP.
 
-    Secure aggregation answers its own protocol stages; the attack harness
-    (``[faults] byzantine``, off unless a scenario asks) forges the train
-    replies of its Byzantine nodes, before secure aggregation masks them.
+    Secure aggregation answers its own protocol stages and masks the reply
+    the mods inside it made; the attack harness (``[faults] byzantine``, off
+    unless a scenario asks) forges the train replies of its Byzantine nodes;
+    compression encodes the update DP clipped and noised (``clients.mods``).
+    The train handler only trains.
     """
-    return [secagg_mod, AttackMod(honest=_honest_update, plan_of=_attack_plan)]
+    return [secagg_mod, AttackMod(honest=_honest_update, plan_of=_attack_plan), compression_mod, dp_mod]
 
 
 def _attack_plan(context: Context) -> AttackPlan:
@@ -214,13 +214,8 @@ def train_handler(message: Message, context: Context) -> Message:
     _keep_buffers(runtime, context)
     metrics = {"train-loss": result["loss"], "duration-s": time.monotonic() - started,
                **_named("train-", result), **sgd_metrics}
-    if config.extra.get("dp-discrete") and RECORD not in message.content:
-        raise UpdateRejected("the round asks for discrete DP noise, which only secure aggregation adds "
-                             "(on its grid): refusing to send the update unmasked and un-noised")
-    delta, extra = _privatize(delta, config)
-    delta, compressed = _compress(delta, config, context, secure=RECORD in message.content)
-    return Message(train_reply(delta, int(result["num_examples"]), {**metrics, **extra}, answer_to=instruction,
-                               compressed=compressed), reply_to=message)
+    return Message(train_reply(delta, int(result["num_examples"]), metrics, answer_to=instruction),
+                   reply_to=message)
 
 
 def _statistics(runtime: _Runtime, message: Message) -> RecordDict:
@@ -251,45 +246,6 @@ def _standardized(runtime: _Runtime, config: TrainConfig) -> _Runtime:
     """Return the node's data standardised as the instruction says (``[data] standardize``), else as it is."""
     found = Standardization.from_extra(config.extra)
     return runtime if found is None else replace(runtime, data=standardized(runtime.data, found))
-
-
-#: Where a node keeps its error-feedback residual between rounds (``context.state``).
-RESIDUAL_KEY = "quorum.residual"
-
-
-def _compress(delta: np.ndarray, config: TrainConfig, context: Context,
-              secure: bool) -> tuple[np.ndarray, dict[str, Array] | None]:
-    """Encode the update as the round asks for it (``[compression]``, :mod:`core.compress`), after DP's clip.
-
-    Under secure aggregation only shared-seed random-k applies: the kept
-    values travel as a dense vector that the protocol masks (every client
-    keeps the same coordinates, so the masks cancel). Elsewhere the codec's
-    arrays replace the delta. The error-feedback residual stays in the node's
-    state (``context.state``), which a device's agent keeps across rounds.
-    """
-    codec = Codec.from_extra(config.extra)
-    if codec is None:
-        return delta, None
-    if secure and (codec.topk or codec.bits != 32):
-        raise UpdateRejected("under secure aggregation only random-k compression applies (top-k supports differ "
-                             "per client, and the protocol quantises on its own grid)")
-    kept = context.state.get(RESIDUAL_KEY)
-    residual = kept["residual"].numpy() if isinstance(kept, ArrayRecord) and "residual" in kept else None
-    if secure:
-        values, left = codec.select(delta, residual)
-        if left is not None:
-            _keep_residual(context, left)
-        return values, None
-    # stochastic rounding's draws: from the round and node, so a run is reproducible from its seed
-    rng = np.random.default_rng([config.seed, config.round, context.node_id, 0xC0DE])
-    arrays, left = with_feedback(codec, delta, residual, rng)
-    if left is not None:
-        _keep_residual(context, left)
-    return delta, arrays
-
-
-def _keep_residual(context: Context, residual: np.ndarray) -> None:
-    context.state[RESIDUAL_KEY] = ArrayRecord({"residual": Array(residual.astype(np.float32, copy=False))})
 
 
 def _read(message: Message, runtime: _Runtime) -> Instruction:
@@ -352,21 +308,6 @@ def _train(runtime: _Runtime, config: TrainConfig, seed: int) -> tuple[Metrics, 
 def _named(prefix: str, metrics: Metrics) -> dict[str, float]:
     """Return a task's own metrics (all but ``loss`` and ``num_examples``), prefixed for the reply."""
     return {prefix + k: v for k, v in metrics.items() if k not in ("loss", "num_examples")}
-
-
-def _privatize(delta: np.ndarray, config: TrainConfig) -> tuple[np.ndarray, dict[str, float]]:
-    """Apply client-level DP to ``delta``: clip, add the noise share, append the clip bit.
-
-    The noise is this client's share (distributed placement); the bit is the
-    centred clip bit (adaptive clipping). Nothing about the norm goes into the
-    metrics: it would leak. Under secure aggregation every client weighs 1, as
-    DP-FedAvg's fixed denominator requires.
-    """
-    dp = ClientDPConfig.from_config(config.extra)
-    if dp is None:
-        return delta, {}
-    # A discrete share is added by secure aggregation on its grid (privacy.secagg.flower_mod, privacy.dp.discrete).
-    return client_payload(delta, dp, secure_rng()).astype(np.float32, copy=False), {"secagg-weight": 1.0}
 
 
 @app.evaluate()

@@ -29,7 +29,7 @@ from core.layouts import ParamLayout, encode_named, gather, npy_view
 __all__ = [
     "TrainConfig", "Wire", "Instruction", "QUORUM_WIRE", "DOWNLINK_BITS", "client_seed", "broadcast_of",
     "train_instruction", "evaluate_instruction", "parse_instruction", "read_instruction", "SCAFFOLD_CONTROL",
-    "with_control", "control_of",
+    "with_control", "control_of", "quorum_settings",
 ]
 
 
@@ -200,6 +200,18 @@ def broadcast_of(config: TrainConfig) -> Broadcast:
         A value other than 8, 16 or 32.
     """
     return Broadcast(config.extra.get(DOWNLINK_BITS, 32))  # type: ignore[arg-type]
+
+
+def quorum_settings(content: RecordDict) -> TrainConfig | None:
+    """Read the settings of one of Quorum's instructions without its model; ``None`` for any other message.
+
+    What a ClientApp mod needs to know of the round (its ``extra``: DP, compression) before the
+    handler trains. A stock Flower server's instruction carries none of Quorum's settings.
+    """
+    settings = content.get("config") if isinstance(content, RecordDict) else None
+    if not isinstance(settings, ConfigRecord) or QUORUM_WIRE not in settings:
+        return None
+    return TrainConfig.from_record(settings)
 
 
 def parse_instruction(content: RecordDict) -> tuple[np.ndarray, TrainConfig]:

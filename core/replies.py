@@ -32,7 +32,7 @@ from core.layouts import ParamLayout, encode_named, gather, npy_bytes, npy_view
 __all__ = [
     "TrainReply", "encode_flat", "decode_flat", "train_reply", "parse_train_reply", "clean_metrics", "MAX_EXAMPLES",
     "MAX_LOSS", "MAX_METRICS", "MAX_METRIC_VALUE",
-    "MAX_KEY_CHARS",
+    "MAX_KEY_CHARS", "own_update", "rewrite_update",
 ]
 
 
@@ -119,6 +119,35 @@ def train_reply(delta: np.ndarray, num_examples: int, metrics: dict[str, float],
 
 
 _LEGACY_OK = ConfigRecord({"code": 0, "message": "Success"})
+
+
+def own_update(content: RecordDict) -> np.ndarray | None:
+    """Return the dense delta of a train reply this client built in Quorum's layout; ``None`` for any other.
+
+    For a ClientApp mod that rewrites its own node's update after training (``clients.mods``): the bytes are
+    this process's own, so they are read as they are, not validated as a client's.
+    """
+    record = content.get("update") if isinstance(content, RecordDict) else None
+    array = record.get("delta") if isinstance(record, ArrayRecord) else None
+    return np.asarray(array.numpy(), dtype=np.float32).reshape(-1) if isinstance(array, Array) else None
+
+
+def rewrite_update(content: RecordDict, delta: np.ndarray | None = None,
+                   compressed: Mapping[str, Array] | None = None, metrics: Mapping[str, float] | None = None) -> None:
+    """Replace a Quorum train reply's update (a dense ``delta`` or a codec's ``compressed`` arrays); add ``metrics``.
+
+    The reply is changed in place, as :func:`train_reply` would have built it with these values.
+    """
+    if compressed is not None:
+        content["update"] = ArrayRecord(dict(compressed))
+    elif delta is not None:
+        content["update"] = ArrayRecord({"delta": encode_flat(delta)})
+    if metrics:
+        record = content["metrics"]
+        if not isinstance(record, MetricRecord):
+            raise TypeError(f"reply 'metrics' is a {type(record).__name__}, expected a MetricRecord")
+        for key, value in metrics.items():
+            record[key] = value
 
 
 #: The most examples one client may claim: beyond it a reply is refused, so a

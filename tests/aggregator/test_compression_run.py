@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Context, RecordDict
+from flwr.app import ArrayRecord, Context, Message, RecordDict
 
-from clients.clientapp import RESIDUAL_KEY, _compress
+from clients.mods import RESIDUAL_KEY, compression_mod
 from core.compress import Codec
 from core.instructions import TrainConfig, train_instruction
 from core.replies import train_reply
@@ -141,16 +141,27 @@ def test_secure_aggregation_with_central_dp_and_random_k_keeps_the_accounting(db
     assert sparse.status == "finished" and eps[0] == eps[1]
 
 
-def test_client_keeps_its_residual_in_the_node_state_between_rounds() -> None:
+def test_client_keeps_its_residual_in_the_node_state_between_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):  # building a Message needs them
+        monkeypatch.setattr(TaskIdentity, name, value, raising=False)
     # Prepare: a node's context, top-k 10% with error feedback
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     codec = Codec(topk=0.1)
     config = TrainConfig(round=1, epochs=1, batch_size=8, lr=0.1, seed=0, extra=codec.to_extra())
     first, second = np.arange(1, 21, dtype=np.float32), np.ones(20, dtype=np.float32)
+
+    def compressed(delta: np.ndarray) -> dict:
+        """The update the compression mod makes of a handler's reply with ``delta``."""
+        message = Message(train_instruction(np.zeros(20, np.float32), config), dst_node_id=1, message_type="train")
+        out = compression_mod(message, context, lambda m, _c: Message(train_reply(delta, 5, {}), reply_to=m))
+        return dict(out.content["update"])
+
     # Execute
-    _, sent1 = _compress(first, config, context, secure=False)
+    sent1 = compressed(first)
     held = context.state[RESIDUAL_KEY]["residual"].numpy().copy()
-    _, sent2 = _compress(second, config, context, secure=False)
+    sent2 = compressed(second)
     # Assert: round 1 sends 19 and 20 and keeps 1..18; round 2 sends the largest of (1..18) + 1: 19 and 18
     assert isinstance(context.state[RESIDUAL_KEY], ArrayRecord)
     assert np.array_equal(codec.decode(sent1, 20), np.r_[np.zeros(18), 19, 20].astype(np.float32))

@@ -110,16 +110,6 @@ def test_each_attack_forges_the_update_from_honest_copies() -> None:
     assert delta.tolist() == [-a, -1] and n == 10**9
 
 
-@pytest.fixture
-def task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Building a Message needs Flower's task identity (the runtimes set it)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1, raising=False)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1, raising=False)
-
-
 def _through_mod(attack: str) -> tuple[AttackPlan, FakeTrainer, Callable[[int], Message]]:
     """An attack mod over 10 partitions whose honest path answers the update (1, 1) for 7 examples;
     returns the plan, the attackers' trainer and a function: partition -> the mod's train reply."""

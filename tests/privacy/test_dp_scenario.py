@@ -144,13 +144,19 @@ def test_the_discrete_gaussian_refuses_what_it_cannot_run_on(dp: dict, secagg: d
 
 def test_centered_clipping_under_central_dp_runs_and_clients_send_raw_deltas(db_url: str,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import clients.clientapp as clientapp
+    import clients.mods as mods
 
-    # Prepare: every client's round config is recorded
+    # Prepare: every client's round config is recorded, as the DP mod reads it
     seen: list[dict] = []
-    real = clientapp._privatize
-    monkeypatch.setattr(clientapp, "_privatize", lambda delta, config: seen.append(dict(config.extra))
-                        or real(delta, config))
+    real = mods.ClientDPConfig
+
+    class Recorded(real):
+        @classmethod
+        def from_config(cls, extra):  # type: ignore[no-untyped-def]
+            seen.append(dict(extra))
+            return real.from_config(extra)
+
+    monkeypatch.setattr(mods, "ClientDPConfig", Recorded)
     scenario = tiny_scenario(rounds=2, strategy={"name": "centered_clipping", "bucket_size": 1, "clip_radius": 0.5,
                                                  "momentum": 0.5},
                              dp={"enabled": True, "noise_multiplier": 0.3, "clip_norm": 1.0, "sampling": "fixed"})

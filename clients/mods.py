@@ -1,0 +1,116 @@
+"""The ClientApp's privacy and bandwidth features as Flower mods: DP on the update, then its compression.
+
+Each mod wraps the training handler (``clients.clientapp``): it reads the
+round's settings from Quorum's instruction (:func:`core.instructions.quorum_settings`),
+lets the rest of the app train, then rewrites its own node's update in the
+reply. The handler only trains through the task. In order of composition,
+innermost first (``clients.clientapp.client_mods``):
+
+1. :func:`dp_mod`: client-level DP (``[dp]``): clip the update, add this
+   client's noise share, and the clip bit of adaptive clipping;
+2. :func:`compression_mod`: the round's codec (``[compression]``), with the
+   error-feedback residual kept in the node's state;
+3. the attack harness (``[faults] byzantine``, :class:`clients.attacks.AttackMod`);
+4. secure aggregation (``privacy.secagg.flower_mod.secagg_mod``), which masks
+   what the mods inside it made.
+
+A message that is not one of Quorum's train instructions, or a round without
+the feature, passes through untouched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.clientapp.typing import ClientAppCallable
+
+from core.compress import Codec, with_feedback
+from core.errors import UpdateRejected
+from core.instructions import TrainConfig, quorum_settings
+from core.replies import own_update, rewrite_update
+from privacy.dp.mechanisms import ClientDPConfig, client_payload
+from privacy.dp.rng import secure_rng
+from privacy.secagg.flower_records import RECORD
+
+__all__ = ["dp_mod", "compression_mod", "RESIDUAL_KEY"]
+
+#: Where a node keeps its error-feedback residual between rounds (``context.state``).
+RESIDUAL_KEY = "quorum.residual"
+
+
+def _settings(message: Message) -> TrainConfig | None:
+    if message.metadata.message_type != "train" or not message.has_content():
+        return None
+    return quorum_settings(message.content)
+
+
+def dp_mod(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Apply client-level DP to the update the rest of the app trained: clip, add the noise share, the clip bit.
+
+    The noise is this client's share (distributed placement); the bit is the
+    centred clip bit (adaptive clipping). Nothing about the norm goes into the
+    metrics: it would leak. Under secure aggregation every client weighs 1, as
+    DP-FedAvg's fixed denominator requires (``secagg-weight``). A round that
+    asks for discrete noise, which only secure aggregation adds on its grid
+    (``privacy.dp.discrete``), is refused unmasked before any training.
+
+    Raises
+    ------
+    UpdateRejected
+        The round asks for discrete DP noise and the message carries no secure aggregation.
+    """
+    config = _settings(message)
+    if config is None:
+        return call_next(message, context)
+    if config.extra.get("dp-discrete") and RECORD not in message.content:
+        raise UpdateRejected("the round asks for discrete DP noise, which only secure aggregation adds "
+                             "(on its grid): refusing to send the update unmasked and un-noised")
+    dp = ClientDPConfig.from_config(config.extra)
+    out = call_next(message, context)
+    delta = None if dp is None or out.has_error() else own_update(out.content)
+    if dp is None or delta is None:
+        return out
+    noised = client_payload(delta, dp, secure_rng()).astype(np.float32, copy=False)
+    rewrite_update(out.content, delta=noised, metrics={"secagg-weight": 1.0})
+    return out
+
+
+def compression_mod(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Encode the update the way the round asks (``[compression]``, :mod:`core.compress`), after DP's clip.
+
+    Under secure aggregation only shared-seed random-k applies: the kept
+    values travel as a dense vector that the protocol masks (every client
+    keeps the same coordinates, so the masks cancel). Elsewhere the codec's
+    arrays replace the delta. The error-feedback residual stays in the node's
+    state (``context.state``), which a device's agent keeps across rounds.
+
+    Raises
+    ------
+    UpdateRejected
+        Top-k or quantisation asked for under secure aggregation (refused before any training).
+    """
+    config = _settings(message)
+    codec = None if config is None else Codec.from_extra(config.extra)
+    if config is None or codec is None:
+        return call_next(message, context)
+    secure = RECORD in message.content
+    if secure and (codec.topk or codec.bits != 32):
+        raise UpdateRejected("under secure aggregation only random-k compression applies (top-k supports differ "
+                             "per client, and the protocol quantises on its own grid)")
+    out = call_next(message, context)
+    delta = None if out.has_error() else own_update(out.content)
+    if delta is None:
+        return out
+    kept = context.state.get(RESIDUAL_KEY)
+    residual = kept["residual"].numpy() if isinstance(kept, ArrayRecord) and "residual" in kept else None
+    if secure:
+        values, left = codec.select(delta, residual)
+        rewrite_update(out.content, delta=values)
+    else:
+        # stochastic rounding's draws: from the round and node, so a run is reproducible from its seed
+        rng = np.random.default_rng([config.seed, config.round, context.node_id, 0xC0DE])
+        arrays, left = with_feedback(codec, delta, residual, rng)
+        rewrite_update(out.content, compressed=arrays)
+    if left is not None:
+        context.state[RESIDUAL_KEY] = ArrayRecord({"residual": Array(left.astype(np.float32, copy=False))})
+    return out

@@ -1,0 +1,129 @@
+"""The ClientApp's DP and compression mods (clients/mods.py), each on a handler's reply built here.
+
+Numbers worked out by hand: an update of norm 5 clipped to 1 is the same
+direction scaled by 1/5; top-k of 10% of 20 coordinates keeps the largest two.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp.typing import Mod
+
+from clients.clientapp import client_mods
+from clients.mods import compression_mod, dp_mod
+from core.compress import Codec
+from core.errors import UpdateRejected
+from core.instructions import TrainConfig, train_instruction
+from core.replies import own_update, train_reply
+from privacy.dp.mechanisms import ClientDPConfig
+from privacy.secagg.flower_records import RECORD
+
+DELTA = np.r_[3.0, 4.0, np.zeros(18)].astype(np.float32)  # norm 5
+
+pytestmark = pytest.mark.usefixtures("task_identity")  # tests/clients/conftest.py: building a Message needs it
+
+
+def _context() -> Context:
+    return Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+
+
+def _instruction(extra: dict, secure: bool = False) -> Message:
+    content = train_instruction(np.zeros(20, np.float32), TrainConfig(round=2, epochs=1, batch_size=8, lr=0.1,
+                                                                      seed=3, extra=extra))
+    if secure:
+        content[RECORD] = ConfigRecord({"stage": "setup"})
+    return Message(content, dst_node_id=7, message_type="train")
+
+
+class Handler:
+    """A training handler that answers with ``DELTA`` and counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, message: Message, _context: Context) -> Message:
+        self.calls += 1
+        return Message(train_reply(DELTA, 5, {"train-loss": 0.5}), reply_to=message)
+
+
+def test_dp_clips_the_trained_update_and_weighs_the_client_one() -> None:
+    # Prepare: clip to 1, no noise
+    message, handler = _instruction(ClientDPConfig(clip=1.0).to_config()), Handler()
+
+    # Execute
+    out = dp_mod(message, _context(), handler)
+
+    # Assert: (3, 4)/5, the rest zero (the clip keeps a margin of 1e-6 below C: within 2e-6), within the clip;
+    # the reply's other metrics kept; secure aggregation's weight 1
+    sent = own_update(out.content)
+    assert sent is not None
+    np.testing.assert_allclose(sent, np.r_[0.6, 0.8, np.zeros(18)], rtol=2e-6)
+    assert float(np.linalg.norm(sent)) <= 1.0
+    assert dict(out.content["metrics"]) == {"num-examples": 5, "train-loss": 0.5, "secagg-weight": 1.0}
+
+
+def test_dp_adds_noise_of_the_configured_size() -> None:
+    # Prepare: a zero update never clipped, noise std 2 over 20 coordinates, many draws
+    message = _instruction(ClientDPConfig(clip=100.0, noise_std=2.0).to_config())
+
+    def zero(m: Message, _c: Context) -> Message:
+        return Message(train_reply(np.zeros(20_000, np.float32), 5, {}), reply_to=m)
+
+    # Execute
+    sent = own_update(dp_mod(message, _context(), zero).content)
+
+    # Assert: the sample's std is 2 (20,000 draws: within 3%)
+    assert sent is not None and abs(float(sent.std()) - 2.0) < 0.06
+
+
+def test_dp_refuses_discrete_noise_without_secure_aggregation_before_training() -> None:
+    handler = Handler()
+    with pytest.raises(UpdateRejected, match="discrete DP noise, which only secure aggregation adds"):
+        dp_mod(_instruction(ClientDPConfig(clip=1.0, discrete=True).to_config()), _context(), handler)
+    assert handler.calls == 0
+
+
+def test_compression_keeps_the_largest_coordinates_and_the_rest_for_later() -> None:
+    # Prepare: top-k 10% with error feedback
+    codec, context = Codec(topk=0.1), _context()
+
+    # Execute
+    out = compression_mod(_instruction(codec.to_extra()), context, Handler())
+
+    # Assert: the two largest (3 and 4) sent; nothing left, since the rest is zero
+    sent = codec.decode(dict(out.content["update"]), 20)
+    np.testing.assert_array_equal(sent, DELTA)
+    assert "residual" in context.state["quorum.residual"]
+
+
+def test_compression_refuses_top_k_under_secure_aggregation_before_training() -> None:
+    handler = Handler()
+    with pytest.raises(UpdateRejected, match="only random-k compression applies"):
+        compression_mod(_instruction(Codec(topk=0.1).to_extra(), secure=True), _context(), handler)
+    assert handler.calls == 0
+
+
+@pytest.mark.parametrize("mod", [dp_mod, compression_mod])
+def test_a_message_without_the_feature_or_not_quorums_passes_through(mod: Mod) -> None:
+    # Prepare: a round without DP or compression, and a stock Flower server's instruction
+    plain = _instruction({})
+    flower = Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(3, np.float32))}),
+                                 "config": ConfigRecord({"lr": 0.1})}), dst_node_id=7, message_type="train")
+    for message in (plain, flower):
+        handler = Handler()
+        reply = Message(train_reply(DELTA, 5, {}), reply_to=message)
+
+        # Execute
+        out = mod(message, _context(), lambda _m, _c, r=reply, h=handler: (h(_m, _c), r)[1])
+
+        # Assert: the handler's reply itself, untouched
+        assert out is reply and handler.calls == 1
+
+
+def test_the_mods_compose_in_the_documented_order() -> None:
+    # secure aggregation outermost, then the attack harness, compression, and DP next to the handler
+    mods = client_mods()
+    assert [getattr(m, "__name__", type(m).__name__) for m in mods] == ["secagg_mod", "AttackMod",
+                                                                          "compression_mod", "dp_mod"]
