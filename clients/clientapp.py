@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from clients.attacks import AttackMod, AttackPlan, flip_labels
-from clients.mods import compression_mod, dp_mod
+from clients.mods import StatisticsMod, compression_mod, dp_mod
 from core.errors import UpdateRejected
 from core.eval_replies import eval_reply
 from core.instructions import Instruction, TrainConfig, client_seed, control_of, parse_instruction, read_instruction
@@ -31,14 +31,8 @@ from learning.federation import cached_federation
 from learning.models import layout_of
 from learning.scaffold import control_update, corrected_gradients
 from learning.standardize import (
-    LIMIT_KEY,
-    MEAN_KEY,
-    PASS_KEY,
-    SCALES_KEY,
     Standardization,
-    asks_for_statistics,
     standardized,
-    statistics_vector,
 )
 from learning.task import LocalData, Metrics, Task, TaskModel, load_task
 from privacy.dp.dpsgd import train_client
@@ -152,15 +146,17 @@ def _keep_buffers(runtime: _Runtime, context: Context) -> None:
 
 
 def client_mods() -> list[Any]:
-    """Return the ClientApp mods, outermost first: secure aggregation, the attack harness, compression, DP.
+    """Return the ClientApp mods, outermost first: secure aggregation, the attack harness, statistics, compression, DP.
 
     Secure aggregation answers its own protocol stages and masks the reply
     the mods inside it made; the attack harness (``[faults] byzantine``, off
     unless a scenario asks) forges the train replies of its Byzantine nodes;
-    compression encodes the update DP clipped and noised (``clients.mods``).
-    The train handler only trains.
+    the statistics mod answers ``[data] standardize``'s passes itself (no
+    training, no DP, no compression); compression encodes the update DP
+    clipped and noised (``clients.mods``). The train handler only trains.
     """
-    return [secagg_mod, AttackMod(honest=_honest_update, plan_of=_attack_plan), compression_mod, dp_mod]
+    return [secagg_mod, AttackMod(honest=_honest_update, plan_of=_attack_plan),
+            StatisticsMod(features_of=lambda context: _runtime(context).data.train), compression_mod, dp_mod]
 
 
 def _attack_plan(context: Context) -> AttackPlan:
@@ -202,8 +198,6 @@ app = ClientApp(mods=client_mods())
 def train_handler(message: Message, context: Context) -> Message:
     """Train the global model on local data; reply with the update (a delta)."""
     runtime = _runtime(context)
-    if asks_for_statistics(message.content):  # [data] standardize: the features' moments, not training
-        return Message(_statistics(runtime, message), reply_to=message)
     instruction = _read(message, runtime)
     params, config = instruction.params, instruction.config
     runtime = _standardized(runtime, config)
@@ -216,30 +210,6 @@ def train_handler(message: Message, context: Context) -> Message:
                **_named("train-", result), **sgd_metrics}
     return Message(train_reply(delta, int(result["num_examples"]), metrics, answer_to=instruction),
                    reply_to=message)
-
-
-def _statistics(runtime: _Runtime, message: Message) -> RecordDict:
-    """Answer one statistics pass (:func:`learning.standardize.statistics_vector`) for this node.
-
-    The answer is weighted by the node's row count.
-    """
-    settings = message.content.config_records["config"]
-    train = runtime.data.train
-    if not hasattr(train, "x"):
-        raise UpdateRejected("data.standardize = \"federated\" needs feature arrays; this task's data have none")
-    try:
-        vector = statistics_vector(train.x, str(settings.get(f"x.{PASS_KEY}")), _positive(settings, LIMIT_KEY, 1.0),
-                                   settings.get(f"x.{SCALES_KEY}"), settings.get(f"x.{MEAN_KEY}"))
-    except ValueError as exc:
-        raise UpdateRejected(f"statistics pass: {exc}") from None
-    return train_reply(vector, int(train.x.shape[0]), {})
-
-
-def _positive(settings: Any, key: str, default: float | None) -> float:
-    value = settings.get(f"x.{key}", default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e30:
-        raise UpdateRejected(f"statistics pass: {key} = {value!r} is not a positive number")
-    return float(value)
 
 
 def _standardized(runtime: _Runtime, config: TrainConfig) -> _Runtime:

@@ -1,4 +1,4 @@
-"""The ClientApp's privacy and bandwidth features as Flower mods: DP on the update, then its compression.
+"""The ClientApp's features as Flower mods: federated standardisation's passes, DP on the update, its compression.
 
 Each mod wraps the training handler (``clients.clientapp``): it reads the
 round's settings from Quorum's instruction (:func:`core.instructions.quorum_settings`),
@@ -10,8 +10,11 @@ innermost first (``clients.clientapp.client_mods``):
    client's noise share, and the clip bit of adaptive clipping;
 2. :func:`compression_mod`: the round's codec (``[compression]``), with the
    error-feedback residual kept in the node's state;
-3. the attack harness (``[faults] byzantine``, :class:`clients.attacks.AttackMod`);
-4. secure aggregation (``privacy.secagg.flower_mod.secagg_mod``), which masks
+3. :class:`StatisticsMod`: answers ``[data] standardize = "federated"``'s
+   statistics passes from the node's features itself, so neither training,
+   DP nor compression touches them;
+4. the attack harness (``[faults] byzantine``, :class:`clients.attacks.AttackMod`);
+5. secure aggregation (``privacy.secagg.flower_mod.secagg_mod``), which masks
    what the mods inside it made.
 
 A message that is not one of Quorum's train instructions, or a round without
@@ -20,6 +23,9 @@ the feature, passes through untouched.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
@@ -27,12 +33,13 @@ from flwr.clientapp.typing import ClientAppCallable
 from core.compress import Codec, with_feedback
 from core.errors import UpdateRejected
 from core.instructions import TrainConfig, quorum_settings
-from core.replies import own_update, rewrite_update
+from core.replies import own_update, rewrite_update, train_reply
+from learning.standardize import LIMIT_KEY, MEAN_KEY, PASS_KEY, SCALES_KEY, asks_for_statistics, statistics_vector
 from privacy.dp.mechanisms import ClientDPConfig, client_payload
 from privacy.dp.rng import secure_rng
 from privacy.secagg.flower_records import RECORD
 
-__all__ = ["dp_mod", "compression_mod", "RESIDUAL_KEY"]
+__all__ = ["dp_mod", "compression_mod", "StatisticsMod", "RESIDUAL_KEY"]
 
 #: Where a node keeps its error-feedback residual between rounds (``context.state``).
 RESIDUAL_KEY = "quorum.residual"
@@ -114,3 +121,45 @@ def compression_mod(message: Message, context: Context, call_next: ClientAppCall
     if left is not None:
         context.state[RESIDUAL_KEY] = ArrayRecord({"residual": Array(left.astype(np.float32, copy=False))})
     return out
+
+
+class StatisticsMod:
+    """Answer ``[data] standardize = "federated"``'s statistics passes; every other message goes on.
+
+    ``features_of(context)`` is the node's training data (with its features as
+    ``x``). A pass's answer is :func:`learning.standardize.statistics_vector`
+    of them, weighted by the node's row count.
+    """
+
+    def __init__(self, features_of: Callable[[Context], Any]) -> None:
+        self.features_of = features_of
+
+    def __call__(self, message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        """Answer a statistics pass from the node's features, or hand the message on.
+
+        Raises
+        ------
+        UpdateRejected
+            The task's data have no feature arrays, or the pass's settings are not usable.
+        """
+        if message.metadata.message_type != "train" or not message.has_content() \
+                or not asks_for_statistics(message.content):
+            return call_next(message, context)
+        settings = message.content.config_records["config"]
+        train = self.features_of(context)
+        if not hasattr(train, "x"):
+            raise UpdateRejected("data.standardize = \"federated\" needs feature arrays; this task's data have none")
+        try:
+            vector = statistics_vector(train.x, str(settings.get(f"x.{PASS_KEY}")),
+                                       _positive(settings, LIMIT_KEY, 1.0), settings.get(f"x.{SCALES_KEY}"),
+                                       settings.get(f"x.{MEAN_KEY}"))
+        except ValueError as exc:
+            raise UpdateRejected(f"statistics pass: {exc}") from None
+        return Message(train_reply(vector, int(train.x.shape[0]), {}), reply_to=message)
+
+
+def _positive(settings: Any, key: str, default: float | None) -> float:
+    value = settings.get(f"x.{key}", default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e30:
+        raise UpdateRejected(f"statistics pass: {key} = {value!r} is not a positive number")
+    return float(value)

@@ -12,11 +12,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp.typing import Mod
 
 from clients.clientapp import client_mods
-from clients.mods import compression_mod, dp_mod
+from clients.mods import StatisticsMod, compression_mod, dp_mod
 from core.compress import Codec
 from core.errors import UpdateRejected
 from core.instructions import TrainConfig, train_instruction
 from core.replies import own_update, train_reply
+from learning.standardize import LIMIT_KEY, PASS_KEY, SCALES_KEY
 from privacy.dp.mechanisms import ClientDPConfig
 from privacy.secagg.flower_records import RECORD
 
@@ -125,5 +126,32 @@ def test_a_message_without_the_feature_or_not_quorums_passes_through(mod: Mod) -
 def test_the_mods_compose_in_the_documented_order() -> None:
     # secure aggregation outermost, then the attack harness, compression, and DP next to the handler
     mods = client_mods()
-    assert [getattr(m, "__name__", type(m).__name__) for m in mods] == ["secagg_mod", "AttackMod",
+    assert [getattr(m, "__name__", type(m).__name__) for m in mods] == ["secagg_mod", "AttackMod", "StatisticsMod",
                                                                           "compression_mod", "dp_mod"]
+
+
+class Rows:
+    """A node's training data: two rows of two features."""
+
+    x = np.array([[1.0, 2.0], [3.0, 4.0]])
+
+
+def test_a_statistics_pass_is_answered_from_the_features_without_training_or_compression() -> None:
+    # Prepare: the means pass at scale 1, in a round that also asks for top-k compression; the statistics mod
+    # outside compression, as client_mods composes them
+    extra = {PASS_KEY: "means", SCALES_KEY: [1.0, 1.0], LIMIT_KEY: 1e6, **Codec(topk=0.5).to_extra()}
+    handler, stats = Handler(), StatisticsMod(features_of=lambda _context: Rows)
+
+    # Execute
+    out = stats(_instruction(extra), _context(), lambda m, c: compression_mod(m, c, handler))
+
+    # Assert: the column means (2, 3) as a dense delta weighted by the 2 rows; nothing trained or encoded
+    assert handler.calls == 0
+    np.testing.assert_array_equal(own_update(out.content), [2.0, 3.0])
+    assert out.content["metrics"]["num-examples"] == 2
+
+
+def test_a_statistics_pass_on_data_without_features_is_refused() -> None:
+    stats = StatisticsMod(features_of=lambda _context: object())
+    with pytest.raises(UpdateRejected, match="needs feature arrays"):
+        stats(_instruction({PASS_KEY: "means"}), _context(), Handler())
