@@ -177,6 +177,18 @@ class TrainingSpec:
         fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
 
 
+#: The settings each strategy reads besides ``server_lr`` (``aggregator.serverapp.build_strategy`` passes these):
+#: a scenario that sets another one to anything but its default is refused, naming it.
+STRATEGY_KEYS: dict[str, frozenset[str]] = {
+    "fedavg": frozenset(), "scaffold": frozenset(), "median": frozenset(),
+    "fedprox": frozenset({"mu"}), "fedavgm": frozenset({"momentum"}),
+    "fedadam": frozenset({"beta1", "beta2", "tau"}), "fedyogi": frozenset({"beta1", "beta2", "tau"}),
+    "fedadagrad": frozenset({"beta1", "tau"}),
+    "centered_clipping": frozenset({"clip_radius", "bucket_size", "momentum"}),
+    "trimmed_mean": frozenset({"trim_fraction"}), "krum": frozenset({"num_byzantine", "num_selected"}),
+}
+
+
 @dataclass(frozen=True)
 class StrategySpec:
     """``[strategy]``: the server's update rule and its settings (docs/strategies.md)."""
@@ -199,6 +211,13 @@ class StrategySpec:
     num_selected: int = 1
 
     def _check(self) -> None:
+        used = STRATEGY_KEYS[self.name]
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if spec.name not in used and spec.name not in ("name", "server_lr") and value != spec.default:
+                settings = ", ".join(sorted(used | {"server_lr"}))
+                raise Bad(spec.name, value, f"is not a setting of strategy {self.name!r}, which would ignore it "
+                                            f"(its settings: {settings}; docs/strategies.md)")
         positive("server_lr", self.server_lr)
         fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
         fraction("beta1", self.beta1, allow_zero=True, allow_one=False)
