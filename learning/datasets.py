@@ -288,7 +288,23 @@ def _first_non_numeric(lines: list[int], rows: list[list[str]]) -> tuple[int, in
     raise AssertionError("unreachable: numpy rejected a table that float() accepts")  # pragma: no cover
 
 
+#: The most an ``.npz`` data file's ``x`` and ``y`` may hold uncompressed (a small archive of zeros can expand to
+#: any size: the sizes its zip directory declares are checked before anything is decompressed, and zipfile stops
+#: reading a member at its declared size).
+MAX_NPZ_BYTES = 2**30
+
+
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            declared = sum(i.file_size for i in archive.infolist() if i.filename in ("x.npy", "y.npy"))
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read file ({exc.strerror or exc})") from None
+    except (ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path}: not a valid .npz archive ({exc})") from None
+    if declared > MAX_NPZ_BYTES:
+        raise DataError(f"{path}: its arrays x and y hold {declared / 2**20:,.0f} MiB uncompressed, more than the "
+                        f"{MAX_NPZ_BYTES / 2**20:,.0f} MiB a data file may hold")
     try:
         with np.load(path, allow_pickle=False) as archive:  # never unpickle user data
             arrays = {name: archive[name] for name in archive.files if name in ("x", "y")}

@@ -129,3 +129,22 @@ def test_load_client_data_splits_by_fraction(tmp_path: Path) -> None:
 def test_load_client_data_rejects_a_bad_fraction(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="test_fraction must be in"):
         load_client_data(tmp_path / "x.csv", test_fraction=1.0)
+
+
+def test_an_npz_that_expands_past_the_cap_is_refused_before_decompressing(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: 4 MiB of zeros compressed to a few KiB (a small zip bomb), under a 1 MiB cap
+    import learning.datasets as datasets
+
+    monkeypatch.setattr(datasets, "MAX_NPZ_BYTES", 2**20)
+    path = tmp_path / "bomb.npz"
+    np.savez_compressed(path, x=np.zeros((2**20, 1), np.float32), y=np.zeros(2**20, np.uint8))
+    assert path.stat().st_size < 64 * 2**10
+    loaded: list[str] = []
+    real_load = np.load
+    monkeypatch.setattr(datasets.np, "load", lambda *a, **k: loaded.append("np.load") or real_load(*a, **k))
+
+    # Execute / Assert: refused by its declared size (4 MiB + 1 MiB + headers), nothing loaded
+    with pytest.raises(DataError, match=r"bomb\.npz: its arrays x and y hold 5 MiB uncompressed, more than the 1 MiB"):
+        load_file(path)
+    assert loaded == []
