@@ -56,7 +56,7 @@ from core.status import ClientStatus, RoundStatus, RunStatus
 from core.strategy import AggregateState, ServerState, Strategy
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
-from runstore.store import RunStore
+from runstore.runlog import RunLog
 from scenarios.schema import Scenario
 from scenarios.sections import AsyncSpec
 
@@ -127,8 +127,7 @@ class BufferedLoop:
 
     scenario: Scenario
     strategy: Strategy
-    store: RunStore
-    run_id: str
+    runlog: RunLog  # the stored run it logs and commits to (runstore.runlog)
     server_eval: ServerEvaluator | None = None
     on_round: Callable[[RoundRecord], None] | None = None
     layout: ParamLayout | None = None
@@ -199,7 +198,7 @@ class BufferedLoop:
         reasons = Counter(c.reason for c in folded if c.outcome != ClientStatus.OK)
         self.failure = (f"{futile} replies in a row could not be folded (most common: "
                         f"{reasons.most_common(1)[0][0]}); stopped before step {step}")
-        self.store.log(self.run_id, self.failure, "error")
+        self.runlog.log(self.failure, "error")
 
     def _fold(self, item: _InFlight, staleness: int, size: int, ratio: float,
               time_key: str = "virtual-time-s") -> tuple[ClientRecord, int, np.ndarray | None]:
@@ -249,7 +248,7 @@ class BufferedLoop:
                               mean_of=lambda a: strategy.finalize(a, strategy.round_rng(self.scenario.seed, step)))
         problem = step_problem(state.params, new.params, self.scenario.federation.max_update_ratio)
         if problem is not None:
-            self.store.log(self.run_id, f"step {step}: aggregate rejected: {problem}; model unchanged", "warning")
+            self.runlog.log(f"step {step}: aggregate rejected: {problem}; model unchanged", "warning")
             new, status = replace(state, round=step), RoundStatus.REJECTED
         clock = {out.time_key.replace("-", "_"): now, **counters}
         new = replace(new, extra={**new.extra, _CLOCK_KEY: json.dumps(clock)})
@@ -270,7 +269,7 @@ class BufferedLoop:
                      "staleness-mean": float(np.mean(stale)) if stale else 0.0, "staleness-max": max(stale, default=0),
                      "staleness-counts": np.bincount(stale).tolist() if stale else [], "in-flight": in_flight,
                      **task_metrics, **({"reason": problem} if problem is not None else {})})
-        self.store.commit_round(self.run_id, record, new)
+        self.runlog.commit(record, new)
         if self.on_round is not None:
             self.on_round(record)
         return new, record

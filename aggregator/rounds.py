@@ -28,7 +28,7 @@ from core.records import ClientRecord, RoundRecord
 from core.status import ClientStatus, RoundStatus, RunStatus
 from core.strategy import ServerState, Strategy
 from learning.standardize import Standardization
-from runstore.store import RunStore
+from runstore.runlog import RunLog
 from scenarios.schema import Scenario
 
 __all__ = ["RoundLoop", "LoopResult"]
@@ -50,8 +50,7 @@ class RoundLoop:
     scenario: Scenario
     strategy: Strategy
     fit: FitWorkflow
-    store: RunStore
-    run_id: str
+    runlog: RunLog  # the stored run it logs and commits to (runstore.runlog)
     server_eval: ServerEvaluator | None = None
     on_round: Callable[[RoundRecord], None] | None = None
     eval_deadline_s: float = 30.0
@@ -68,7 +67,7 @@ class RoundLoop:
         last = None
         while state.round < self.scenario.rounds:
             if self.strategy.would_exceed_budget(state):
-                self.store.log(self.run_id, f"privacy budget reached before round {state.round + 1}; stopping")
+                self.runlog.log(f"privacy budget reached before round {state.round + 1}; stopping")
                 return LoopResult(state, RunStatus.STOPPED_BUDGET, last)
             state, last = self.run_round(grid, state)
         return LoopResult(state, RunStatus.FINISHED, last)
@@ -95,7 +94,7 @@ class RoundLoop:
         record = self._evaluate_and_record(grid, state, outcome, nodes, server_round, started, t0, status)
         if reason is not None:
             record = replace(record, metrics={**(record.metrics or {}), "reason": reason})
-        self.store.commit_round(self.run_id, record, state)
+        self.runlog.commit(record, state)
         if self.on_round is not None:
             self.on_round(record)
         return state, record
@@ -116,7 +115,7 @@ class RoundLoop:
                                                                                              server_round)))
         if status == RoundStatus.SKIPPED:
             answered = outcome.aggregate.count if outcome.aggregate is not None else 0
-            self.store.log(self.run_id, f"round {server_round}: {answered} usable updates, fewer than "
+            self.runlog.log(f"round {server_round}: {answered} usable updates, fewer than "
                            f"min_clients = {min_clients}; model unchanged", "warning")
         return new, status
 
@@ -129,7 +128,7 @@ class RoundLoop:
         problem = step_problem(before.params, after.params, self.scenario.federation.max_update_ratio)
         if problem is None:
             return after, status, None
-        self.store.log(self.run_id, f"round {server_round}: aggregate rejected: {problem}; model unchanged",
+        self.runlog.log(f"round {server_round}: aggregate rejected: {problem}; model unchanged",
                        "warning")
         return replace(before, round=server_round, extra=after.extra), RoundStatus.REJECTED, problem
 

@@ -64,7 +64,7 @@ from learning.standardize import Standardization
 from learning.task import TaskModel, load_task, task_headline
 from privacy.dp.build import make_dp_strategy
 from privacy.secagg.fit import SecAggFit
-from runstore.lease import Heartbeat
+from runstore.runlog import RunLog
 from runstore.store import ClientResult, Run, RunStore, default_db_url
 from runstore.takeover import TakenRunStore
 from scenarios.errors import ScenarioError
@@ -161,17 +161,17 @@ def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: st
     return run_id, strategy.init_state(initial), factory, test
 
 
-def _loop(scenario: Scenario, strategy: Any, fit: Any, store: RunStore, run_id: str, evaluator: Any,
+def _loop(scenario: Scenario, strategy: Any, fit: Any, run: RunLog, evaluator: Any,
           on_round: Callable[[RoundRecord], None] | None, layout: Any, standardization: Any,
           model: AppModel | None) -> RoundLoop | BufferedLoop:
     """Build the loop that drives the run: buffered asynchronous steps (``[async]``) or synchronous rounds."""
     if scenario.asynchronous.enabled:
         fed = scenario.federation
-        return BufferedLoop(scenario=scenario, strategy=strategy, store=store, run_id=run_id,
+        return BufferedLoop(scenario=scenario, strategy=strategy, runlog=run,
                             server_eval=evaluator, on_round=on_round, layout=layout,
                             weighting=WeightPolicy(fed.weighting, median_cap=fed.median_cap,
                                                    max_examples=fed.max_examples))
-    return RoundLoop(scenario=scenario, strategy=strategy, fit=fit, store=store, run_id=run_id,
+    return RoundLoop(scenario=scenario, strategy=strategy, fit=fit, runlog=run,
                      server_eval=evaluator, on_round=on_round, layout=layout, standardization=standardization,
                      app_config=model.train_config if model is not None else {})
 
@@ -189,7 +189,7 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     Configuration errors of the strategy or the fit workflow surface (as
     :class:`ScenarioError`) before a run row exists; anything that fails once it
     exists marks the run ``failed`` with the message, so no row stays ``running``.
-    While it runs, this process renews the run's lease (:class:`~runstore.lease.Heartbeat`).
+    While it runs, this process holds the run (:class:`~runstore.runlog.RunLog`: it renews the run's lease).
 
     ``resume_id`` continues that run with its own scenario only (another raises
     :class:`~aggregator.errors.ResumeRefused` and leaves the run as it was); a run
@@ -207,7 +207,7 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
             return stored.id, LoopResult(state, stored.status, None)
         resume_id = stored.id
     run_id, state, factory, test = open_run(store, scenario, strategy, engine, resume_id, model)
-    heartbeat = Heartbeat(store, run_id).start()  # this process drives the run: it renews the run's lease
+    run = RunLog(store, run_id).hold()  # this process drives the run: it renews the run's lease
     try:
         if on_start is not None:
             on_start(run_id)
@@ -216,20 +216,19 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
             evaluator, layout, standardization = _prepare(grid, scenario, store, run_id, factory, test)
         else:
             evaluator, layout, standardization = None, model.layout, None
-        loop = _loop(scenario, strategy, fit, store, run_id, evaluator, on_round, layout, standardization, model)
+        loop = _loop(scenario, strategy, fit, run, evaluator, on_round, layout, standardization, model)
         result = LoopResult(*loop.run(grid, state)) if isinstance(loop, BufferedLoop) else loop.run(grid, state)
     except BaseException as exc:
-        heartbeat.stop()
-        store.set_status(run_id, RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.FAILED,
-                         error=f"{type(exc).__name__}: {exc}")
+        run.end(RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.FAILED,
+                error=f"{type(exc).__name__}: {exc}")
         raise
     try:
         status, error = final_status(store, run_id, result.status)
         if isinstance(loop, BufferedLoop) and result.status == RunStatus.FAILED:
             error = loop.failure
-        store.set_status(run_id, status, error=error)
+        run.end(status, error=error)
     finally:
-        heartbeat.stop()
+        run.release()
     return run_id, replace(result, status=status)
 
 

@@ -19,13 +19,13 @@ from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState
 from learning.record import scenario_record
 from learning.task import load_task
-from runstore.lease import Heartbeat
+from runstore.runlog import RunLog
 from runstore.store import RunStore
 from runtimes.parallel.job import COLUMNS, Job, RoundResult
 from runtimes.parallel.mode import Mode
 from scenarios.schema import Scenario
 
-__all__ = ["ENGINE", "create_run", "run_info", "strategy_label", "RunWriter", "round_record"]
+__all__ = ["ENGINE", "create_run", "run_info", "strategy_label", "open_run_log", "round_record"]
 
 ENGINE = "parallel"
 _C = {name: i for i, name in enumerate(COLUMNS)}
@@ -49,27 +49,17 @@ def create_run(store: RunStore, scenario: Scenario, mode: Mode, num_params: int,
                             engine=ENGINE, num_params=num_params, info=info)
 
 
-class RunWriter:
-    """Opens (or resumes) one run, holds its lease and commits its rounds; only rank 0 has one."""
+def open_run_log(store: RunStore, run_id: str) -> tuple[RunLog, ServerState | None]:
+    """Hold run ``run_id`` (new or resumed) for rank 0: mark it running; return its log and the resumed state.
 
-    def __init__(self, store: RunStore, run_id: str) -> None:
-        self.store, self.run_id = store, run_id
-        self.resumed: ServerState | None = store.load_state(run_id)
-        store.set_status(run_id, RunStatus.RUNNING)
-        self.heartbeat = Heartbeat(store, run_id).start()
-        if self.resumed is not None:
-            store.log(run_id, f"parallel job resumed after round {self.resumed.round}")
-
-    def commit(self, record: RoundRecord, state: ServerState) -> None:
-        """Commit one round's record and the state after it to the run store."""
-        self.store.commit_round(self.run_id, record, state)
-
-    def finish(self, status: str, error: str | None = None) -> None:
-        """Stop renewing the lease and set the run's final ``status``; log ``error`` when given."""
-        self.heartbeat.stop()
-        self.store.set_status(self.run_id, status, error=error)
-        if error:
-            self.store.log(self.run_id, error, "error")
+    Only rank 0 writes the run; the state is the last committed round's, or ``None`` for a new run.
+    """
+    resumed = store.load_state(run_id)
+    store.set_status(run_id, RunStatus.RUNNING)
+    run = RunLog(store, run_id).hold()
+    if resumed is not None:
+        run.log(f"parallel job resumed after round {resumed.round}")
+    return run, resumed
 
 
 def round_record(job: Job, result: RoundResult, server_round: int, started: float, duration_s: float,

@@ -34,12 +34,13 @@ from core.status import RunStatus
 from core.strategy import ServerState
 from learning.models import num_params
 from learning.task import TaskModel, load_task
+from runstore.runlog import RunLog
 from runstore.store import RunStore, default_db_url
 from runtimes.parallel.comm import DEFAULT_BUCKET_BYTES, Comm, release_process_group
 from runtimes.parallel.errors import ParallelError, WorkerStopped
 from runtimes.parallel.job import Job, JobSpec, adopt, build_job, initial_state, run_round
 from runtimes.parallel.mode import CommHook, Mode
-from runtimes.parallel.runlog import RunWriter, create_run, round_record, run_info
+from runtimes.parallel.runlog import create_run, open_run_log, round_record, run_info
 from scenarios.schema import Scenario, load_scenario
 
 __all__ = ["main", "parse_args", "load_job_scenario"]
@@ -105,7 +106,7 @@ def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
     return dist.PrefixStore(f"quorum-parallel/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def _open_writer(args: argparse.Namespace, job: Job) -> RunWriter:
+def _open_run(args: argparse.Namespace, job: Job) -> tuple[RunLog, ServerState | None]:
     store = RunStore(args.db)
     run_id = args.run_id
     if run_id is None and args.run_id_file is not None and args.run_id_file.exists():
@@ -114,10 +115,10 @@ def _open_writer(args: argparse.Namespace, job: Job) -> RunWriter:
         info = {**run_info(job.spec.mode, job.comm.world, job.spec.local_steps, args.bucket_mb, args.timeout),
                 "comm_hook": job.spec.comm_hook.value}
         run_id = create_run(store, job.scenario, job.spec.mode, num_params(job.model), info)
-    writer = RunWriter(store, store.get_run(run_id).id)
+    run, resumed = open_run_log(store, store.get_run(run_id).id)
     if args.run_id_file is not None:
-        args.run_id_file.write_text(writer.run_id)
-    return writer
+        args.run_id_file.write_text(run.run_id)
+    return run, resumed
 
 
 def _evaluator(job: Job) -> ServerEvaluator | None:
@@ -127,9 +128,9 @@ def _evaluator(job: Job) -> ServerEvaluator | None:
     return ServerEvaluator(lambda: TaskModel.build(load_task(scenario), scenario.seed), fed.test)
 
 
-def train_rounds(job: Job, writer: RunWriter | None) -> tuple[ServerState, str]:
-    """Run the remaining rounds; rank 0 commits each. Returns the final state and the run status."""
-    start = writer.resumed if writer is not None and writer.resumed is not None else initial_state(job)
+def train_rounds(job: Job, writer: RunLog | None, resumed: ServerState | None = None) -> tuple[ServerState, str]:
+    """Run the remaining rounds after ``resumed``; rank 0 commits each. Returns the final state and the run status."""
+    start = resumed if resumed is not None else initial_state(job)
     state = job.comm.broadcast_state(start if job.comm.rank == 0 else None, start.params.size)
     if state is None:  # rank 0 always sends one
         raise ParallelError("rank 0 broadcast no server state")
@@ -138,7 +139,7 @@ def train_rounds(job: Job, writer: RunWriter | None) -> tuple[ServerState, str]:
     for server_round in range(state.round + 1, job.scenario.rounds + 1):
         if job.spec.mode is Mode.LOCALSGD and job.strategy.would_exceed_budget(state):
             if writer is not None:
-                writer.store.log(writer.run_id, f"privacy budget reached before round {server_round}; stopping")
+                writer.log(f"privacy budget reached before round {server_round}; stopping")
             return state, RunStatus.STOPPED_BUDGET
         started, t0 = time.time(), time.monotonic()
         result = run_round(job, state, server_round)
@@ -168,17 +169,17 @@ def run(args: argparse.Namespace, comm: Comm) -> str:
     """Build the job, train it, and record how it ended (rank 0)."""
     scenario = load_job_scenario(args.scenario, args.rounds, args.seed)
     job = build_job(JobSpec(scenario, Mode(args.mode), args.local_steps, CommHook(args.comm_hook)), comm)
-    writer = _open_writer(args, job) if comm.rank == 0 else None
+    writer, resumed = _open_run(args, job) if comm.rank == 0 else (None, None)
     try:
-        _, status = train_rounds(job, writer)
+        _, status = train_rounds(job, writer, resumed)
     except BaseException as exc:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish recording the failure; torchrun SIGKILLs late
         if writer is not None:
-            writer.finish(RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.FAILED,
-                          error=f"{type(exc).__name__}: {exc}")
+            writer.end(RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.FAILED,
+                       error=f"{type(exc).__name__}: {exc}", log_error=True)
         raise
     if writer is not None:
-        writer.finish(status)
+        writer.end(status)
     comm.where = "shutdown"
     comm.barrier()  # every rank tears down together, after rank 0 has recorded the end
     return status

@@ -19,6 +19,7 @@ from core.instructions import TrainConfig, read_instruction
 from core.records import RoundRecord
 from core.replies import train_reply
 from learning.task import TaskModel, load_task
+from runstore.runlog import RunLog
 from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.simulation import simulate
@@ -318,7 +319,7 @@ def test_the_wall_dispatcher_drops_at_the_deadline_and_discards_the_late_reply(d
 
     spec = _wall(2, deadline=2.0)
     now = {"t": 0.0}
-    loop = BufferedLoop(scenario=spec, strategy=build_strategy(spec), store=RunStore(db_url), run_id="r")
+    loop = BufferedLoop(scenario=spec, strategy=build_strategy(spec), runlog=RunLog(RunStore(db_url), "r"))
     grid = ScriptedGrid()
     out = _WallDispatcher(loop, grid, (1, 2, 3), {}, monotonic=lambda: now["t"],
                           sleep=lambda s: now.__setitem__("t", now["t"] + s))

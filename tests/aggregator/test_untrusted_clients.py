@@ -23,6 +23,7 @@ from core.instructions import parse_instruction
 from core.records import RoundRecord
 from core.replies import train_reply
 from core.strategy import ServerState
+from runstore.runlog import RunLog
 from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from tests.aggregator.test_rounds import initial_params
@@ -169,7 +170,7 @@ def test_a_non_finite_or_exploding_aggregate_rejects_the_round(db_url: str, valu
     start = initial_params(scenario)
     run_id = store.create_run(name="guard", scenario=scenario.to_dict(), seed=0, strategy="fedavg", rounds=2)
     with InProcessGrid(scripted(lambda *_: RecordDict()), [NodeSpec(i + 1, {}) for i in range(4)], {}) as grid:
-        loop = RoundLoop(scenario=scenario, strategy=FedAvg(), fit=FixedAggregate(value), store=store, run_id=run_id)
+        loop = RoundLoop(scenario=scenario, strategy=FedAvg(), fit=FixedAggregate(value), runlog=RunLog(store, run_id))
         # Execute
         result = loop.run(grid, FedAvg().init_state(start))
     # Assert: the model never moved, each round says why, the run is not "finished"
