@@ -47,3 +47,12 @@ def test_nothing_under_tests_imports_from_bench() -> None:
 
     # Assert: benchmarks run as subprocesses only
     assert offenders == []
+
+
+def test_every_product_module_is_named_in_docs_architecture() -> None:
+    # docs/architecture.md's "Every module" index lists each module by its path: a new one must be added there
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    missing = [path.relative_to(REPO).as_posix() for package in ("runstore", *FIRST_PARTY)
+               for path in sorted((REPO / package).rglob("*.py"))
+               if path != REPO / package / "__init__.py" and f"`{path.relative_to(REPO).as_posix()}`" not in page]
+    assert not missing, "add these to docs/architecture.md's module index:\n" + "\n".join(missing)
