@@ -436,6 +436,34 @@ def _deployed_resume(store: TakenRunStore, config: dict[str, Any], flower_run: i
     return resume
 
 
+def _deployed_start(grid: Grid, store: TakenRunStore, scenario: Scenario, config: dict[str, Any], flower_run: int,
+                    wait_s: float) -> tuple[str | None, Callable[[str], None]]:
+    """Take the run to resume (if any), wait for ``min_clients`` devices; the run to resume and the ``on_start``.
+
+    ``on_start`` takes the run this ServerApp opens and records its Flower run and devices' names.
+
+    Raises
+    ------
+    TooFewClients
+        Too few devices within ``wait_s``; a new run is stored ``failed`` with the reason first.
+    """
+    devices = json.loads(str(config.get("devices") or "{}"))
+    resume = _deployed_resume(store, config, flower_run)
+    fed = scenario.federation
+    try:
+        wait_for_nodes(grid, fed.clients, wait_s, least=fed.min_clients)
+    except TooFewClients as exc:
+        if not resume:  # a run that never started is still a stored, visible, failed run
+            record_failed_start(store, scenario, flower_run, devices, str(exc))
+        raise
+
+    def on_start(run_id: str) -> None:
+        store.take(run_id)
+        store.update_info(run_id, flower_run_id=flower_run, devices=devices)
+
+    return resume, on_start
+
+
 app = ServerApp()
 
 
@@ -475,24 +503,12 @@ def main(grid: Grid, context: Context) -> None:
     overrides = json.loads(str(config.get("overrides") or "{}"))
     if overrides:
         scenario = scenario.with_overrides(**overrides)
-    fed, devices = scenario.federation, json.loads(str(config.get("devices") or "{}"))
     on_start: Callable[[str], None] | None = None
     if isinstance(store, TakenRunStore):
-        taken = store
-        resume = _deployed_resume(taken, config, context.run_id)
-        try:
-            wait_for_nodes(grid, fed.clients, wait_s, least=fed.min_clients)
-        except TooFewClients as exc:
-            if not resume:  # a run that never started is still a stored, visible, failed run
-                record_failed_start(taken, scenario, context.run_id, devices, str(exc))
-            raise
-
-        def on_start(run_id: str) -> None:
-            taken.take(run_id)
-            taken.update_info(run_id, flower_run_id=context.run_id, devices=devices)
+        resume, on_start = _deployed_start(grid, store, scenario, config, context.run_id, wait_s)
     else:
         resume = str(config.get("resume") or "") or None
-        wait_for_nodes(grid, fed.clients, wait_s)  # least 0: the round loop reports a shortfall
+        wait_for_nodes(grid, scenario.federation.clients, wait_s)  # least 0: the round loop reports a shortfall
     run_id, result = run_federation(grid, scenario, store, engine=engine, resume_id=resume,
                                     on_round=round_logger(scenario.rounds), on_start=on_start)
     log_end(store, run_id, result)
