@@ -8,6 +8,8 @@ not use would be a setting that changes nothing), the others to the schema.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aggregator.serverapp import build_strategy
 from scenarios.errors import ScenarioError
@@ -39,3 +41,17 @@ def test_an_ignored_key_at_its_default_is_accepted() -> None:
     # a run record (every key, defaults included) reads back; so does a file that spells out a default
     scenario = tiny_scenario(strategy={"name": "fedavg", "mu": 0.01, "beta1": 0.9})
     assert scenario.strategy.name == "fedavg"
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=st.one_of(st.integers(min_value=-(2**80), max_value=2**80), st.floats(allow_nan=True),
+                       st.text(max_size=8), st.booleans(), st.lists(st.integers(), max_size=2), st.none()))
+def test_any_value_of_an_ignored_key_is_a_scenario_error_or_its_default(value: object) -> None:
+    # huge integers, inf, NaN, strings, lists: the one answer is a ScenarioError naming the key, unless it
+    # equals the default (then the strategy, which ignores it, builds as ever)
+    try:
+        scenario = tiny_scenario(strategy={"name": "fedavg", "beta1": value})
+    except ScenarioError as exc:
+        assert "strategy.beta1" in str(exc)
+    else:
+        assert scenario.strategy.beta1 == 0.9 and build_strategy(scenario).describe()["name"] == "fedavg"
