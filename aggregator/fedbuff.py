@@ -53,7 +53,7 @@ from core.outcomes import error_outcome
 from core.records import ClientRecord, RoundRecord
 from core.replies import parse_train_reply
 from core.status import ClientStatus, RoundStatus, RunStatus
-from core.strategy import AggregateState, ServerState, Strategy
+from core.strategy import ServerState, Strategy, round_rng
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
 from runstore.runlog import RunLog
@@ -126,7 +126,7 @@ class BufferedLoop:
     """Runs FedBuff steps ``state.round + 1 .. scenario.rounds`` for one stored run on a virtual clock."""
 
     scenario: Scenario
-    strategy: Strategy
+    strategy: Strategy[Any]
     runlog: RunLog  # the stored run it logs and commits to (runstore.runlog)
     server_eval: ServerEvaluator | None = None
     on_round: Callable[[RoundRecord], None] | None = None
@@ -238,14 +238,14 @@ class BufferedLoop:
                             train_loss=float(loss) if isinstance(loss, (int, float)) else None,
                             metrics={**base, "weight": weight, "discount": discount}), nbytes, parsed.delta
 
-    def _step(self, state: ServerState, agg: AggregateState, folded: list[ClientRecord], now: float, out: _Dispatcher,
+    def _step(self, state: ServerState, agg: Any, folded: list[ClientRecord], now: float, out: _Dispatcher,
               started: float, t0: float, bytes_in: int) -> tuple[ServerState, RoundRecord]:
         """Apply the full buffer as one server step, evaluate, and commit it like a round."""
         in_flight, bytes_out, counters = out.in_flight, out.take_bytes_out(), out.counters()
         step = state.round + 1
         strategy = self.strategy.for_round(state)
         new, status = advance(strategy, state, agg, min_clients=1, server_round=step,
-                              mean_of=lambda a: strategy.finalize(a, strategy.round_rng(self.scenario.seed, step)))
+                              mean_of=lambda a: strategy.finalize(a, round_rng(strategy, self.scenario.seed, step)))
         problem = step_problem(state.params, new.params, self.scenario.federation.max_update_ratio)
         if problem is not None:
             self.runlog.log(f"step {step}: aggregate rejected: {problem}; model unchanged", "warning")

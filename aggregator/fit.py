@@ -56,7 +56,7 @@ class PlainFit:
         self.weighting = weighting or WeightPolicy()
         self.max_update_ratio = max_update_ratio
 
-    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome:
+    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy[Any]) -> FitOutcome[Any]:
         """Push the round's train instruction to ``request.nodes`` and fold each reply as it arrives.
 
         A node with no reply within ``request.deadline_s`` is recorded
@@ -101,9 +101,9 @@ def _reference(request: FitRequest) -> np.ndarray:
 class _FoldEachReply:
     """Per-reply callback: validate, fold, record (one bad client never kills a round)."""
 
-    strategy: Strategy
+    strategy: Strategy[Any]
     request: FitRequest
-    outcome: FitOutcome
+    outcome: FitOutcome[Any]
     losses: list[tuple[float, int]]
     started: float
     size: int  # of an update: the model's, plus what the strategy appends (DP's count bit)

@@ -20,7 +20,7 @@ from typing import Any
 
 from aggregator.errors import ResumeRefused
 from core.status import ENDED, RunStatus
-from core.strategy import ServerState, Strategy
+from core.strategy import ServerState, Strategy, describe, initial_state
 from runstore.store import Run, RunStore
 from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario, build_options, scenario_from_dict
@@ -112,7 +112,7 @@ def parent_of(run: Run) -> tuple[str, int] | None:
     return str(parent.get("run")), int(parent["round"])
 
 
-def start_state(store: RunStore, run: Run, strategy: Strategy) -> ServerState | None:
+def start_state(store: RunStore, run: Run, strategy: Strategy[Any]) -> ServerState | None:
     """Return the state ``run`` continues from.
 
     Its last committed round, else its parent's round (with the optimiser and
@@ -128,6 +128,6 @@ def start_state(store: RunStore, run: Run, strategy: Strategy) -> ServerState | 
     if state is None or state.round != server_round:
         raise ResumeRefused(f"run {run.id} starts from round {server_round} of run {parent_id}, whose checkpoint "
                             "is gone from the store")
-    if (store.get_run(parent_id).info or {}).get("strategy") == strategy.describe():
+    if (store.get_run(parent_id).info or {}).get("strategy") == describe(strategy):
         return state
-    return replace(strategy.init_state(state.params), round=server_round)
+    return replace(initial_state(strategy, state.params), round=server_round)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from flwr.serverapp import Grid
@@ -26,7 +27,16 @@ from core.layouts import ParamLayout
 from core.outcomes import FAILED, OK, REJECTED
 from core.records import ClientRecord, RoundRecord
 from core.status import ClientStatus, RoundStatus, RunStatus
-from core.strategy import ServerState, Strategy
+from core.strategy import (
+    ServerState,
+    Strategy,
+    bind_cohort,
+    round_metrics,
+    round_rng,
+    sample_clients,
+    would_exceed_budget,
+)
+from core.strategy import epsilon as spent_epsilon
 from learning.standardize import Standardization
 from runstore.runlog import RunLog
 from scenarios.schema import Scenario
@@ -48,7 +58,7 @@ class RoundLoop:
     """Runs rounds ``state.round + 1 .. scenario.rounds`` for one stored run."""
 
     scenario: Scenario
-    strategy: Strategy
+    strategy: Strategy[Any]
     fit: FitWorkflow
     runlog: RunLog  # the stored run it logs and commits to (runstore.runlog)
     server_eval: ServerEvaluator | None = None
@@ -66,7 +76,7 @@ class RoundLoop:
         """
         last = None
         while state.round < self.scenario.rounds:
-            if self.strategy.would_exceed_budget(state):
+            if would_exceed_budget(self.strategy, state):
                 self.runlog.log(f"privacy budget reached before round {state.round + 1}; stopping")
                 return LoopResult(state, RunStatus.STOPPED_BUDGET, last)
             state, last = self.run_round(grid, state)
@@ -82,8 +92,8 @@ class RoundLoop:
         started, t0 = time.time(), time.monotonic()
         fed = self.scenario.federation
         strategy = self.strategy.for_round(state)
-        nodes = strategy.sample(list(grid.get_node_ids()), fed.per_round, self.scenario.seed, server_round)
-        strategy = strategy.with_cohort(len(nodes))
+        nodes = sample_clients(strategy, list(grid.get_node_ids()), fed.per_round, self.scenario.seed, server_round)
+        strategy = bind_cohort(strategy, len(nodes))
         request = FitRequest(server_round=server_round, nodes=nodes, state=state,
                              config=self._train_config(strategy, server_round),
                              deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20),
@@ -99,7 +109,7 @@ class RoundLoop:
             self.on_round(record)
         return state, record
 
-    def _train_config(self, strategy: Strategy | None, server_round: int) -> TrainConfig:
+    def _train_config(self, strategy: Strategy[Any] | None, server_round: int) -> TrainConfig:
         config = train_config(self.scenario, strategy, server_round)
         if self.app_config:
             config = replace(config, app=dict(self.app_config))
@@ -107,11 +117,11 @@ class RoundLoop:
             return config
         return replace(config, extra={**config.extra, **self.standardization.to_extra()})
 
-    def _apply(self, strategy: Strategy, state: ServerState, outcome: FitOutcome,
+    def _apply(self, strategy: Strategy[Any], state: ServerState, outcome: FitOutcome[Any],
                server_round: int) -> tuple[ServerState, str]:
         min_clients = self.scenario.federation.min_clients
         new, status = advance(strategy, state, outcome.aggregate, min_clients=min_clients, server_round=server_round,
-                              mean_of=lambda agg: strategy.finalize(agg, strategy.round_rng(self.scenario.seed,
+                              mean_of=lambda agg: strategy.finalize(agg, round_rng(strategy, self.scenario.seed,
                                                                                              server_round)))
         if status == RoundStatus.SKIPPED:
             answered = outcome.aggregate.count if outcome.aggregate is not None else 0
@@ -132,7 +142,7 @@ class RoundLoop:
                        "warning")
         return replace(before, round=server_round, extra=after.extra), RoundStatus.REJECTED, problem
 
-    def _evaluate_and_record(self, grid: Grid, state: ServerState, outcome: FitOutcome, nodes: list[int],
+    def _evaluate_and_record(self, grid: Grid, state: ServerState, outcome: FitOutcome[Any], nodes: list[int],
                              server_round: int, started: float, t0: float, status: str) -> RoundRecord:
         ev = self.scenario.evaluation
         fed_loss = fed_acc = srv_loss = srv_acc = None
@@ -164,7 +174,7 @@ class RoundLoop:
             server_loss=srv_loss, server_accuracy=srv_acc, bytes_in=outcome.bytes_in,
             bytes_out=outcome.bytes_out, epsilon=epsilon,
             secagg=outcome.secagg,
-            metrics={"status": status, **fed_metrics, **task_metrics, **self.strategy.round_metrics(state)})
+            metrics={"status": status, **fed_metrics, **task_metrics, **round_metrics(self.strategy, state)})
 
 
 def _with_eval(record: ClientRecord, summary: EvalSummary) -> ClientRecord:
@@ -214,7 +224,7 @@ def _eval_sample(targets: list[int], scenario: Scenario, server_round: int) -> l
     return sorted(targets[i] for i in picks)
 
 
-def _epsilon(strategy: Strategy, state: ServerState) -> float | None:
+def _epsilon(strategy: Strategy[Any], state: ServerState) -> float | None:
     """Return the privacy spent so far, for strategies that account it (finite values only)."""
-    value = strategy.epsilon(state)
+    value = spent_epsilon(strategy, state)
     return float(value) if value is not None and np.isfinite(value) else None

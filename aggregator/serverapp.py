@@ -55,7 +55,7 @@ from core.layouts import ParamLayout
 from core.outcomes import run_problems
 from core.records import RoundRecord
 from core.status import ENDED, NOT_LEARNED, RoundStatus, RunStatus
-from core.strategy import ServerState
+from core.strategy import ServerState, describe, initial_state
 from core.weighting import WeightPolicy
 from learning.errors import TaskError
 from learning.models import layout_of
@@ -75,10 +75,10 @@ from scenarios.schema import Scenario, scenario_from_dict
 __all__ = ["app", "build_strategy", "build_fit", "run_federation", "fork_run", "RunHandle", "final_status"]
 
 
-def build_strategy(scenario: Scenario) -> Strategy:
+def build_strategy(scenario: Scenario) -> Strategy[Any]:
     """Build the scenario's strategy, wrapped in DP-FedAvg when ``[dp]`` is enabled."""
     s = scenario.strategy
-    factories: dict[str, Callable[[], Strategy]] = {
+    factories: dict[str, Callable[[], Strategy[Any]]] = {
         "fedavg": lambda: FedAvg(server_lr=s.server_lr),
         "fedprox": lambda: FedProx(server_lr=s.server_lr, mu=s.mu),
         "fedavgm": lambda: FedAvgM(server_lr=s.server_lr, momentum=s.momentum),
@@ -135,7 +135,7 @@ def _headline(scenario: Scenario) -> dict[str, str]:
     return task_headline(load_task(scenario)).to_json()
 
 
-def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: str,
+def open_run(store: RunStore, scenario: Scenario, strategy: Strategy[Any], engine: str,
              resume_id: str | None = None,
              model: AppModel | None = None) -> tuple[str, ServerState, Callable[[], TaskModel] | None, Any]:
     """Create a run (or reopen ``resume_id``); returns (run_id, state, model factory, test set).
@@ -151,14 +151,14 @@ def open_run(store: RunStore, scenario: Scenario, strategy: Strategy, engine: st
             return resume_id, state, factory, test
     # the trainable tensors only: frozen ones never travel
     initial = factory().get_flat() if factory is not None else model.params  # type: ignore[union-attr]
-    info = ({"strategy": strategy.describe(), "headline": _headline(scenario)} if model is None else
-            {"strategy": strategy.describe(), "headline": Headline().to_json(), "model": model.source})
+    info = ({"strategy": describe(strategy), "headline": _headline(scenario)} if model is None else
+            {"strategy": describe(strategy), "headline": Headline().to_json(), "model": model.source})
     run_id = resume_id or store.create_run(
         name=scenario.name, scenario=scenario_record(scenario, load_task(scenario) if model is None else None),
         seed=scenario.seed,
-        strategy=strategy.describe()["name"], rounds=scenario.rounds, engine=engine,
+        strategy=describe(strategy)["name"], rounds=scenario.rounds, engine=engine,
         num_params=int(initial.size), info=info)
-    return run_id, strategy.init_state(initial), factory, test
+    return run_id, initial_state(strategy, initial), factory, test
 
 
 def _loop(scenario: Scenario, strategy: Any, fit: Any, run: RunLog, evaluator: Any,
@@ -232,7 +232,7 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     return run_id, replace(result, status=status)
 
 
-def _build(scenario: Scenario) -> tuple[Strategy, FitWorkflow]:
+def _build(scenario: Scenario) -> tuple[Strategy[Any], FitWorkflow]:
     try:
         return build_strategy(scenario), build_fit(scenario)
     except ValueError as exc:  # SecAggConfigError, DPConfigError: a setting the schema let through
@@ -261,9 +261,9 @@ def fork_run(store: RunStore, parent_id: str, server_round: int | None, scenario
     strategy, _ = _build(scenario)  # a bad setting fails here, before a run exists
     size = _fitting_size(store, parent, server_round, scenario)
     return store.create_run(name=scenario.name, scenario=scenario_record(scenario, load_task(scenario)),
-                            seed=scenario.seed, strategy=strategy.describe()["name"], rounds=scenario.rounds,
+                            seed=scenario.seed, strategy=describe(strategy)["name"], rounds=scenario.rounds,
                             engine=engine, num_params=size, rounds_done=server_round,
-                            info={"strategy": strategy.describe(), "headline": _headline(scenario),
+                            info={"strategy": describe(strategy), "headline": _headline(scenario),
                                   "parent": {"run": parent.id, "round": server_round}})
 
 

@@ -25,7 +25,7 @@ from aggregator.strategies import FedAvg
 from core.fit import FitOutcome, FitRequest, FitWorkflow
 from core.instructions import TrainConfig
 from core.status import ClientStatus
-from core.strategy import ServerState
+from core.strategy import ServerState, sample_clients
 from core.weighting import WeightPolicy
 from learning.standardize import (
     INFO_KEY,
@@ -80,7 +80,7 @@ def federated_standardization(grid: Grid, scenario: Scenario, store: RunStore, r
         A pass no client answered (the reasons of the first few are in the message), or a
         feature beyond the largest scale.
     """
-    nodes = FedAvg().sample(list(grid.get_node_ids()), scenario.federation.per_round, scenario.seed, 0)
+    nodes = sample_clients(FedAvg(), list(grid.get_node_ids()), scenario.federation.per_round, scenario.seed, 0)
     base = train_config(scenario, None, 0)
     flags, answered = _pass(grid, scenario, nodes, replace(base, extra={**base.extra, PASS_KEY: "flags"}),
                             features * len(SCALES))
@@ -129,7 +129,7 @@ def standardize_run(grid: Grid, scenario: Scenario, store: RunStore, run_id: str
     return result, standardized(test, result) if test is not None else None
 
 
-def _weighted_mean(outcome: FitOutcome, kind: str) -> np.ndarray:
+def _weighted_mean(outcome: FitOutcome[Any], kind: str) -> np.ndarray:
     if outcome.aggregate is None or outcome.aggregate.count == 0:
         reasons = sorted({f"{c.outcome}: {c.reason}" for c in outcome.clients if c.reason})[:3]
         raise StatisticsPassFailed(f"data.standardize = \"federated\": no client answered the {kind} statistics "

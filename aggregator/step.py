@@ -11,20 +11,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from core.aggregate import MeanState
 from core.compress import Codec
 from core.instructions import DOWNLINK_BITS, TrainConfig
 from core.status import RoundStatus
-from core.strategy import ServerState, Strategy
+from core.strategy import ServerState, Strategy, skips_short_rounds
 from scenarios.schema import Scenario
 
 __all__ = ["train_config", "round_codec", "advance"]
 
 
-def train_config(scenario: Scenario, strategy: Strategy | None, server_round: int) -> TrainConfig:
+class Counted(Protocol):
+    """A running aggregate that knows how many updates it folded (every strategy's does)."""
+
+    @property
+    def count(self) -> int:
+        """Return the number of updates folded."""
+        ...
+
+
+C = TypeVar("C", bound=Counted)
+
+
+def train_config(scenario: Scenario, strategy: Strategy[Any] | None, server_round: int) -> TrainConfig:
     """Build the round's training instruction.
 
     The scenario's settings, the round's compression (``[compression]``), then
@@ -58,8 +70,8 @@ def round_codec(scenario: Scenario, server_round: int) -> Codec | None:
                  rescale=not scenario.dp.enabled)
 
 
-def advance(strategy: Strategy, state: ServerState, agg: MeanState | None, *, min_clients: int,
-            server_round: int, mean_of: Callable[[MeanState], np.ndarray]) -> tuple[ServerState, str]:
+def advance(strategy: Strategy[C], state: ServerState, agg: C | None, *, min_clients: int,
+            server_round: int, mean_of: Callable[[C], np.ndarray]) -> tuple[ServerState, str]:
     """Return the state after ``server_round`` and the round's status (``ok``, ``empty`` or ``skipped``).
 
     Fewer than ``min_clients`` usable updates leave the model as it was
@@ -69,7 +81,7 @@ def advance(strategy: Strategy, state: ServerState, agg: MeanState | None, *, mi
     with every rank.
     """
     answered = agg.count if agg is not None else 0
-    if answered < min_clients and strategy.skip_when_short:
+    if answered < min_clients and skips_short_rounds(strategy):
         return replace(state, round=server_round), RoundStatus.SKIPPED
     if agg is None:
         agg = strategy.new_aggregate(state.params.size)

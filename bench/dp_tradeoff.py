@@ -90,7 +90,7 @@ def run(fed: Federation, z: float, args: argparse.Namespace) -> dict[str, Any]:
     dp = DPFedAvg(FedAvgM(server_lr=args.server_lr, momentum=0.9), clip_norm=args.clip, noise_multiplier=z,
                   expected_clients=args.per_round, population=n, delta=args.delta, sampling="poisson")
     model = build_model("logreg", (60,), 10, seed=args.seed)
-    state = dp.init_state(get_flat(model))
+    state = dp.fresh_state(get_flat(model))
     rng = np.random.default_rng([args.seed, int(z * 1000)])
     started = time.perf_counter()
     for r in range(1, args.rounds + 1):

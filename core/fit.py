@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from flwr.serverapp import Grid
@@ -21,9 +21,12 @@ from core.instructions import TrainConfig
 from core.layouts import ParamLayout
 from core.records import ClientRecord
 from core.status import ClientStatus
-from core.strategy import AggregateState, ServerState, Strategy
+from core.strategy import ServerState, Strategy
 
 __all__ = ["FitRequest", "FitOutcome", "FitWorkflow", "accumulate", "marked_clients"]
+
+#: The strategy's running aggregate type (:class:`core.strategy.Strategy`'s parameter).
+A = TypeVar("A")
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,10 @@ class FitRequest:
 
 
 @dataclass
-class FitOutcome:
+class FitOutcome(Generic[A]):
     """What one round's fit step produced."""
 
-    aggregate: AggregateState | None
+    aggregate: A | None
     clients: list[ClientRecord] = field(default_factory=list)
     bytes_in: int = 0
     bytes_out: int = 0
@@ -56,17 +59,17 @@ class FitOutcome:
 class FitWorkflow(Protocol):
     """One round's fit step: send the training instructions, collect the replies, aggregate them."""
 
-    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome:
+    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy[A]) -> FitOutcome[A]:
         """Run the fit step of ``request`` on ``grid`` under ``strategy``."""
         ...
 
 
-def accumulate(strategy: Strategy, agg: AggregateState, delta: np.ndarray, num_examples: float) -> AggregateState:
+def accumulate(strategy: Strategy[A], agg: A, delta: np.ndarray, num_examples: float) -> A:
     """Fold one decoded (hence already validated) update."""
     return strategy.accumulate(agg, delta, num_examples, checked=True)
 
 
-def marked_clients(outcome: FitOutcome) -> list[ClientRecord]:
+def marked_clients(outcome: FitOutcome[Any]) -> list[ClientRecord]:
     """Return the round's client records with what a robust rule did to each update in their metrics.
 
     A robust aggregate state (:mod:`core.buffer`) marks updates by arrival

@@ -20,16 +20,17 @@ from typing import ClassVar
 
 import numpy as np
 
-from aggregator.strategies.fedavg import FedAvg
-from core.buffer import UpdateBuffer, buffer_add, buffer_merge, empty_buffer
+from core.buffer import UpdateBuffer, buffer_add, empty_buffer
+from core.strategy import ServerState, Strategy
 
 __all__ = ["BufferedStrategy"]
 
 
 @dataclass(frozen=True)
-class BufferedStrategy(FedAvg):
+class BufferedStrategy(Strategy[UpdateBuffer]):
     """A robust rule over the buffered updates; the server step is FedAvg's ``x + server_lr * agg``."""
 
+    server_lr: float = 1.0
     needs_all_updates: ClassVar[bool] = True
 
     def new_aggregate(self, size: int) -> UpdateBuffer:
@@ -40,10 +41,6 @@ class BufferedStrategy(FedAvg):
                    checked: bool = False) -> UpdateBuffer:
         """Append one client's update to the buffer, with its example count."""
         return buffer_add(agg, update, float(num_examples), checked=checked)
-
-    def merge(self, agg: UpdateBuffer, partial: UpdateBuffer) -> UpdateBuffer:
-        """Append the updates of ``partial`` (another worker's buffer) to ``agg``."""
-        return buffer_merge(agg, partial)
 
     def finalize(self, agg: UpdateBuffer, rng: np.random.Generator) -> np.ndarray:  # noqa: ARG002 (Strategy's)
         """Return the robust aggregate of the buffered updates, as float32.
@@ -56,6 +53,11 @@ class BufferedStrategy(FedAvg):
         if agg.count == 0:
             raise ValueError("cannot finalize an empty aggregate: no update was added")
         return np.asarray(self.combine(agg), dtype=np.float32)
+
+    def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
+        """Step the global model by ``server_lr`` times the robust aggregate (FedAvg's server step)."""
+        params = state.params + np.float32(self.server_lr) * mean_delta
+        return state.advanced(params.astype(np.float32, copy=False))
 
     @abstractmethod
     def combine(self, agg: UpdateBuffer) -> np.ndarray:

@@ -30,7 +30,7 @@ differences and the open bucket): O(model) memory, one pass over the replies.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Self
 
 import numpy as np
 
@@ -77,7 +77,7 @@ class CCState:
 
 
 @dataclass(frozen=True)
-class CenteredClipping(Strategy):
+class CenteredClipping(Strategy[CCState]):
     """Centered clipping around the server momentum, with bucketing.
 
     Parameters
@@ -98,7 +98,6 @@ class CenteredClipping(Strategy):
     server_lr: float = 1.0
     name: str = "centered_clipping"
     center: np.ndarray | None = field(default=None, repr=False, compare=False)
-    centres_private_terms = True  # class attribute (no annotation): the DP term is centred on the momentum
 
     def __post_init__(self) -> None:
         """Refuse a non-positive or infinite radius, a bucket size below 1, a momentum outside [0, 1)."""
@@ -109,7 +108,7 @@ class CenteredClipping(Strategy):
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
 
-    def for_round(self, state: ServerState) -> CenteredClipping:
+    def for_round(self, state: ServerState) -> Self:
         """Return this strategy centred on the momentum ``state`` carries (zero before round 1)."""
         return replace(self, center=state.slots.get("momentum"))
 
@@ -134,13 +133,6 @@ class CenteredClipping(Strategy):
             agg.marks.update({i: {"clipped": 1.0} for i in range(agg.count - agg.fill, agg.count)})
         agg.bucket.fill(0.0)
         return replace(agg, fill=0, buckets=agg.buckets + 1)
-
-    def merge(self, agg: CCState, partial: CCState) -> CCState:
-        """Fold another worker's closed buckets (its open bucket must be empty)."""
-        if partial.fill:
-            raise ValueError("merge a centered-clipping state only after its last bucket is closed")
-        np.add(agg.total, partial.total, out=agg.total)
-        return replace(agg, buckets=agg.buckets + partial.buckets, count=agg.count + partial.count)
 
     def finalize(self, agg: CCState, rng: np.random.Generator) -> np.ndarray:  # noqa: ARG002 (Strategy's)
         """``v_t = v_{t-1} + mean of the clipped bucket differences`` (the short last bucket included)."""
@@ -177,10 +169,6 @@ class CenteredClipping(Strategy):
         params = state.params + np.float32(self.server_lr) * mean_delta
         return state.advanced(params.astype(np.float32, copy=False), momentum=mean_delta.astype(np.float32))
 
-    def describe(self) -> dict[str, Any]:
-        """Return the settings worth recording with the run."""
-        return {"name": self.name, "clip_radius": self.clip_radius, "bucket_size": self.bucket_size,
-                "momentum": self.momentum, "server_lr": self.server_lr}
 
 
 def clip_around(diff: np.ndarray, radius: float) -> np.ndarray:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from core.strategy import ServerState, Strategy
+from core.strategy import MeanStrategy, ServerState
 
 __all__ = ["FedAvg"]
 
 
 @dataclass(frozen=True)
-class FedAvg(Strategy):
+class FedAvg(MeanStrategy):
     """x <- x + server_lr * mean_i(delta_i), weighted by example counts.
 
     With ``server_lr = 1`` this is the weighted average of the client models.
@@ -26,7 +25,3 @@ class FedAvg(Strategy):
         """Step the global model by ``server_lr`` times the mean delta."""
         params = state.params + np.float32(self.server_lr) * mean_delta
         return state.advanced(params.astype(np.float32, copy=False))
-
-    def describe(self) -> dict[str, Any]:
-        """Return the settings worth recording with the run: name and ``server_lr``."""
-        return {"name": self.name, "server_lr": self.server_lr}

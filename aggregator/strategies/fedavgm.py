@@ -7,17 +7,16 @@ Federated Visual Classification", 2019.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from core.strategy import ServerState, Strategy
+from core.strategy import MeanStrategy, ServerState
 
 __all__ = ["FedAvgM"]
 
 
 @dataclass(frozen=True)
-class FedAvgM(Strategy):
+class FedAvgM(MeanStrategy):
     """m <- beta * m + delta;  x <- x + server_lr * m."""
 
     server_lr: float = 1.0
@@ -30,7 +29,3 @@ class FedAvgM(Strategy):
         momentum = mean_delta.copy() if previous is None else np.float32(self.momentum) * previous + mean_delta
         params = state.params + np.float32(self.server_lr) * momentum
         return state.advanced(params.astype(np.float32, copy=False), momentum=momentum)
-
-    def describe(self) -> dict[str, Any]:
-        """Return the settings worth recording with the run: name, ``server_lr`` and ``momentum``."""
-        return {"name": self.name, "server_lr": self.server_lr, "momentum": self.momentum}

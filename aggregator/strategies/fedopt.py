@@ -15,18 +15,17 @@ and no bias correction (as the paper).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.strategy import ServerState, Strategy
+from core.strategy import MeanStrategy, ServerState
 
 __all__ = ["FedAdagrad", "FedAdam", "FedYogi"]
 
 
 @dataclass(frozen=True)
-class _FedOpt(Strategy):
+class _FedOpt(MeanStrategy):
     server_lr: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.99
@@ -46,9 +45,6 @@ class _FedOpt(Strategy):
         step = np.float32(self.server_lr) * m / (np.sqrt(v) + np.float32(self.tau))
         return state.advanced((state.params + step).astype(np.float32, copy=False), m=m, v=v)
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "server_lr": self.server_lr, "beta1": self.beta1,
-                "beta2": self.beta2, "tau": self.tau}
 
 
 @dataclass(frozen=True)
@@ -77,11 +73,8 @@ class FedAdagrad(_FedOpt):
     """FedAdagrad: Adagrad's running sum of squares on the server (``beta2`` does not apply)."""
 
     name: str = "fedadagrad"
+    beta2: float = field(default=0.99, repr=False)  # Adagrad has no second-moment decay: not recorded
 
     def _second_moment(self, v: np.ndarray, delta_sq: np.ndarray) -> np.ndarray:
         moment: np.ndarray = v + delta_sq
         return moment
-
-    def describe(self) -> dict[str, Any]:
-        """Return the settings worth recording with the run (no ``beta2``: it does not apply)."""
-        return {"name": self.name, "server_lr": self.server_lr, "beta1": self.beta1, "tau": self.tau}

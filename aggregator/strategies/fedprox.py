@@ -8,7 +8,6 @@ The server side is FedAvg; the difference is the proximal term
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from aggregator.strategies.fedavg import FedAvg
 from core.instructions import TrainConfig
@@ -26,7 +25,3 @@ class FedProx(FedAvg):
     def configure_train(self, config: TrainConfig) -> TrainConfig:
         """Clients add the proximal term ``mu/2 ||w - w_t||^2`` (Li et al., MLSys 2020)."""
         return replace(config, proximal_mu=float(self.mu))
-
-    def describe(self) -> dict[str, Any]:
-        """Return the settings worth recording with the run: FedAvg's and ``mu``."""
-        return {**super().describe(), "mu": self.mu}

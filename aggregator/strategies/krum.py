@@ -13,7 +13,6 @@ and ``MultiKrum``); the kept updates are averaged with equal weights.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
@@ -63,7 +62,3 @@ class Krum(BufferedStrategy):
         keep = min(self.num_selected, agg.count)
         position = {id(c): i for i, c in enumerate(contents)}
         return [position[id(c)] for c in select_multikrum(contents, self.num_byzantine, keep)]
-
-    def describe(self) -> dict[str, Any]:
-        """Return the settings worth recording with the run: FedAvg's, ``num_byzantine`` and ``num_selected``."""
-        return {**super().describe(), "num_byzantine": self.num_byzantine, "num_selected": self.num_selected}

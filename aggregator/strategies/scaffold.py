@@ -25,7 +25,6 @@ an update's norm (``max_update_ratio``) covers it; the server never needs
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
@@ -33,7 +32,7 @@ from core import aggregate
 from core.aggregate import MeanState
 from core.errors import UpdateRejected
 from core.instructions import TrainConfig, with_control
-from core.strategy import ServerState, Strategy
+from core.strategy import MeanStrategy, ServerState
 
 __all__ = ["Scaffold", "CONTROL_SLOT"]
 
@@ -42,7 +41,7 @@ CONTROL_SLOT = "c"
 
 
 @dataclass(frozen=True)
-class Scaffold(Strategy):
+class Scaffold(MeanStrategy):
     """SCAFFOLD's server side: ``x += server_lr * mean(dy)``, ``c += |S|/N * mean(dc)``.
 
     ``population`` is ``N``, the federation's clients; :meth:`for_round`
@@ -53,11 +52,6 @@ class Scaffold(Strategy):
     population: int = 1
     name: str = "scaffold"
     control: np.ndarray | None = field(default=None, compare=False, repr=False)
-
-    def init_state(self, params: np.ndarray) -> ServerState:
-        """Return the state before round 1: a copy of ``params`` and a zero control variate."""
-        return ServerState(params=params.astype(np.float32, copy=True),
-                           slots={CONTROL_SLOT: np.zeros(params.size, dtype=np.float32)})
 
     def for_round(self, state: ServerState) -> Scaffold:
         """Return this strategy carrying the round's control variate (zeros before round 1)."""
@@ -95,7 +89,3 @@ class Scaffold(Strategy):
         params = state.params + np.float32(self.server_lr) * delta_y
         control = control + np.float32(answered / self.population) * delta_c
         return state.advanced(params.astype(np.float32, copy=False), **{CONTROL_SLOT: control.astype(np.float32)})
-
-    def describe(self) -> dict[str, Any]:
-        """Return the settings worth recording with the run: name, ``server_lr`` and ``population``."""
-        return {"name": self.name, "server_lr": self.server_lr, "population": self.population}

@@ -9,7 +9,6 @@ dropped and the rest averaged. The math is Flower's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
@@ -46,9 +45,6 @@ class FedTrimmedMean(BufferedStrategy):
             _mark_trimmed(agg, stacked, cut)
         return np.asarray(trim_mean(stacked, self.beta))
 
-    def describe(self) -> dict[str, Any]:
-        """Return the settings worth recording with the run: FedAvg's and ``beta``."""
-        return {**super().describe(), "beta": self.beta}
 
 
 def _mark_trimmed(agg: UpdateBuffer, stacked: np.ndarray, cut: int) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -23,15 +24,35 @@ from core import aggregate
 from core.errors import UpdateRejected
 from privacy.dp.mechanisms import clip_factor, l2_norm
 
-__all__ = ["fold_private_term", "fold_clipped", "bounded_sum", "bounded_bits"]
+__all__ = ["CentredTerms", "fold_private_term", "fold_clipped", "bounded_sum", "bounded_bits"]
+
+
+@runtime_checkable
+class CentredTerms(Protocol):
+    """A rule whose per-client influence is a bounded term centred away from 0 (centered clipping).
+
+    DP's hook into the rule it wraps: the central placement clips, sums and
+    noises :meth:`private_term` instead of the raw delta, so the noise covers
+    the rule's own release, and clients are not told to clip their raw deltas
+    first (that would shrink honest updates towards 0 before the rule centres
+    them). Every other rule's term is the delta itself.
+    """
+
+    def private_term(self, update: np.ndarray) -> np.ndarray:
+        """Return what DP clips, sums and noises for one client's delta."""
+        ...
+
+    def from_private_mean(self, mean_term: np.ndarray) -> np.ndarray:
+        """Return what the rule's ``apply`` takes, from DP's noised mean of the terms (post-processing)."""
+        ...
 
 
 def fold_private_term(agg: aggregate.MeanState, update: np.ndarray, private_term: Callable[[np.ndarray], np.ndarray],
                       clip: float, tail: int) -> aggregate.MeanState:
     """Central placement: fold one checked payload, its private term clipped to ``clip``.
 
-    ``private_term`` is the inner strategy's :meth:`core.strategy.Strategy.private_term`
-    (the delta itself, or a robust rule's bounded term); the ``tail``
+    ``private_term`` is the inner strategy's :meth:`CentredTerms.private_term`
+    (or the delta itself for every other rule); the ``tail``
     coordinates after the model (the count bit) follow it unchanged into
     :func:`fold_clipped`, which clamps the bit.
     """

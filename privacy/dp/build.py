@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from core.strategy import Strategy
 from privacy.dp import adaptive as adapt
 from privacy.dp.accountant import noise_for_epsilon
@@ -13,7 +15,7 @@ __all__ = ["make_dp_strategy"]
 
 
 def make_dp_strategy(
-    inner: Strategy, spec: DPSpec, *, clients_per_round: int, population: int, rounds: int
+    inner: Strategy[Any], spec: DPSpec, *, clients_per_round: int, population: int, rounds: int
 ) -> DPFedAvg:
     """Build :class:`DPFedAvg` from a scenario's ``[dp]`` table.
 

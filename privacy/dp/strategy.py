@@ -9,13 +9,18 @@ only the privatised mean, so everything it does is post-processing.
 A round, as the round loop drives it::
 
     dp = strategy.for_round(state)          # binds this round's clip norm
-    nodes = dp.sample(node_ids, m, ...)     # secure Poisson (or fixed-size) sample
+    nodes = dp.sample(node_ids, m)          # secure Poisson (or fixed-size) sample
     dp = dp.with_cohort(len(nodes))         # noise shares follow the realised sample
     config = dp.configure_train(config)     # dp-* keys for the clients
     agg = dp.new_aggregate(size)            # model size (+1 with adaptive clipping)
-    agg = dp.accumulate(agg, update, n)     # per reply (central: clips here); or dp.merge(agg, secure_sum)
-    mean = dp.finalize(agg, secure_rng())   # noise, fixed denominator; + 1 value: the contributors
+    agg = dp.accumulate(agg, update, n)     # per reply (central: clips here); or dp.fold_sum(agg, secure_sum)
+    mean = dp.finalize(agg, dp.noise_rng()) # noise, fixed denominator; + 1 value: the contributors
     state = dp.apply(state, mean)           # inner apply, clip update, accountants (release and server view)
+
+The loops reach the hooks beside the six methods of every strategy (the
+sample, the noise generator, the cohort, the secure sum's bound, the
+accountant) through the functions of :mod:`core.strategy`, which give any
+other strategy a plain round's behaviour: these hooks are DP's own.
 
 Placements
 ----------
@@ -41,16 +46,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
 from core import aggregate
 from core.instructions import TrainConfig
-from core.strategy import ServerState, Strategy
+from core.strategy import PrivateStrategy, ServerState, Strategy, describe
 from privacy.dp import adaptive as adapt
 from privacy.dp.accountant import RoundEvent, Sampling, epsilon_of
-from privacy.dp.bounding import bounded_sum, fold_private_term
+from privacy.dp.bounding import CentredTerms, bounded_sum, fold_private_term
 from privacy.dp.discrete import CryptoStream
 from privacy.dp.errors import DPConfigError, DPStateError
 from privacy.dp.mechanisms import ClientDPConfig, Placement, gaussian_noise
@@ -62,14 +67,16 @@ __all__ = ["DPFedAvg"]
 
 
 @dataclass(frozen=True)
-class DPFedAvg(Strategy):
+class DPFedAvg(PrivateStrategy[aggregate.MeanState]):
     """Client-level differentially private FedAvg around an inner strategy.
 
     Parameters
     ----------
     inner : Strategy
         Applies the privatised mean (its server optimiser); its own
-        ``accumulate``/``finalize`` are replaced (updates get weight 1).
+        ``accumulate``/``finalize`` are replaced (updates get weight 1). A
+        rule whose per-client term is centred elsewhere (centered clipping)
+        hands DP that term through :class:`privacy.dp.bounding.CentredTerms`.
     clip_norm : float
         L2 bound ``C`` on each client's update (the initial one when adaptive).
     noise_multiplier : float
@@ -97,7 +104,7 @@ class DPFedAvg(Strategy):
         comes from a cryptographic stream too.
     """
 
-    inner: Strategy
+    inner: Strategy[Any]
     clip_norm: float
     noise_multiplier: float
     expected_clients: int
@@ -111,7 +118,6 @@ class DPFedAvg(Strategy):
     bound_to_round: bool = False  # set by for_round(): the clip norm of one round is fixed
     cohort: int | None = None  # set by with_cohort(): clients sampled this round (K), else m
     name: str = "dp-fedavg"
-    skip_when_short = False  # every round is accounted, even one with too few answers
 
     def __post_init__(self) -> None:
         """Refuse settings DP-FedAvg cannot account for, naming the scenario key (:class:`DPConfigError`)."""
@@ -169,12 +175,12 @@ class DPFedAvg(Strategy):
 
     # ------------------------------------------------------------ per-round binding
 
-    def for_round(self, state: ServerState) -> DPFedAvg:
+    def for_round(self, state: ServerState) -> Self:
         """Return this strategy with the clip norm of ``state`` bound, for one round."""
         clip = self.dp_state(state).clip if self.adaptive is not None else self.clip_norm
         return replace(self, inner=self.inner.for_round(state), clip_norm=clip, bound_to_round=True)
 
-    def with_cohort(self, sampled: int) -> DPFedAvg:
+    def with_cohort(self, sampled: int) -> Self:
         """Return this strategy told that ``sampled`` clients were drawn this round.
 
         Each client's noise share is then ``z C / sqrt(K)`` with ``K = sampled``,
@@ -208,10 +214,10 @@ class DPFedAvg(Strategy):
 
     # ------------------------------------------------------------ Strategy interface
 
-    def init_state(self, params: np.ndarray) -> ServerState:
-        """Return the inner strategy's initial state with a fresh DP state (the initial clip norm, nothing spent)."""
-        state = self.inner.init_state(params)
-        return replace(state, extra={**state.extra, STATE_KEY: DPState(clip=self.clip_norm).to_json()})
+    def fresh_state(self, params: np.ndarray) -> ServerState:
+        """Return the state before round 1 with a fresh DP state (the initial clip norm, nothing spent)."""
+        return ServerState(params=params.astype(np.float32, copy=True),
+                           extra={STATE_KEY: DPState(clip=self.clip_norm).to_json()})
 
     def configure_train(self, config: TrainConfig) -> TrainConfig:
         """Return the inner strategy's settings plus the ``dp-*`` keys of :class:`ClientDPConfig`.
@@ -223,7 +229,7 @@ class DPFedAvg(Strategy):
         sensitivity needs.
         """
         inner = self.inner.configure_train(config)
-        if self.placement == "central" and self.inner.centres_private_terms:
+        if self.placement == "central" and isinstance(self.inner, CentredTerms):
             self._require_bound()
             return inner
         return replace(inner, extra={**inner.extra, **self.client_dp_config().to_config()})
@@ -238,7 +244,7 @@ class DPFedAvg(Strategy):
                               adaptive=self.adaptive is not None, count_noise_std=self.count_noise_std / share,
                               discrete=self.discrete)
 
-    def sample(self, node_ids: Sequence[int], k: int, seed: int, server_round: int) -> list[int]:  # noqa: ARG002
+    def sample(self, node_ids: Sequence[int], k: int) -> list[int]:
         """Draw the clients for one round from a secure generator.
 
         A sample anyone can predict from the scenario's seed would cancel the
@@ -246,7 +252,7 @@ class DPFedAvg(Strategy):
         """
         return sample_clients(node_ids, k, self.population, self.sampling, secure_rng())
 
-    def round_rng(self, seed: int, server_round: int) -> np.random.Generator:  # noqa: ARG002 (Strategy's)
+    def noise_rng(self) -> np.random.Generator:
         """Noise must not come from a seed someone knows: a secure generator."""
         return secure_rng()
 
@@ -259,7 +265,7 @@ class DPFedAvg(Strategy):
         """Fold one client's payload with weight 1 (example counts would leak and break the bound).
 
         Central: the inner strategy's per-client term (the delta itself, or a
-        robust rule's bounded term: :meth:`Strategy.private_term`) is clipped
+        robust rule's bounded term: :meth:`CentredTerms.private_term`) is clipped
         to ``C`` and the count bit clamped to [-1/2, 1/2], whatever the client
         sent. Distributed: the noised payload is summed as is.
         """
@@ -267,9 +273,10 @@ class DPFedAvg(Strategy):
         update = aggregate.check_update(update, agg.size, finite=not checked)
         if self.placement == "distributed":
             return aggregate.add(agg, update, 1.0, checked=True)
-        return fold_private_term(agg, update, self.inner.private_term, self.clip_norm, self.tail)
+        term = self.inner.private_term if isinstance(self.inner, CentredTerms) else _delta
+        return fold_private_term(agg, update, term, self.clip_norm, self.tail)
 
-    def merge(self, agg: aggregate.MeanState, partial: aggregate.MeanState) -> aggregate.MeanState:
+    def fold_sum(self, agg: aggregate.MeanState, partial: aggregate.MeanState) -> aggregate.MeanState:
         """Fold a securely summed partial aggregate.
 
         Under secure aggregation the server sees no single update, so it cannot
@@ -323,7 +330,9 @@ class DPFedAvg(Strategy):
         if mean_delta.shape != (size + self.tail + 1,):
             raise DPStateError(f"mean update has shape {mean_delta.shape}, expected ({size + self.tail + 1},): "
                                "pass finalize's result to apply unchanged")
-        new = self.inner.apply(state, self.inner.from_private_mean(mean_delta[:size]))
+        mean = mean_delta[:size]
+        new = self.inner.apply(state, self.inner.from_private_mean(mean) if isinstance(self.inner, CentredTerms)
+                               else mean)
         below, clip = None, self.clip_norm
         if self.adaptive is not None:
             below = float(mean_delta[size])
@@ -334,9 +343,9 @@ class DPFedAvg(Strategy):
                              server_event=self._server_event(int(round(float(mean_delta[-1])))))
         return replace(new, extra={**new.extra, STATE_KEY: record.to_json()})
 
-    def describe(self) -> dict[str, Any]:
+    def settings(self) -> dict[str, Any]:
         """Return the settings worth recording with the run: the inner strategy's, and the DP ones."""
-        return {"name": self.name, "inner": self.inner.describe(), "clip_norm": self.clip_norm,
+        return {"name": self.name, "inner": describe(self.inner), "clip_norm": self.clip_norm,
                 "noise_multiplier": self.noise_multiplier,
                 "update_noise_multiplier": self.update_noise_multiplier,
                 "expected_clients": self.expected_clients, "population": self.population,
@@ -390,3 +399,8 @@ class DPFedAvg(Strategy):
         if self.placement == "central" or contributors <= 0:
             return None
         return RoundEvent("poisson", 1, 1, self.noise_multiplier * math.sqrt(contributors / self.sampled))
+
+
+def _delta(update: np.ndarray) -> np.ndarray:
+    """Return the FedAvg family's per-client term: the delta itself."""
+    return update

@@ -23,7 +23,7 @@ from core.fit import FitOutcome, FitRequest
 from core.instructions import train_instruction
 from core.records import ClientRecord
 from core.status import ClientStatus
-from core.strategy import Strategy
+from core.strategy import Strategy, fold_secure_sum
 from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggAborted, SecAggConfigError
 from privacy.secagg.flower_workflow import run_secagg
@@ -50,7 +50,7 @@ class SecAggFit:
     def __init__(self, spec: SecAggSpec) -> None:
         self.config = config_from_spec(spec)
 
-    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy) -> FitOutcome:
+    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy[Any]) -> FitOutcome[Any]:
         """Run one round's fit step through the secure-aggregation protocol and fold the secure sum."""
         content = train_instruction(request.state.params, request.config, request.layout)
         rng = np.random.default_rng([request.config.seed, request.server_round, 0x5EC])
@@ -63,7 +63,7 @@ class SecAggFit:
             return self._recorded(_too_small(request, exc))
         return self._recorded(_outcome(request, result, strategy))
 
-    def _recorded(self, outcome: FitOutcome) -> FitOutcome:
+    def _recorded(self, outcome: FitOutcome[Any]) -> FitOutcome[Any]:
         """Record in the round's secagg info which threat model protected it."""
         outcome.secagg = {**(outcome.secagg or {}), "threat_model": self.config.threat_model}
         return outcome
@@ -74,7 +74,7 @@ def _stage_table(result: SecureSumResult) -> list[dict[str, Any]]:
              "bytes_down": s.bytes_down, "seconds": round(s.seconds, 4)} for s in result.stages]
 
 
-def _outcome(request: FitRequest, result: SecureSumResult, strategy: Strategy) -> FitOutcome:
+def _outcome(request: FitRequest, result: SecureSumResult, strategy: Strategy[Any]) -> FitOutcome[Any]:
     survivors = set(result.survivors)
     up, down = _wire_by_node(result)
     clients = [replace(_client_record(node, result, survivors), bytes_in=up.get(node, 0), bytes_out=down.get(node, 0))
@@ -103,7 +103,7 @@ def _wire_by_node(result: SecureSumResult) -> tuple[dict[int, int], dict[int, in
 
 
 def _fold_sum(request: FitRequest, result: SecureSumResult,
-              strategy: Strategy) -> tuple[aggregate.MeanState | None, str | None]:
+              strategy: Strategy[Any]) -> tuple[aggregate.MeanState | None, str | None]:
     """Fold the secure sum through the strategy, as the plain path folds each reply.
 
     The strategy's server-side checks run on what the server actually received.
@@ -118,7 +118,7 @@ def _fold_sum(request: FitRequest, result: SecureSumResult,
         if codec is not None:
             total = codec.scatter(total, strategy.new_aggregate(request.state.params.size).size)
         partial = aggregate.MeanState(total=total, weight=float(result.total_weight), count=len(result.survivors))
-        return strategy.merge(strategy.new_aggregate(request.state.params.size), partial), None
+        return fold_secure_sum(strategy, request.state.params.size, partial), None
     except UpdateRejected as exc:
         return None, f"secure sum refused: {exc}"
 
@@ -142,7 +142,7 @@ def _client_record(node: int, result: SecureSumResult, survivors: set[int]) -> C
                         reason=f"no valid reply at secure-aggregation stage {stage}")
 
 
-def _too_small(request: FitRequest, exc: SecAggConfigError) -> FitOutcome:
+def _too_small(request: FitRequest, exc: SecAggConfigError) -> FitOutcome[Any]:
     """Skip a round whose sample the protocol cannot run on (a Poisson sample of 0 or 1).
 
     Nobody is asked to train; the round goes on without updates (skipped; a
@@ -154,7 +154,7 @@ def _too_small(request: FitRequest, exc: SecAggConfigError) -> FitOutcome:
     return FitOutcome(aggregate=None, clients=clients, secagg={"aborted": reason, "stage": "setup"})
 
 
-def _aborted(request: FitRequest, exc: SecAggAborted) -> FitOutcome:
+def _aborted(request: FitRequest, exc: SecAggAborted) -> FitOutcome[Any]:
     clients = [ClientRecord(client=str(n), outcome=ClientStatus.DROPPED, stage=exc.stage.value, reason=str(exc))
                for n in request.nodes]
     return FitOutcome(aggregate=None, clients=clients, secagg={"aborted": str(exc), "stage": exc.stage.value})

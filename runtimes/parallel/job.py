@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,8 +21,9 @@ from torch import nn
 
 from aggregator.serverapp import build_strategy
 from aggregator.step import train_config
+from core import strategy as strategies
 from core.status import RoundStatus
-from core.strategy import ServerState, Strategy
+from core.strategy import ServerState, Strategy, bind_cohort
 from learning.datasets import Federation
 from learning.federation import build_federation
 from learning.models import build_model, get_flat, set_flat
@@ -62,7 +64,7 @@ class Job:
     comm: Comm
     fed: Federation
     model: nn.Module
-    strategy: Strategy
+    strategy: Strategy[Any]
     clients: list[int]                 # client indices this rank owns
     trainer: SyncSGD | HookedSyncSGD | None = None
     shard: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -178,7 +180,7 @@ def build_job(spec: JobSpec, comm: Comm) -> Job:
 
 def initial_state(job: Job) -> ServerState:
     """Return the state before round 1: the model's weights through the strategy (sync: no slots)."""
-    return job.strategy.init_state(get_flat(job.model))
+    return strategies.initial_state(job.strategy, get_flat(job.model))
 
 
 def adopt(job: Job, state: ServerState) -> None:
@@ -240,7 +242,7 @@ def _local_round(job: Job, state: ServerState, server_round: int,
     strategy = job.strategy.for_round(state)
     comm.where = f"round {server_round} sampling"
     nodes = comm.broadcast_json(round_nodes(strategy, scenario, server_round) if comm.rank == 0 else None)
-    strategy = strategy.with_cohort(len(nodes))
+    strategy = bind_cohort(strategy, len(nodes))
     mine = owned_nodes(nodes, comm.rank, comm.world)
     config = train_config(scenario, strategy, server_round)
     agg, runs = local_updates(job.model, job.fed, strategy, state, mine, config, job.spec.local_steps,

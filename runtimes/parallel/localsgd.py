@@ -41,7 +41,7 @@ from core import aggregate
 from core.compress import Codec, with_feedback
 from core.fit import accumulate
 from core.instructions import TrainConfig, client_seed
-from core.strategy import ServerState, Strategy
+from core.strategy import ServerState, Strategy, round_rng, sample_clients
 from learning.datasets import ArrayDataset, Federation
 from learning.models import get_flat, set_flat
 from learning.training import TrainResult, train
@@ -67,10 +67,10 @@ class ClientRun:
     duration_s: float
 
 
-def round_nodes(strategy: Strategy, scenario: Scenario, server_round: int) -> list[int]:
+def round_nodes(strategy: Strategy[Any], scenario: Scenario, server_round: int) -> list[int]:
     """Return the node ids ``strategy`` (bound to the round) samples, as the federated round loop asks it."""
     nodes = list(range(1, scenario.federation.clients + 1))
-    return [int(n) for n in strategy.sample(nodes, scenario.federation.per_round, scenario.seed, server_round)]
+    return [int(n) for n in sample_clients(strategy, nodes, scenario.federation.per_round, scenario.seed, server_round)]
 
 
 def owned_nodes(nodes: Sequence[int], rank: int, world: int) -> list[int]:
@@ -159,7 +159,7 @@ def _compressed(node: int, update: np.ndarray, config: TrainConfig,
     return codec.decode(arrays, update.size)
 
 
-def local_updates(model: nn.Module, fed: Federation, strategy: Strategy, state: ServerState,
+def local_updates(model: nn.Module, fed: Federation, strategy: Strategy[Any], state: ServerState,
                   nodes: Sequence[int], config: TrainConfig, local_steps: int = 0, dp: DPSpec | None = None,
                   residuals: dict[int, np.ndarray] | None = None) -> tuple[aggregate.MeanState, list[ClientRun]]:
     """Train each of ``nodes`` from ``state`` and fold their updates: this rank's partial aggregate.
@@ -186,7 +186,7 @@ def local_updates(model: nn.Module, fed: Federation, strategy: Strategy, state: 
     return agg, runs
 
 
-def finish_round(comm: Comm, strategy: Strategy, state: ServerState, agg: aggregate.MeanState,
+def finish_round(comm: Comm, strategy: Strategy[Any], state: ServerState, agg: aggregate.MeanState,
                  scenario: Scenario, server_round: int) -> tuple[ServerState, str]:
     """Run the federated round step (:func:`aggregator.step.advance`) across ranks.
 
@@ -195,7 +195,7 @@ def finish_round(comm: Comm, strategy: Strategy, state: ServerState, agg: aggreg
 
     def shared_mean(merged: aggregate.MeanState) -> np.ndarray:
         # finalize may return more than the aggregate (DP appends its contributor count): rank 0 says how much
-        final = strategy.finalize(merged, strategy.round_rng(scenario.seed, server_round)) if comm.rank == 0 else None
+        final = strategy.finalize(merged, round_rng(strategy, scenario.seed, server_round)) if comm.rank == 0 else None
         comm.where = f"round {server_round} mean update"
         mean = torch.zeros(int(comm.broadcast_json(None if final is None else int(final.size))), dtype=torch.float32)
         if final is not None:

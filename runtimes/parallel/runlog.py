@@ -17,6 +17,7 @@ import numpy as np
 from core.records import ClientRecord, RoundRecord
 from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState
+from core.strategy import epsilon as spent_epsilon
 from learning.record import scenario_record
 from learning.task import load_task
 from runstore.runlog import RunLog
@@ -89,7 +90,7 @@ def _epsilon(job: Job, state: ServerState) -> float | None:
 
     None in sync mode, or when the strategy accounts none or the value is not finite.
     """
-    value = job.strategy.epsilon(state)
+    value = spent_epsilon(job.strategy, state)
     if value is None or job.spec.mode is Mode.SYNC:
         return None
     return float(value) if np.isfinite(value) else None

@@ -31,7 +31,7 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 from aggregator.evaluation import ServerEvaluator
 from core.records import RoundRecord
 from core.status import RunStatus
-from core.strategy import ServerState
+from core.strategy import ServerState, would_exceed_budget
 from learning.models import num_params
 from learning.task import TaskModel, load_task
 from runstore.runlog import RunLog
@@ -137,7 +137,7 @@ def train_rounds(job: Job, writer: RunLog | None, resumed: ServerState | None = 
     adopt(job, state)
     evaluator = _evaluator(job) if writer is not None else None
     for server_round in range(state.round + 1, job.scenario.rounds + 1):
-        if job.spec.mode is Mode.LOCALSGD and job.strategy.would_exceed_budget(state):
+        if job.spec.mode is Mode.LOCALSGD and would_exceed_budget(job.strategy, state):
             if writer is not None:
                 writer.log(f"privacy budget reached before round {server_round}; stopping")
             return state, RunStatus.STOPPED_BUDGET

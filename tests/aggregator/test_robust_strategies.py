@@ -9,7 +9,7 @@ import pytest
 
 from aggregator.strategies import BufferedStrategy, CenteredClipping, FedMedian, FedTrimmedMean, Krum
 from aggregator.strategies.centered_clipping import CCState
-from core.buffer import UpdateBuffer
+from core.buffer import UpdateBuffer, buffer_merge
 from core.fit import FitOutcome, marked_clients
 from core.records import ClientRecord
 from core.strategy import ServerState
@@ -123,7 +123,7 @@ def test_centered_clipping_state_is_a_streaming_fold_of_fixed_size() -> None:
 def test_apply_steps_by_the_new_momentum_and_keeps_it_as_the_next_centre() -> None:
     # Prepare
     cc = CenteredClipping(clip_radius=1.0, bucket_size=1, momentum=0.0, server_lr=0.5)
-    state = cc.init_state(vec(1, 1))
+    state = ServerState.initial(vec(1, 1))
 
     # Execute
     new = cc.apply(state, vec(2, 0))
@@ -141,7 +141,7 @@ def test_centered_clipping_under_central_dp_clips_each_term_twice_and_noises_the
     # sum (.4, .3) + N(0, (z C)^2) noise; v' = v + sum / m; x' = x + server_lr v'
     cc = CenteredClipping(clip_radius=1.0, bucket_size=1, momentum=0.5, server_lr=1.0)
     dp = DPFedAvg(cc, clip_norm=0.4, noise_multiplier=1.0, expected_clients=2, population=4, delta=1e-5)
-    start = dp.init_state(vec(0, 0))
+    start = dp.fresh_state(vec(0, 0))
     state = replace(start, slots={"momentum": vec(1, 0)})
     noise = gaussian_noise(2, 0.4, np.random.default_rng(7))
 
@@ -161,7 +161,7 @@ def test_one_client_moves_the_dp_centered_clipping_release_by_at_most_min_tau_c_
     # Prepare: the same round with and without an attacker's huge update, noise-free (same rng)
     cc = CenteredClipping(clip_radius=0.3, bucket_size=1, momentum=0.0)
     dp = DPFedAvg(cc, clip_norm=1.0, noise_multiplier=1.0, expected_clients=4, population=8, delta=1e-5)
-    state = replace(dp.init_state(vec(0, 0, 0)), slots={"momentum": vec(0.1, 0.2, 0.3)})
+    state = replace(dp.fresh_state(vec(0, 0, 0)), slots={"momentum": vec(0.1, 0.2, 0.3)})
     honest = [(0.2, 0.1, 0.3), (0.0, 0.4, 0.2), (0.3, 0.3, 0.3)]
 
     # Execute
@@ -258,7 +258,7 @@ def test_buffered_state_merges_and_refuses_bad_updates() -> None:
     a, b = fold(median, [(1,)], 1), fold(median, [(5,), (3,)], 1)
 
     # Execute
-    merged = median.merge(a, b)
+    merged = buffer_merge(a, b)
 
     # Assert
     assert merged.count == 3

@@ -7,6 +7,7 @@ import pytest
 
 from aggregator.strategies import FedAvg
 from core.instructions import client_seed
+from core.strategy import sample_clients
 from learning.federation import build_federation
 from learning.models import build_model, get_flat, set_flat
 from learning.training import train
@@ -94,6 +95,6 @@ def test_too_few_updates_skips_the_round_and_keeps_the_model(db_url: str) -> Non
 
 def test_sampling_is_a_pure_function_of_seed_and_round() -> None:
     nodes = list(range(1, 21))
-    assert FedAvg().sample(nodes, 5, 1, 3) == FedAvg().sample(list(reversed(nodes)), 5, 1, 3)
-    assert FedAvg().sample(nodes, 5, 1, 3) != FedAvg().sample(nodes, 5, 1, 4)
-    assert len(set(FedAvg().sample(nodes, 5, 1, 3))) == 5
+    assert sample_clients(FedAvg(), nodes, 5, 1, 3) == sample_clients(FedAvg(), list(reversed(nodes)), 5, 1, 3)
+    assert sample_clients(FedAvg(), nodes, 5, 1, 3) != sample_clients(FedAvg(), nodes, 5, 1, 4)
+    assert len(set(sample_clients(FedAvg(), nodes, 5, 1, 3))) == 5

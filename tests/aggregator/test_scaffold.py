@@ -16,6 +16,7 @@ from aggregator.strategies import Scaffold
 from clients.clientapp import CONTROL_KEY, app
 from core.instructions import SCAFFOLD_CONTROL, TrainConfig, control_of, train_instruction, with_control
 from core.replies import parse_train_reply
+from core.strategy import ServerState
 from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
 from runtimes.parallel.errors import ParallelError
@@ -77,7 +78,7 @@ def _train_message(x: np.ndarray, control_steps: np.ndarray, server_round: int) 
 def test_server_step_moves_x_by_the_mean_delta_and_c_by_the_answered_share() -> None:
     # Prepare: N = 4 clients, 2 answer with weights 1 and 3; server_lr 0.5
     strategy = Scaffold(server_lr=0.5, population=4)
-    state = strategy.init_state(np.array([1.0, 2.0], dtype=np.float32))
+    state = ServerState.initial(np.array([1.0, 2.0], dtype=np.float32))
     state = state.advanced(state.params, c=np.array([0.1, -0.1], dtype=np.float32))
     first, second = np.array([0.4, -0.8, 0.2, 0.6]), np.array([-0.4, 0.4, -0.2, 0.2])
     mean = (1 * first + 3 * second) / 4  # [dy, dc] = [-0.2, 0.1, -0.1, 0.3]
@@ -98,7 +99,7 @@ def test_server_step_moves_x_by_the_mean_delta_and_c_by_the_answered_share() -> 
 def test_the_round_instruction_carries_the_servers_control_variate() -> None:
     strategy = build_strategy(_linear_scenario(clients=3))
     assert isinstance(strategy, Scaffold) and strategy.population == 3
-    state = strategy.init_state(np.zeros(2, dtype=np.float32))
+    state = ServerState.initial(np.zeros(2, dtype=np.float32))
     state = state.advanced(state.params, c=np.array([0.25, -2.0], dtype=np.float32))
     config = strategy.for_round(state).configure_train(TrainConfig(round=1, epochs=1, batch_size=2, lr=LR, seed=0))
     np.testing.assert_array_equal(control_of(config, 2), [0.25, -2.0])

@@ -8,6 +8,7 @@ import pytest
 from aggregator.serverapp import build_strategy
 from aggregator.strategies import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedProx, FedYogi
 from core.instructions import TrainConfig
+from core.strategy import ServerState, describe
 from tests.conftest import tiny_scenario
 
 
@@ -16,7 +17,7 @@ def vec(*values: float) -> np.ndarray:
 
 
 def test_fedavg_applies_mean_delta_with_server_lr() -> None:
-    state = FedAvg(server_lr=0.5).init_state(vec(1, 1))
+    state = ServerState.initial(vec(1, 1))
     new = FedAvg(server_lr=0.5).apply(state, vec(2, -2))
     np.testing.assert_allclose(new.params, [2, 0])  # 1 + 0.5*2, 1 - 0.5*2
     assert new.round == 1
@@ -24,7 +25,7 @@ def test_fedavg_applies_mean_delta_with_server_lr() -> None:
 
 def test_fedavgm_momentum_two_steps() -> None:
     strategy = FedAvgM(server_lr=1.0, momentum=0.5)
-    state = strategy.init_state(vec(0))
+    state = ServerState.initial(vec(0))
     state = strategy.apply(state, vec(1))  # m = 1, x = 1
     state = strategy.apply(state, vec(1))  # m = 0.5*1 + 1 = 1.5, x = 2.5
     np.testing.assert_allclose(state.params, [2.5])
@@ -33,7 +34,7 @@ def test_fedavgm_momentum_two_steps() -> None:
 
 def test_fedadam_one_step() -> None:
     strategy = FedAdam(server_lr=0.01, beta1=0.9, beta2=0.99, tau=1e-3)
-    new = strategy.apply(strategy.init_state(vec(0, 0)), vec(1, -1))
+    new = strategy.apply(ServerState.initial(vec(0, 0)), vec(1, -1))
     # m = 0.1*d; v = 0.99*tau^2 + 0.01*d^2 = 0.01000099; step = 0.01*0.1/(sqrt(v)+tau)
     expected = 0.01 * 0.1 / (np.sqrt(0.99e-6 + 0.01) + 1e-3)
     np.testing.assert_allclose(new.params, [expected, -expected], rtol=1e-5)
@@ -41,7 +42,7 @@ def test_fedadam_one_step() -> None:
 
 def test_fedyogi_one_step() -> None:
     strategy = FedYogi(server_lr=0.01, beta1=0.9, beta2=0.99, tau=1e-3)
-    new = strategy.apply(strategy.init_state(vec(0)), vec(2))
+    new = strategy.apply(ServerState.initial(vec(0)), vec(2))
     # v0 = 1e-6, d^2 = 4: v = 1e-6 - 0.01*4*sign(1e-6 - 4) = 1e-6 + 0.04
     v = 1e-6 + 0.04
     expected = 0.01 * 0.2 / (np.sqrt(v) + 1e-3)
@@ -61,7 +62,7 @@ def test_fedadagrad_two_rounds_against_numpy() -> None:
     strategy = FedAdagrad(server_lr=eta, beta1=beta1, tau=tau)
 
     # Execute
-    state = strategy.init_state(vec(1.0, -2.0))
+    state = ServerState.initial(vec(1.0, -2.0))
     for delta in deltas:
         state = strategy.apply(state, delta.astype(np.float32))
 
@@ -75,7 +76,7 @@ def test_fedadagrad_from_a_scenario_takes_its_keys() -> None:
     strategy = build_strategy(tiny_scenario(strategy={"name": "fedadagrad", "server_lr": 0.05, "beta1": 0.5,
                                                       "tau": 0.01}))
     assert strategy == FedAdagrad(server_lr=0.05, beta1=0.5, tau=0.01)
-    assert strategy.describe() == {"name": "fedadagrad", "server_lr": 0.05, "beta1": 0.5, "tau": 0.01}
+    assert describe(strategy) == {"name": "fedadagrad", "server_lr": 0.05, "beta1": 0.5, "tau": 0.01}
 
 
 def test_fedprox_sends_mu_and_averages_like_fedavg() -> None:
@@ -83,14 +84,14 @@ def test_fedprox_sends_mu_and_averages_like_fedavg() -> None:
     base = TrainConfig(round=3, epochs=1, batch_size=8, lr=0.1, seed=0)
     assert strategy.configure_train(base) == replace(base, proximal_mu=0.7)
     assert FedAvg().configure_train(base) is base
-    new = strategy.apply(strategy.init_state(vec(1)), vec(3))
+    new = strategy.apply(ServerState.initial(vec(1)), vec(3))
     np.testing.assert_allclose(new.params, [4])
 
 
 @pytest.mark.parametrize("cls", [FedAvg, FedAvgM, FedAdam, FedYogi, FedAdagrad, FedProx])
 def test_strategies_are_immutable_and_state_is_new(cls: type) -> None:
     strategy = cls()
-    state = strategy.init_state(vec(1, 2))
+    state = ServerState.initial(vec(1, 2))
     new = strategy.apply(state, vec(0.5, 0.5))
     np.testing.assert_array_equal(state.params, [1, 2])  # the old state is not changed
     assert new is not state and new.params.dtype == np.float32

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregator.serverapp import build_strategy
+from core.strategy import describe
 from scenarios.errors import ScenarioError
 from scenarios.sections import STRATEGY_KEYS
 from tests.conftest import tiny_scenario
@@ -54,4 +55,4 @@ def test_any_value_of_an_ignored_key_is_a_scenario_error_or_its_default(value: o
     except ScenarioError as exc:
         assert "strategy.beta1" in str(exc)
     else:
-        assert scenario.strategy.beta1 == 0.9 and build_strategy(scenario).describe()["name"] == "fedavg"
+        assert scenario.strategy.beta1 == 0.9 and describe(build_strategy(scenario))["name"] == "fedavg"

@@ -172,7 +172,7 @@ def test_a_non_finite_or_exploding_aggregate_rejects_the_round(db_url: str, valu
     with InProcessGrid(scripted(lambda *_: RecordDict()), [NodeSpec(i + 1, {}) for i in range(4)], {}) as grid:
         loop = RoundLoop(scenario=scenario, strategy=FedAvg(), fit=FixedAggregate(value), runlog=RunLog(store, run_id))
         # Execute
-        result = loop.run(grid, FedAvg().init_state(start))
+        result = loop.run(grid, ServerState.initial(start))
     # Assert: the model never moved, each round says why, the run is not "finished"
     np.testing.assert_array_equal(store.load_state(run_id).params, start)
     rounds = store.rounds(run_id)

@@ -58,8 +58,8 @@ def test_secagg_round_with_too_few_sampled_clients_is_skipped_and_accounted(db_u
 
     # Prepare: distributed DP under secure aggregation, q = 4 / 8; the sample comes out as 1 client,
     # then none, then all 8 (secure aggregation needs at least 2)
-    cohorts = {1: 1, 2: 0, 3: 8}
-    monkeypatch.setattr(DPFedAvg, "sample", lambda _self, ids, _k, _seed, r: sorted(ids)[:cohorts[r]])
+    cohorts = iter([1, 0, 8])  # rounds 1, 2, 3: the sample is drawn once per round
+    monkeypatch.setattr(DPFedAvg, "sample", lambda _self, ids, _k: sorted(ids)[:next(cohorts)])
     scenario = tiny_scenario(rounds=3, federation={"clients": 8, "clients_per_round": 4, "deadline_s": 60.0},
                              secagg={"enabled": True},
                              dp={"enabled": True, "noise_multiplier": 1.0, "placement": "distributed"})

@@ -42,7 +42,7 @@ def _round(dp: DPFedAvg, state: ServerState, sampled: int, contributors: int,
 
 
 def test_each_share_follows_the_sampled_count() -> None:
-    state = distributed().init_state(np.zeros(1, np.float32))
+    state = distributed().fresh_state(np.zeros(1, np.float32))
     for sampled, std in ((36, 0.8 / 6), (25, 0.8 / 5), (1, 0.8)):  # z C / sqrt(K), by hand
         config = distributed().for_round(state).with_cohort(sampled).client_dp_config()
         assert config.noise_std == pytest.approx(std, rel=1e-12)
@@ -57,7 +57,7 @@ def test_released_noise_does_not_depend_on_the_cohort(sampled: int, contributors
     # c shares of variance (z C)^2 / K plus the server's (1 - c / K) (z C)^2 = (z C)^2 = 0.64, std 0.8,
     # for every K and c.
     dp = distributed()
-    state = dp.init_state(np.zeros(40_000, np.float32))
+    state = dp.fresh_state(np.zeros(40_000, np.float32))
     # Execute
     _, released = _round(dp, state, sampled, contributors, rng)
     # Assert: 3% is 8 standard errors of a 40k-sample std (1 / sqrt(80,000) = 0.35%)
@@ -71,7 +71,7 @@ def test_server_view_epsilon_is_accounted_from_real_contributors(rng: np.random.
     # unsampled (it knows whom it asked); a round nobody contributed to showed it nothing.
     rounds = [(30, 30), (36, 27), (25, 0), (30, 24)]
     dp = distributed()
-    state = dp.init_state(np.zeros(4, np.float32))
+    state = dp.fresh_state(np.zeros(4, np.float32))
     # Execute
     per_round = []
     for sampled, contributors in rounds:
@@ -94,7 +94,7 @@ def test_server_view_epsilon_is_accounted_from_real_contributors(rng: np.random.
 
 def test_central_server_view_is_unbounded_and_not_recorded(rng: np.random.Generator) -> None:
     dp = distributed(placement="central")
-    state, _ = _round(dp, dp.init_state(np.zeros(3, np.float32)), 30, 30, rng)
+    state, _ = _round(dp, dp.fresh_state(np.zeros(3, np.float32)), 30, 30, rng)
     assert math.isinf(dp.server_view_epsilon(state)) and dp.round_metrics(state) == {}
 
 
@@ -102,7 +102,7 @@ def test_server_view_history_survives_a_checkpoint(rng: np.random.Generator) -> 
     import json
 
     dp = distributed()
-    state, _ = _round(dp, dp.init_state(np.zeros(3, np.float32)), 36, 27, rng)
+    state, _ = _round(dp, dp.fresh_state(np.zeros(3, np.float32)), 36, 27, rng)
     restored = ServerState(params=state.params, round=state.round, extra=json.loads(json.dumps(state.extra)))
     assert dp.server_view_epsilon(restored) == dp.server_view_epsilon(state) > 0
 
@@ -116,23 +116,23 @@ def test_secure_sum_count_bit_is_bounded_to_what_honest_clients_send() -> None:
     # (a liar sending 8 where 1/2 belongs... or anything) is clamped to 2; an honest 1.0 passes as is.
     central = distributed(placement="central", noise_multiplier=0.0, expected_clients=4, population=40,
                           adaptive=AdaptiveClipConfig(count_noise_std=1.0))
-    bound = central.for_round(central.init_state(np.zeros(2, np.float32))).with_cohort(4)
+    bound = central.for_round(central.fresh_state(np.zeros(2, np.float32))).with_cohort(4)
     for summed, kept in ((7.5, 2.0), (-9.0, -2.0), (1.0, 1.0)):
-        agg = bound.merge(bound.new_aggregate(2), _secure_sum([0.1, 0.2, summed], 4))
+        agg = bound.fold_sum(bound.new_aggregate(2), _secure_sum([0.1, 0.2, summed], 4))
         assert float(agg.total[2]) == kept and agg.count == 4 and agg.size == 3
     # Distributed: each of K = 4 shares has std sigma_b / sqrt(K) = 2 / 2 = 1; the four summed have std 2,
     # so the honest range is [-2, 2] widened by 6 * 2 = 12: +-14.
     dist = distributed(noise_multiplier=0.5, expected_clients=4, population=40,
                        adaptive=AdaptiveClipConfig(count_noise_std=2.0))
-    bound = dist.for_round(dist.init_state(np.zeros(2, np.float32))).with_cohort(4)
+    bound = dist.for_round(dist.fresh_state(np.zeros(2, np.float32))).with_cohort(4)
     for summed, kept in ((100.0, 14.0), (-100.0, -14.0), (5.5, 5.5)):
-        agg = bound.merge(bound.new_aggregate(2), _secure_sum([0.0, 0.0, summed], 4))
+        agg = bound.fold_sum(bound.new_aggregate(2), _secure_sum([0.0, 0.0, summed], 4))
         assert float(agg.total[2]) == pytest.approx(kept)
 
 
 def test_released_fraction_under_the_clip_norm_stays_in_unit_interval(rng: np.random.Generator) -> None:
     dp = distributed(placement="central", noise_multiplier=0.0, expected_clients=2, population=20,
                      adaptive=AdaptiveClipConfig(count_noise_std=1e-9))
-    bound = dp.for_round(dp.init_state(np.zeros(1, np.float32))).with_cohort(2)
-    agg = bound.merge(bound.new_aggregate(1), _secure_sum([0.0, 1.0], 2))  # both under C: b_bar = 1
+    bound = dp.for_round(dp.fresh_state(np.zeros(1, np.float32))).with_cohort(2)
+    agg = bound.fold_sum(bound.new_aggregate(1), _secure_sum([0.0, 1.0], 2))  # both under C: b_bar = 1
     assert float(bound.finalize(agg, rng)[1]) == pytest.approx(1.0)

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from aggregator.strategies import FedAvg
 from core import aggregate
+from core.strategy import sample_clients
 from learning.federation import build_federation
 from learning.models import build_model, get_flat
 from learning.training import train
@@ -148,7 +149,7 @@ def test_clients_are_dealt_round_robin_and_too_many_workers_is_an_error():
 def test_local_sgd_samples_like_the_round_loop_and_splits_nodes_over_ranks(scenario_file):
     scenario = load_scenario(scenario_file(clients=6, fraction=0.5))
     nodes = round_nodes(FedAvg(), scenario, 4)
-    assert nodes == FedAvg().sample([1, 2, 3, 4, 5, 6], 3, scenario.seed, 4)
+    assert nodes == sample_clients(FedAvg(), [1, 2, 3, 4, 5, 6], 3, scenario.seed, 4)
     assert sorted(owned_nodes(nodes, 0, 2) + owned_nodes(nodes, 1, 2)) == nodes
     assert all((n - 1) % 2 == 1 for n in owned_nodes(nodes, 1, 2))
 
