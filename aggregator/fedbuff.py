@@ -62,7 +62,7 @@ from scenarios.sections import AsyncSpec
 
 __all__ = ["DeviceSpeeds", "BufferedLoop", "staleness_weight"]
 
-_CLOCK_KEY = "async"  # ServerState.extra: the virtual time of the last committed step (JSON)
+_CLOCK_KEY = "async"  # ServerState.wrapper_state: the virtual time of the last committed step (JSON)
 
 
 def staleness_weight(staleness: int, rule: str = "sqrt") -> float:
@@ -148,7 +148,7 @@ class BufferedLoop:
         rng = np.random.default_rng([self.scenario.seed, 0xB0, state.round])
         # a permutation of positions: numpy would turn 64-bit node ids (a SuperLink's) into floats
         idle = [int(nodes[i]) for i in rng.permutation(len(nodes))]
-        out, now = self._dispatcher(grid, tuple(nodes), json.loads(state.extra.get(_CLOCK_KEY, "{}")))
+        out, now = self._dispatcher(grid, tuple(nodes), json.loads(state.wrapper_state.get(_CLOCK_KEY, "{}")))
         size = state.params.size
         agg = self.strategy.new_aggregate(size)
         folded: list[ClientRecord] = []
@@ -251,7 +251,7 @@ class BufferedLoop:
             self.runlog.log(f"step {step}: aggregate rejected: {problem}; model unchanged", "warning")
             new, status = replace(state, round=step), RoundStatus.REJECTED
         clock = {out.time_key.replace("-", "_"): now, **counters}
-        new = replace(new, extra={**new.extra, _CLOCK_KEY: json.dumps(clock)})
+        new = replace(new, wrapper_state={**new.wrapper_state, _CLOCK_KEY: json.dumps(clock)})
         ok = [c for c in folded if c.outcome == ClientStatus.OK]
         stale = [int(c.metrics["staleness"]) for c in ok if c.metrics]
         losses = [c.train_loss for c in ok if c.train_loss is not None]

@@ -73,7 +73,7 @@ class PlainFit:
         losses: list[tuple[float, int]] = []
         bound = self.max_update_ratio * max(1.0, float(np.linalg.norm(request.state.params)))
         fold = _FoldEachReply(strategy, request, outcome, losses, started, agg.size, self.weighting, bound,
-                              codec=Codec.from_extra(request.config.extra), reference=_reference(request))
+                              codec=Codec.from_config(request.config), reference=_reference(request))
         missing = collect(grid, push(grid, contents, "train", request.server_round), request.deadline_s, fold)
         for node in sorted(missing):
             outcome.clients.append(ClientRecord(client=_label(node), outcome=ClientStatus.DROPPED, stage="train",

@@ -115,7 +115,7 @@ class RoundLoop:
             config = replace(config, app=dict(self.app_config))
         if self.standardization is None:
             return config
-        return replace(config, extra={**config.extra, **self.standardization.to_extra()})
+        return config.with_settings(self.standardization.to_settings())
 
     def _apply(self, strategy: Strategy[Any], state: ServerState, outcome: FitOutcome[Any],
                server_round: int) -> tuple[ServerState, str]:
@@ -133,14 +133,14 @@ class RoundLoop:
                server_round: int) -> tuple[ServerState, str, str | None]:
         """Refuse a non-finite or exploding step: the model stays as it was, the reason is logged.
 
-        The accounting state (``extra``: a DP accountant) is kept: the round ran.
+        The accounting state (``wrapper_state``: a DP accountant) is kept: the round ran.
         """
         problem = step_problem(before.params, after.params, self.scenario.federation.max_update_ratio)
         if problem is None:
             return after, status, None
         self.runlog.log(f"round {server_round}: aggregate rejected: {problem}; model unchanged",
                        "warning")
-        return replace(before, round=server_round, extra=after.extra), RoundStatus.REJECTED, problem
+        return replace(before, round=server_round, wrapper_state=after.wrapper_state), RoundStatus.REJECTED, problem
 
     def _evaluate_and_record(self, grid: Grid, state: ServerState, outcome: FitOutcome[Any], nodes: list[int],
                              server_round: int, started: float, t0: float, status: str) -> RoundRecord:

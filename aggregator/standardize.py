@@ -23,17 +23,13 @@ from aggregator.fit import PlainFit
 from aggregator.step import train_config
 from aggregator.strategies import FedAvg
 from core.fit import FitOutcome, FitRequest, FitWorkflow
-from core.instructions import TrainConfig
+from core.instructions import STD_LIMIT, STD_MEAN, STD_PASS, STD_SCALES, TrainConfig
 from core.status import ClientStatus
 from core.strategy import ServerState, sample_clients
 from core.weighting import WeightPolicy
 from learning.standardize import (
     INFO_KEY,
-    LIMIT_KEY,
-    MEAN_KEY,
-    PASS_KEY,
     SCALES,
-    SCALES_KEY,
     Standardization,
     choose_scales,
     standardized,
@@ -82,17 +78,17 @@ def federated_standardization(grid: Grid, scenario: Scenario, store: RunStore, r
     """
     nodes = sample_clients(FedAvg(), list(grid.get_node_ids()), scenario.federation.per_round, scenario.seed, 0)
     base = train_config(scenario, None, 0)
-    flags, answered = _pass(grid, scenario, nodes, replace(base, extra={**base.extra, PASS_KEY: "flags"}),
+    flags, answered = _pass(grid, scenario, nodes, base.with_settings({STD_PASS: "flags"}),
                             features * len(SCALES))
     try:
         scales = choose_scales(flags, features)
     except ValueError as exc:
         raise StatisticsPassFailed(f"data.standardize = \"federated\": {exc}") from None
-    given = {**base.extra, SCALES_KEY: [float(s) for s in scales]}
-    means, _ = _pass(grid, scenario, nodes, replace(base, extra={**given, PASS_KEY: "means"}), features)
+    given = base.with_settings({STD_SCALES: [float(s) for s in scales]})
+    means, _ = _pass(grid, scenario, nodes, given.with_settings({STD_PASS: "means"}), features)
     centre = means.astype(np.float64) * scales
-    spread, _ = _pass(grid, scenario, nodes, replace(
-        base, extra={**given, PASS_KEY: "spread", MEAN_KEY: [float(m) for m in centre]}), features)
+    spread, _ = _pass(grid, scenario, nodes, given.with_settings(
+        {STD_PASS: "spread", STD_MEAN: [float(m) for m in centre]}), features)
     result = Standardization.from_passes(means, spread, scales)
     store.update_info(run_id, **{INFO_KEY: result.to_info()})
     store.log(run_id, f"federated standardisation: {features} features from {answered} of {len(nodes)} clients "
@@ -106,11 +102,11 @@ def _pass(grid: Grid, scenario: Scenario, nodes: list[int], config: TrainConfig,
     """One pass: the clients' weighted mean vector, and how many clients it holds."""
     fed = scenario.federation
     request = FitRequest(server_round=0, nodes=nodes, state=ServerState(params=np.zeros(size, np.float32)),
-                         config=replace(config, extra={**config.extra, LIMIT_KEY: LIMIT}),
+                         config=config.with_settings({STD_LIMIT: LIMIT}),
                          deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20))
     outcome = statistics_fit(scenario, size)(grid, request, FedAvg())
     answered = sum(c.outcome == ClientStatus.OK for c in outcome.clients)
-    return _weighted_mean(outcome, str(config.extra[PASS_KEY])), answered
+    return _weighted_mean(outcome, str(config.get(STD_PASS))), answered
 
 
 def standardize_run(grid: Grid, scenario: Scenario, store: RunStore, run_id: str,

@@ -50,10 +50,10 @@ def train_config(scenario: Scenario, strategy: Strategy[Any] | None, server_roun
                          momentum=t.momentum, seed=scenario.seed, steps=t.steps)
     down = scenario.compression.downlink_bits
     if strategy is None:  # an evaluation: the broadcast's precision only
-        return replace(config, extra={DOWNLINK_BITS: down}) if down != 32 else config
+        return config.with_settings({DOWNLINK_BITS: down}) if down != 32 else config
     codec = round_codec(scenario, server_round)
-    extra = {**(codec.to_extra() if codec is not None else {}), **({DOWNLINK_BITS: down} if down != 32 else {})}
-    return strategy.configure_train(replace(config, extra={**config.extra, **extra}) if extra else config)
+    settings = {**(codec.to_settings() if codec is not None else {}), **({DOWNLINK_BITS: down} if down != 32 else {})}
+    return strategy.configure_train(config.with_settings(settings))
 
 
 def round_codec(scenario: Scenario, server_round: int) -> Codec | None:

@@ -180,7 +180,7 @@ def _honest_update(partition: int, flip: bool, message: Message,
         if _HONEST and next(iter(_HONEST))[:2] != key[:2]:
             _HONEST.clear()  # a new round: the old copies are stale
         model = _runtime(context).model
-        data = standardized(model.task.partition(partition).train, Standardization.from_extra(config.extra))
+        data = standardized(model.task.partition(partition).train, Standardization.from_config(config))
         if flip:  # label flipping: a classification attack, on the federation's classes
             data = replace(data, y=flip_labels(data.y, cached_federation(scenario).num_classes))
         model.set_flat(params)
@@ -214,7 +214,7 @@ def train_handler(message: Message, context: Context) -> Message:
 
 def _standardized(runtime: _Runtime, config: TrainConfig) -> _Runtime:
     """Return the node's data standardised as the instruction says (``[data] standardize``), else as it is."""
-    found = Standardization.from_extra(config.extra)
+    found = Standardization.from_config(config)
     return runtime if found is None else replace(runtime, data=standardized(runtime.data, found))
 
 

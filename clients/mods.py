@@ -32,9 +32,9 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from core.compress import Codec, with_feedback
 from core.errors import UpdateRejected
-from core.instructions import TrainConfig, quorum_settings
+from core.instructions import DP_DISCRETE, STD_LIMIT, STD_MEAN, STD_PASS, STD_SCALES, TrainConfig, quorum_settings
 from core.replies import own_update, rewrite_update, train_reply
-from learning.standardize import LIMIT_KEY, MEAN_KEY, PASS_KEY, SCALES_KEY, asks_for_statistics, statistics_vector
+from learning.standardize import asks_for_statistics, statistics_vector
 from privacy.dp.mechanisms import ClientDPConfig, client_payload
 from privacy.dp.rng import secure_rng
 from privacy.secagg.flower_records import RECORD
@@ -69,10 +69,10 @@ def dp_mod(message: Message, context: Context, call_next: ClientAppCallable) -> 
     config = _settings(message)
     if config is None:
         return call_next(message, context)
-    if config.extra.get("dp-discrete") and RECORD not in message.content:
+    if config.get(DP_DISCRETE) and RECORD not in message.content:
         raise UpdateRejected("the round asks for discrete DP noise, which only secure aggregation adds "
                              "(on its grid): refusing to send the update unmasked and un-noised")
-    dp = ClientDPConfig.from_config(config.extra)
+    dp = ClientDPConfig.from_config(config)
     out = call_next(message, context)
     delta = None if dp is None or out.has_error() else own_update(out.content)
     if dp is None or delta is None:
@@ -97,7 +97,7 @@ def compression_mod(message: Message, context: Context, call_next: ClientAppCall
         Top-k or quantisation asked for under secure aggregation (refused before any training).
     """
     config = _settings(message)
-    codec = None if config is None else Codec.from_extra(config.extra)
+    codec = None if config is None else Codec.from_config(config)
     if config is None or codec is None:
         return call_next(message, context)
     secure = RECORD in message.content
@@ -145,21 +145,20 @@ class StatisticsMod:
         if message.metadata.message_type != "train" or not message.has_content() \
                 or not asks_for_statistics(message.content):
             return call_next(message, context)
-        settings = message.content.config_records["config"]
         train = self.features_of(context)
         if not hasattr(train, "x"):
             raise UpdateRejected("data.standardize = \"federated\" needs feature arrays; this task's data have none")
         try:
-            vector = statistics_vector(train.x, str(settings.get(f"x.{PASS_KEY}")),
-                                       _positive(settings, LIMIT_KEY, 1.0), settings.get(f"x.{SCALES_KEY}"),
-                                       settings.get(f"x.{MEAN_KEY}"))
+            config = TrainConfig.from_record(message.content.config_records["config"])
+            limit = config.get(STD_LIMIT)
+            vector = statistics_vector(train.x, str(config.get(STD_PASS)), _positive(1.0 if limit is None else limit),
+                                       config.get(STD_SCALES), config.get(STD_MEAN))
         except ValueError as exc:
             raise UpdateRejected(f"statistics pass: {exc}") from None
         return Message(train_reply(vector, int(train.x.shape[0]), {}), reply_to=message)
 
 
-def _positive(settings: Any, key: str, default: float | None) -> float:
-    value = settings.get(f"x.{key}", default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e30:
-        raise UpdateRejected(f"statistics pass: {key} = {value!r} is not a positive number")
-    return float(value)
+def _positive(limit: float) -> float:
+    if not 0 < limit < 1e30:
+        raise UpdateRejected(f"statistics pass: {STD_LIMIT.key} = {limit!r} is not a positive number")
+    return limit

@@ -52,6 +52,17 @@ import numpy as np
 from flwr.app import Array
 
 from core.errors import UpdateRejected
+from core.instructions import (
+    CODEC_BITS,
+    CODEC_FEEDBACK,
+    CODEC_RANDOMK,
+    CODEC_RESCALE,
+    CODEC_SEED,
+    CODEC_TOPK,
+    Setting,
+    SettingValue,
+    TrainConfig,
+)
 from core.layouts import typed_array, typed_view
 
 __all__ = ["Codec", "with_feedback", "quantize", "dequantize", "pack_bits", "unpack_bits",
@@ -226,29 +237,29 @@ class Codec:
         # rounded first: 0.3 x 10 is 3.0000000000000004 in floats, and keeps 3
         return size if self.fraction >= 1.0 else max(1, min(size, math.ceil(round(self.fraction * size, 9))))
 
-    def to_extra(self) -> dict[str, float | int | bool]:
-        """Return the round config's keys (``TrainConfig.extra``) that tell a client this codec."""
-        return {"cx-bits": self.bits, "cx-topk": float(self.topk), "cx-randomk": float(self.randomk),
-                "cx-ef": bool(self.error_feedback), "cx-seed": int(self.seed),
-                "cx-rescale": bool(self.rescale)} if self.active else {}
+    def to_settings(self) -> dict[Setting[Any], SettingValue]:
+        """Return the instruction settings that tell a client this codec (none for dense float32)."""
+        return {CODEC_BITS: self.bits, CODEC_TOPK: float(self.topk), CODEC_RANDOMK: float(self.randomk),
+                CODEC_FEEDBACK: bool(self.error_feedback), CODEC_SEED: int(self.seed),
+                CODEC_RESCALE: bool(self.rescale)} if self.active else {}
 
     @classmethod
-    def from_extra(cls, extra: Mapping[str, Any]) -> Codec | None:
-        """Return the codec a round config asks for, or ``None`` (dense float32).
+    def from_config(cls, config: TrainConfig) -> Codec | None:
+        """Return the codec a round's instruction asks for, or ``None`` (dense float32).
 
         Raises
         ------
         ValueError
             A malformed value, naming it.
         """
-        if "cx-bits" not in extra:
+        bits = config.get(CODEC_BITS)
+        if bits is None:
             return None
-        seed = extra.get("cx-seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"cx-seed = {seed!r}: expected an integer")
-        return cls(bits=extra["cx-bits"], topk=extra.get("cx-topk", 0.0), randomk=extra.get("cx-randomk", 0.0),
-                   error_feedback=bool(extra.get("cx-ef", True)), seed=seed,
-                   rescale=bool(extra.get("cx-rescale", True)))
+        topk, randomk = config.get(CODEC_TOPK), config.get(CODEC_RANDOMK)
+        feedback, seed, rescale = config.get(CODEC_FEEDBACK), config.get(CODEC_SEED), config.get(CODEC_RESCALE)
+        return cls(bits=bits, topk=topk or 0.0, randomk=randomk or 0.0,
+                   error_feedback=True if feedback is None else feedback, seed=seed or 0,
+                   rescale=True if rescale is None else rescale)
 
     def index(self, vector: np.ndarray) -> np.ndarray | None:
         """Return the coordinates this codec keeps of ``vector`` (``None``: all of them)."""

@@ -103,7 +103,7 @@ def parse_eval_reply(content: RecordDict) -> EvalReply:
         Quorum's, Flower's or the legacy layout, naming them. Anything else a
         parser raises (:func:`core.boundary.rejects_any`).
     """
-    metrics = _eval_metrics(content)
+    metrics, own = _eval_metrics(content)
     n = _num_examples(metrics)
     loss, acc = metrics.get("eval-loss"), metrics.get("eval-accuracy")
     if not (loss is None or _in_range(loss, 0.0, MAX_LOSS)):
@@ -112,11 +112,10 @@ def parse_eval_reply(content: RecordDict) -> EvalReply:
     if not (acc is None or _in_range(acc, 0.0, 1.0)):
         raise UpdateRejected(f"eval metrics out of range: eval accuracy is {acc!r} (expected a number in [0, 1], "
                              "or none)")
-    extra = metrics.get("extra", {})
-    named = clean_metrics(_finite_figures(extra))
-    if loss is None and acc is None and not extra:  # a count alone; a list-only reply (quickstart-numpy's) passes
+    named = clean_metrics(_finite_figures(own))
+    if loss is None and acc is None and not own:  # a count alone; a list-only reply (quickstart-numpy's) passes
         raise UpdateRejected(f"eval reply carries no score: expected a loss (one of {', '.join(LOSS_NAMES)}), an "
-                             f"accuracy or any named number; got {sorted(k for k in metrics if k != 'extra')}")
+                             f"accuracy or any named number; got {sorted(metrics)}")
     train_loss, train_n = metrics.get("train-loss"), metrics.get("train-examples", 0)
     if not _in_range(train_loss, 0.0, MAX_LOSS) or not _in_range(train_n, 1, MAX_EXAMPLES):
         train_loss, train_n = None, 0
@@ -124,10 +123,10 @@ def parse_eval_reply(content: RecordDict) -> EvalReply:
                      None if train_loss is None else float(train_loss), int(train_n), named)
 
 
-def _finite_figures(extra: dict[str, Any]) -> dict[str, int | float]:
+def _finite_figures(own: dict[str, Any]) -> dict[str, int | float]:
     """Return a reply's named metrics: numbers, each finite (else the reply is refused, naming it); lists left out."""
     figures: dict[str, int | float] = {}
-    for key, value in extra.items():
+    for key, value in own.items():
         if isinstance(value, list):
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
@@ -151,17 +150,17 @@ def _first(names: tuple[str, ...], metrics: Mapping[str, Any]) -> str | None:
     return next((k for k in names if k in metrics), None)
 
 
-def _eval_metrics(content: RecordDict) -> dict[str, Any]:
-    """Read an evaluate reply's figures under Quorum's names, whichever layout it came in."""
+def _eval_metrics(content: RecordDict) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read an evaluate reply's figures under Quorum's names, whichever layout it came in, and the task's own."""
     if isinstance(content, RecordDict) and "evaluateres.loss" in content:
         _legacy_status(content, "evaluateres")
-        extra = content.get("evaluateres.metrics")
-        named = dict(extra) if isinstance(extra, ConfigRecord) else {}
+        record = content.get("evaluateres.metrics")
+        named = dict(record) if isinstance(record, ConfigRecord) else {}
         accuracy = _first(ACCURACY_NAMES, named)
-        return {"num-examples": dict(_typed(content, "evaluateres.num_examples", MetricRecord)).get("num_examples"),
-                "eval-loss": dict(_typed(content, "evaluateres.loss", MetricRecord)).get("loss"),
-                "eval-accuracy": None if accuracy is None else named[accuracy],
-                "extra": {k: v for k, v in named.items() if k != accuracy}}
+        return ({"num-examples": dict(_typed(content, "evaluateres.num_examples", MetricRecord)).get("num_examples"),
+                 "eval-loss": dict(_typed(content, "evaluateres.loss", MetricRecord)).get("loss"),
+                 "eval-accuracy": None if accuracy is None else named[accuracy]},
+                {k: v for k, v in named.items() if k != accuracy})
     if not isinstance(content, RecordDict) or "metrics" not in content:
         raise UpdateRejected("eval reply is in no known layout: expected a 'metrics' MetricRecord with "
                              "'num-examples' and Quorum's 'eval-loss'/'eval-accuracy' or a Flower app's own names "
@@ -171,8 +170,8 @@ def _eval_metrics(content: RecordDict) -> dict[str, Any]:
     if any(k.startswith("eval-") for k in metrics):  # Quorum's names
         own = {k.removeprefix("eval-"): v for k, v in metrics.items()
                if k.startswith("eval-") and k not in ("eval-loss", "eval-accuracy")}
-        return {**metrics, "extra": own}
+        return metrics, own
     loss, accuracy = _first(LOSS_NAMES, metrics), _first(ACCURACY_NAMES, metrics)
     own = {k: v for k, v in metrics.items() if k not in (loss, accuracy) and k not in _FLOWER_EVAL_KEYS}
-    return {**metrics, "eval-loss": None if loss is None else metrics[loss],
-            "eval-accuracy": None if accuracy is None else metrics[accuracy], "extra": own}
+    return ({**metrics, "eval-loss": None if loss is None else metrics[loss],
+             "eval-accuracy": None if accuracy is None else metrics[accuracy]}, own)

@@ -14,9 +14,11 @@ remembers which (:class:`Wire`) so that it answers in the same layout.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -27,10 +29,100 @@ from core.errors import UpdateRejected
 from core.layouts import ParamLayout, encode_named, gather, npy_view
 
 __all__ = [
-    "TrainConfig", "Wire", "Instruction", "QUORUM_WIRE", "DOWNLINK_BITS", "client_seed", "broadcast_of",
-    "train_instruction", "evaluate_instruction", "parse_instruction", "read_instruction", "SCAFFOLD_CONTROL",
-    "with_control", "control_of", "quorum_settings",
+    "TrainConfig", "Wire", "Instruction", "QUORUM_WIRE", "client_seed", "broadcast_of",
+    "train_instruction", "evaluate_instruction", "parse_instruction", "read_instruction",
+    "with_control", "control_of", "quorum_settings", "Setting", "SettingValue", "SETTINGS",
+    "DOWNLINK_BITS", "SCAFFOLD_CONTROL", "CODEC_BITS", "CODEC_TOPK", "CODEC_RANDOMK", "CODEC_FEEDBACK", "CODEC_SEED",
+    "CODEC_RESCALE", "DP_CLIP", "DP_NOISE_STD", "DP_ADAPTIVE", "DP_COUNT_NOISE_STD", "DP_DISCRETE", "STD_PASS",
+    "STD_LIMIT", "STD_SCALES", "STD_MEAN", "STD_STD",
 ]
+
+#: What one of Quorum's instruction settings may hold (a ``ConfigRecord`` value).
+SettingValue = float | int | bool | str | bytes | list[float]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One of Quorum's instruction settings: its key, its type, and the feature that owns it.
+
+    On the wire it travels as ``x.<key>`` in the instruction's ``config``
+    record. :data:`SETTINGS` is the one table of them: a :class:`TrainConfig`
+    holds no key outside it and no value :meth:`parse` refuses, so a feature
+    reads its settings typed (:meth:`TrainConfig.get`) and no module spells a
+    key but this one.
+    """
+
+    key: str
+    kind: type[T]
+    owner: str
+
+    def parse(self, value: object) -> T:
+        """Return ``value`` as this setting's type; a bool is not a number, a number not a bool.
+
+        Raises
+        ------
+        ValueError
+            ``value`` is not of the setting's type (or a list with a non-number), naming the key.
+        """
+        kind: type[Any] = self.kind
+        out: object = None
+        if kind is list:
+            if isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               for v in value):
+                out = [float(v) for v in value]
+        elif kind is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
+                out = float(value)
+        elif isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+            out = value
+        if out is not None:
+            return cast(T, out)  # checked above: a value of the setting's kind
+        raise ValueError(f"instruction setting x.{self.key} = {_shown(value)} is not a {_KIND_NAMES[kind]} "
+                         f"(set by {self.owner})")
+
+
+_KIND_NAMES: dict[type[Any], str] = {float: "number", int: "integer", bool: "boolean", str: "string",
+                                     bytes: "byte string", list: "list of numbers"}
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+#: The precision the global model travels in (``[compression] downlink_bits``).
+DOWNLINK_BITS = Setting("dl-bits", int, "[compression] downlink_bits")
+#: SCAFFOLD's server control variate, float32 bytes in the units of one local step
+#: (``lr * c``; Karimireddy et al., ICML 2020).
+SCAFFOLD_CONTROL = Setting("scaffold-c", bytes, "the scaffold strategy")
+#: The uplink codec (:class:`core.compress.Codec`, ``[compression]``).
+CODEC_BITS = Setting("cx-bits", int, "[compression]")
+CODEC_TOPK = Setting("cx-topk", float, "[compression] topk")
+CODEC_RANDOMK = Setting("cx-randomk", float, "[compression] randomk")
+CODEC_FEEDBACK = Setting("cx-ef", bool, "[compression] error_feedback")
+CODEC_SEED = Setting("cx-seed", int, "[compression]")
+CODEC_RESCALE = Setting("cx-rescale", bool, "[compression]")
+#: What a client does for client-level DP (``privacy.dp.ClientDPConfig``, ``[dp]``).
+DP_CLIP = Setting("dp-clip", float, "[dp]")
+DP_NOISE_STD = Setting("dp-noise-std", float, "[dp]")
+DP_ADAPTIVE = Setting("dp-adaptive", bool, "[dp] adaptive_clipping")
+DP_COUNT_NOISE_STD = Setting("dp-count-noise-std", float, "[dp]")
+DP_DISCRETE = Setting("dp-discrete", bool, "[dp] mechanism")
+#: Federated standardisation (``learning.standardize``): the statistics pass asked for (``flags``,
+#: ``means``, ``spread``), its clip range, the features' scales; the mean and std every later
+#: instruction carries.
+STD_PASS = Setting("std-pass", str, "[data] standardize")
+STD_LIMIT = Setting("std-limit", float, "[data] standardize")
+STD_SCALES: Setting[list[float]] = Setting("std-scales", list, "[data] standardize")
+STD_MEAN: Setting[list[float]] = Setting("std-mean", list, "[data] standardize")
+STD_STD: Setting[list[float]] = Setting("std-std", list, "[data] standardize")
+
+#: Every setting an instruction may carry, by key: the one table.
+SETTINGS: dict[str, Setting[Any]] = {s.key: s for s in (
+    DOWNLINK_BITS, SCAFFOLD_CONTROL, CODEC_BITS, CODEC_TOPK, CODEC_RANDOMK, CODEC_FEEDBACK, CODEC_SEED,
+    CODEC_RESCALE, DP_CLIP, DP_NOISE_STD, DP_ADAPTIVE, DP_COUNT_NOISE_STD, DP_DISCRETE, STD_PASS, STD_LIMIT,
+    STD_SCALES, STD_MEAN, STD_STD)}
 
 
 def client_seed(seed: int, server_round: int, node: int) -> int:
@@ -55,6 +147,12 @@ class TrainConfig:
     ``{"momentum": 0.9}``), sent under its own names beside Quorum's, and over
     Quorum's value of the same name (the app's ClientApp reads the app's); an
     instruction's keys that Quorum does not know are read back into it.
+
+    ``settings`` holds the features' settings (DP, compression, SCAFFOLD,
+    standardisation), each a :class:`Setting` of :data:`SETTINGS`: read them
+    with :meth:`get`, add them with :meth:`with_settings`. A key outside the
+    table or a value of the wrong type is a ``ValueError`` naming it, when the
+    config is built and so when an instruction is read.
     """
 
     round: int
@@ -64,27 +162,59 @@ class TrainConfig:
     seed: int
     momentum: float = 0.0
     proximal_mu: float = 0.0
-    extra: dict[str, float | int | bool | str | bytes | list[float]] = field(default_factory=dict)
+    settings: Mapping[str, SettingValue] = field(default_factory=dict)
     steps: int = 0
     app: dict[str, float | int | bool | str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Check every setting against :data:`SETTINGS` (its key known, its value of its type).
+
+        Raises
+        ------
+        ValueError
+            An unknown key or a mistyped value, named.
+        """
+        checked: dict[str, SettingValue] = {}
+        for key, value in self.settings.items():
+            setting = SETTINGS.get(key)
+            if setting is None:
+                shown = key if isinstance(key, str) and key.isprintable() and len(key) <= 60 else _shown(key)
+                raise ValueError(f"instruction setting x.{shown} is not one of Quorum's settings")
+            checked[key] = setting.parse(value)
+        object.__setattr__(self, "settings", checked)
+
+    def get(self, setting: Setting[T]) -> T | None:
+        """Return the value of ``setting`` this config carries, or ``None``."""
+        value = self.settings.get(setting.key)
+        return None if value is None else setting.parse(value)
+
+    def with_settings(self, values: Mapping[Setting[Any], SettingValue]) -> TrainConfig:
+        """Return a copy carrying ``values`` as well (over the same settings' values here)."""
+        return replace(self, settings={**self.settings, **{s.key: v for s, v in values.items()}})
+
     def to_record(self) -> ConfigRecord:
         """Encode these settings as the instruction's ``config`` record, with the names a Flower client reads."""
-        data: dict[str, Any] = {k: v for k, v in asdict(self).items() if k not in ("extra", "app")}
-        data.update({f"x.{k}": v for k, v in self.extra.items()})
+        data: dict[str, Any] = {k: v for k, v in asdict(self).items() if k not in ("settings", "app")}
+        data.update({f"x.{k}": v for k, v in self.settings.items()})
         # the marker of Quorum's layout, and the names a Flower client reads (Flower's FedAvg, quickstart)
         data.update({QUORUM_WIRE: 2, **{alias: data[key] for alias, key in _FLOWER_ALIASES.items()}})
         return ConfigRecord({**data, **self.app})
 
     @classmethod
     def from_record(cls, record: ConfigRecord) -> TrainConfig:
-        """Decode the settings :meth:`to_record` wrote; ``x.`` keys go to ``extra``, unknown keys to ``app``."""
+        """Decode the settings :meth:`to_record` wrote; ``x.`` keys go to ``settings``, unknown keys to ``app``.
+
+        Raises
+        ------
+        ValueError
+            An ``x.`` key that is not one of :data:`SETTINGS`, or a value of the wrong type.
+        """
         data: dict[str, Any] = {k: v for k, v in dict(record).items()
                                 if k != QUORUM_WIRE and k not in _FLOWER_ALIASES}
-        extra = {k[2:]: data.pop(k) for k in list(data) if k.startswith("x.")}
+        settings = {k[2:]: data.pop(k) for k in list(data) if k.startswith("x.")}
         known = {f.name for f in fields(cls)}
         app = {k: data.pop(k) for k in list(data) if k not in known}
-        return cls(**data, extra=extra, app=app)
+        return cls(**data, settings=settings, app=app)
 
     def updated_by(self, record: ConfigRecord) -> TrainConfig:
         """Return these settings overridden by a Flower server's ``config``.
@@ -116,11 +246,6 @@ class TrainConfig:
 
 #: Config key marking an instruction as Quorum's (its client answers with a delta).
 QUORUM_WIRE = "quorum-wire"
-#: ``TrainConfig.extra`` key: the precision the global model travels in (``[compression] downlink_bits``).
-DOWNLINK_BITS = "dl-bits"
-#: ``TrainConfig.extra`` key: SCAFFOLD's server control variate, float32 bytes in the units of one local step
-#: (``lr * c``; Karimireddy et al., ICML 2020).
-SCAFFOLD_CONTROL = "scaffold-c"
 #: Flower's names for Quorum's settings, sent beside them (alias -> TrainConfig field).
 _FLOWER_ALIASES = {"server-round": "round", "local-epochs": "epochs"}
 
@@ -159,7 +284,7 @@ def evaluate_instruction(params: np.ndarray, config: TrainConfig, layout: ParamL
 
 def _instruction(params: np.ndarray, config: TrainConfig, layout: ParamLayout | None, legacy: str) -> RecordDict:
     layout = layout or ParamLayout.flat(params.size)
-    bits = config.extra.get(DOWNLINK_BITS, 32)
+    bits = broadcast_of(config).bits
     arrays = ArrayRecord(encode_named(params, layout) if bits == 32 else broadcast_of(config).encode(params, layout))
     settings = config.to_record()
     return RecordDict({"arrays": arrays, "config": settings,
@@ -169,7 +294,7 @@ def _instruction(params: np.ndarray, config: TrainConfig, layout: ParamLayout | 
 def with_control(config: TrainConfig, control: np.ndarray) -> TrainConfig:
     """``config`` carrying SCAFFOLD's server control variate ``control`` (float32, one value per parameter)."""
     payload = np.ascontiguousarray(control, dtype=np.float32).tobytes()
-    return replace(config, extra={**config.extra, SCAFFOLD_CONTROL: payload})
+    return config.with_settings({SCAFFOLD_CONTROL: payload})
 
 
 def control_of(config: TrainConfig, size: int) -> np.ndarray | None:
@@ -180,10 +305,10 @@ def control_of(config: TrainConfig, size: int) -> np.ndarray | None:
     ValueError
         Not ``size`` finite float32 values.
     """
-    payload = config.extra.get(SCAFFOLD_CONTROL)
+    payload = config.get(SCAFFOLD_CONTROL)
     if payload is None:
         return None
-    if not isinstance(payload, bytes) or len(payload) != 4 * size:
+    if len(payload) != 4 * size:
         raise ValueError(f"the round's SCAFFOLD control variate is not {size} float32 values")
     control = np.frombuffer(payload, dtype=np.float32).copy()
     if not all_finite(control):
@@ -199,13 +324,14 @@ def broadcast_of(config: TrainConfig) -> Broadcast:
     ValueError
         A value other than 8, 16 or 32.
     """
-    return Broadcast(config.extra.get(DOWNLINK_BITS, 32))  # type: ignore[arg-type]
+    bits = config.get(DOWNLINK_BITS)
+    return Broadcast(32 if bits is None else bits)  # Broadcast refuses all but 8, 16 and 32
 
 
 def quorum_settings(content: RecordDict) -> TrainConfig | None:
     """Read the settings of one of Quorum's instructions without its model; ``None`` for any other message.
 
-    What a ClientApp mod needs to know of the round (its ``extra``: DP, compression) before the
+    What a ClientApp mod needs to know of the round (its ``settings``: DP, compression) before the
     handler trains. A stock Flower server's instruction carries none of Quorum's settings.
     """
     settings = content.get("config") if isinstance(content, RecordDict) else None

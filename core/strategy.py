@@ -53,14 +53,15 @@ class ServerState:
         ``params``; checkpointed with the model.
     round : int
         The number of rounds applied so far.
-    extra : Mapping[str, Any]
-        Small JSON-able state of wrappers (e.g. a DP accountant, a clip norm).
+    wrapper_state : Mapping[str, Any]
+        Small JSON-able state of wrappers and loops, by owner: DP's accountant and clip norm
+        (``"dp"``), FedBuff's virtual clock (``"async"``). Checkpointed with the model.
     """
 
     params: np.ndarray
     slots: Mapping[str, np.ndarray] = field(default_factory=dict)
     round: int = 0
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    wrapper_state: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def initial(cls, params: np.ndarray) -> ServerState:

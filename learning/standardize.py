@@ -2,7 +2,7 @@
 
 ``[data] standardize = "federated"`` runs three statistics passes before
 round 1. In each, a client answers a train instruction marked
-:data:`PASS_KEY` not with a model update but with a vector about its
+:data:`core.instructions.STD_PASS` not with a model update but with a vector about its
 training rows, weighted by its row count; the round's fit workflow folds
 these like updates, so under ``[secagg]`` the server learns only their
 weighted sum, and without it the same checks as for an update apply:
@@ -21,7 +21,7 @@ weighted sum, and without it the same checks as for an update apply:
 ``std_j`` at or below :data:`STD_FLOOR` x ``S_j`` (a feature constant on
 every device) is taken as 1: the feature is centred, not rescaled. Every
 later train and evaluate instruction carries the mean and std
-(:meth:`Standardization.to_extra`); clients standardise their rows with them
+(:meth:`Standardization.to_settings`); clients standardise their rows with them
 before the task sees the data, and the aggregator its own held-out set.
 """
 
@@ -35,19 +35,14 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["PASS_KEY", "LIMIT_KEY", "SCALES_KEY", "MEAN_KEY", "STD_KEY", "SCALES", "STD_FLOOR", "PASSES",
+from core.instructions import STD_MEAN, STD_PASS, STD_STD, Setting, SettingValue, TrainConfig
+
+__all__ = ["SCALES", "STD_FLOOR", "PASSES",
            "INFO_KEY", "asks_for_statistics", "feature_rows", "statistics_vector", "choose_scales",
            "Standardization", "standardized", "StandardizeInputs"]
 
-#: ``TrainConfig.extra``: this instruction asks for one statistics pass (``flags``, ``means``, ``spread``).
-PASS_KEY = "std-pass"
+#: The statistics passes, in order (the values of :data:`core.instructions.STD_PASS`).
 PASSES = ("flags", "means", "spread")
-#: ``TrainConfig.extra``: the largest value a statistic may take (the pass's clip range).
-LIMIT_KEY = "std-limit"
-#: ``TrainConfig.extra``: each feature's scale (``means`` and ``spread``).
-SCALES_KEY = "std-scales"
-#: ``TrainConfig.extra``: the features' mean (``spread``) and, with ``STD_KEY``, what every later instruction carries.
-MEAN_KEY, STD_KEY = "std-mean", "std-std"
 #: The scales a feature may take: values up to about 1, 256, 65,536, 1.7e7, 4.3e9 and 1.1e12.
 SCALES = tuple(2.0**k for k in (0, 8, 16, 24, 32, 40))
 #: A feature whose std is at most this x its scale counts as constant: it is centred but not rescaled.
@@ -59,7 +54,7 @@ INFO_KEY = "standardization"
 def asks_for_statistics(content: Any) -> bool:
     """Whether a train instruction's records (a Flower ``RecordDict``) ask for a pass, not training."""
     settings = content.config_records.get("config")
-    return settings is not None and f"x.{PASS_KEY}" in settings
+    return settings is not None and f"x.{STD_PASS.key}" in settings
 
 
 def feature_rows(x: np.ndarray) -> np.ndarray:
@@ -145,21 +140,24 @@ class Standardization:
         std = np.where(std <= STD_FLOOR * s, 1.0, std)  # constant on every device: centred, not rescaled
         return cls((m * s).astype(np.float32), std.astype(np.float32))
 
-    def to_extra(self) -> dict[str, list[float]]:
+    def to_settings(self) -> dict[Setting[Any], SettingValue]:
         """Return the mean and std as an instruction carries them (lists of floats)."""
-        return {MEAN_KEY: [float(v) for v in self.mean], STD_KEY: [float(v) for v in self.std]}
+        return {STD_MEAN: [float(v) for v in self.mean], STD_STD: [float(v) for v in self.std]}
 
     @classmethod
-    def from_extra(cls, extra: Mapping[str, Any]) -> Standardization | None:
+    def from_config(cls, config: TrainConfig) -> Standardization | None:
         """Return the standardisation an instruction carries, or ``None``; a malformed one is a ``ValueError``."""
-        if STD_KEY not in extra:
-            return None
+        std = config.get(STD_STD)
+        return None if std is None else cls._from_values(config.get(STD_MEAN), std)
+
+    @classmethod
+    def _from_values(cls, mean_values: Any, std_values: Any) -> Standardization:
         malformed = ValueError("the instruction's feature standardisation is malformed (mean and std must be "
                                "equally long lists of finite float32 values, std > 0)")
         try:
             with np.errstate(over="ignore"):
-                mean = np.asarray(extra.get(MEAN_KEY), dtype=np.float64).astype(np.float32)
-                std = np.asarray(extra.get(STD_KEY), dtype=np.float64).astype(np.float32)
+                mean = np.asarray(mean_values, dtype=np.float64).astype(np.float32)
+                std = np.asarray(std_values, dtype=np.float64).astype(np.float32)
         except (TypeError, ValueError, OverflowError):
             raise malformed from None
         if mean.ndim != 1 or mean.shape != std.shape or not np.isfinite(mean).all() or not (std > 0).all() \
@@ -176,7 +174,7 @@ class Standardization:
         """From a run's stored ``info[INFO_KEY]`` (``None`` when the run had none)."""
         if not isinstance(info, Mapping):
             return None
-        return cls.from_extra({MEAN_KEY: info.get("mean"), STD_KEY: info.get("std")})
+        return cls._from_values(info.get("mean"), info.get("std"))
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """``(x - mean) / std`` per feature, in ``x``'s shape (float32)."""

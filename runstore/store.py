@@ -301,7 +301,7 @@ class RunStore:
         if bad:  # the round loop refuses such a step; this keeps any other writer honest
             raise StoreError(f"refusing to save round {server_round} of run {run_id}: "
                              f"{', '.join(bad)} hold NaN or Inf values")
-        meta = {"round": str(state.round), "extra": json.dumps(state.extra)}
+        meta = {"round": str(state.round), "extra": json.dumps(state.wrapper_state)}  # "extra": the stored name, kept
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata=meta)
         tmp.replace(path)
         return path
@@ -330,7 +330,7 @@ def read_checkpoint(path: str | Path) -> ServerState:
         raise StoreError(f"cannot read checkpoint {path}: {exc}") from None
     slots = {k.removeprefix("slot."): v for k, v in tensors.items() if k.startswith("slot.")}
     return ServerState(params=tensors["params"], slots=slots, round=int(meta.get("round", 0)),
-                       extra=json.loads(meta.get("extra", "{}")))
+                       wrapper_state=json.loads(meta.get("extra", "{}")))
 
 
 def _unique_match(text: str, ids: list[str], url: str) -> str:

@@ -20,7 +20,7 @@ class DPConfigError(DPError, ValueError):
 
 
 class DPStateError(DPError):
-    """The DP state carried in ``ServerState.extra['dp']`` is missing, foreign or inconsistent.
+    """The DP state carried in ``ServerState.wrapper_state['dp']`` is missing, foreign or inconsistent.
 
     The privacy spent can then no longer be accounted for.
     """

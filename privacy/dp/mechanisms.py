@@ -9,18 +9,27 @@ placement, where each of the ``K`` sampled clients adds its share ``z * C / sqrt
 before secure aggregation sums the shares to the full ``z * C``.
 
 What a client must do is carried by :class:`ClientDPConfig`, which travels in
-the round's ``ConfigRecord`` as plain ``dp-*`` keys.
+the round's instruction as the ``DP_*`` settings of :mod:`core.instructions`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
+from core.instructions import (
+    DP_ADAPTIVE,
+    DP_CLIP,
+    DP_COUNT_NOISE_STD,
+    DP_DISCRETE,
+    DP_NOISE_STD,
+    Setting,
+    SettingValue,
+    TrainConfig,
+)
 from privacy.dp.discrete import GridNoise
 from privacy.dp.errors import DPConfigError
 
@@ -64,25 +73,31 @@ class ClientDPConfig:
     count_noise_std: float = 0.0
     discrete: bool = False
 
-    def to_config(self) -> dict[str, float | bool]:
-        """Return the ``dp-*`` keys sent to the client in its ``ConfigRecord``."""
-        return {"dp-clip": self.clip, "dp-noise-std": self.noise_std,
-                "dp-adaptive": self.adaptive, "dp-count-noise-std": self.count_noise_std,
-                "dp-discrete": self.discrete}
+    def to_settings(self) -> dict[Setting[Any], SettingValue]:
+        """Return the instruction settings that tell a client what to do."""
+        return {DP_CLIP: self.clip, DP_NOISE_STD: self.noise_std, DP_ADAPTIVE: self.adaptive,
+                DP_COUNT_NOISE_STD: self.count_noise_std, DP_DISCRETE: self.discrete}
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> ClientDPConfig | None:
-        """Read the ``dp-*`` keys back; ``None`` when the round carries no DP."""
-        if "dp-clip" not in config:
+    def from_config(cls, config: TrainConfig) -> ClientDPConfig | None:
+        """Read the DP settings of a round's instruction back; ``None`` when the round carries no DP.
+
+        Raises
+        ------
+        DPConfigError
+            A clip norm not above 0, negative noise, or discrete noise without noise or with the adaptive bit.
+        """
+        clip = config.get(DP_CLIP)
+        if clip is None:
             return None
-        out = cls(clip=float(config["dp-clip"]), noise_std=float(config.get("dp-noise-std", 0.0)),
-                  adaptive=bool(config.get("dp-adaptive", False)),
-                  count_noise_std=float(config.get("dp-count-noise-std", 0.0)),
-                  discrete=bool(config.get("dp-discrete", False)))
+        noise, count_noise = config.get(DP_NOISE_STD), config.get(DP_COUNT_NOISE_STD)
+        out = cls(clip=clip, noise_std=noise or 0.0, adaptive=config.get(DP_ADAPTIVE) is True,
+                  count_noise_std=count_noise or 0.0, discrete=config.get(DP_DISCRETE) is True)
+        shown = {k: v for k, v in config.settings.items() if k.startswith("dp-")}
         if not (out.clip > 0 and out.noise_std >= 0 and out.count_noise_std >= 0):
-            raise DPConfigError("client_config", config, "needs dp-clip > 0 and non-negative noise")
+            raise DPConfigError("client_config", shown, "needs dp-clip > 0 and non-negative noise")
         if out.discrete and (out.noise_std <= 0 or out.adaptive):
-            raise DPConfigError("client_config", config, "discrete noise needs dp-noise-std > 0 and no adaptive bit")
+            raise DPConfigError("client_config", shown, "discrete noise needs dp-noise-std > 0 and no adaptive bit")
         return out
 
     def grid_noise(self) -> GridNoise | None:

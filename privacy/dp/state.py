@@ -1,6 +1,6 @@
 """The DP part of the server state: what checkpoint and resume must restore exactly.
 
-It lives in ``ServerState.extra["dp"]`` as plain JSON data, so the run store
+It lives in ``ServerState.wrapper_state["dp"]`` as plain JSON data, so the run store
 can commit it with the round and a resumed run continues with the same clip
 norm and the same privacy spent.
 """
@@ -62,7 +62,7 @@ class DPState:
                        below_fraction=below_fraction, server_history=server)
 
     def to_json(self) -> dict[str, Any]:
-        """Plain data for ``ServerState.extra``; an infinite epsilon is written as ``None``."""
+        """Plain data for ``ServerState.wrapper_state``; an infinite epsilon is written as ``None``."""
         return {"version": STATE_VERSION, "clip": self.clip,
                 "history": [e.to_json() for e in self.history],
                 "epsilon": self.epsilon if math.isfinite(self.epsilon) else None,

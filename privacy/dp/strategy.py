@@ -11,7 +11,7 @@ A round, as the round loop drives it::
     dp = strategy.for_round(state)          # binds this round's clip norm
     nodes = dp.sample(node_ids, m)          # secure Poisson (or fixed-size) sample
     dp = dp.with_cohort(len(nodes))         # noise shares follow the realised sample
-    config = dp.configure_train(config)     # dp-* keys for the clients
+    config = dp.configure_train(config)     # the DP settings for the clients
     agg = dp.new_aggregate(size)            # model size (+1 with adaptive clipping)
     agg = dp.accumulate(agg, update, n)     # per reply (central: clips here); or dp.fold_sum(agg, secure_sum)
     mean = dp.finalize(agg, dp.noise_rng()) # noise, fixed denominator; + 1 value: the contributors
@@ -199,7 +199,7 @@ class DPFedAvg(PrivateStrategy[aggregate.MeanState]):
         DPStateError
             A state past round 0 without DP state: the spend is unknown.
         """
-        data = state.extra.get(STATE_KEY)
+        data = state.wrapper_state.get(STATE_KEY)
         if data is None:
             if state.round > 0:
                 raise DPStateError(f"state at round {state.round} carries no DP state; "
@@ -217,13 +217,13 @@ class DPFedAvg(PrivateStrategy[aggregate.MeanState]):
     def fresh_state(self, params: np.ndarray) -> ServerState:
         """Return the state before round 1 with a fresh DP state (the initial clip norm, nothing spent)."""
         return ServerState(params=params.astype(np.float32, copy=True),
-                           extra={STATE_KEY: DPState(clip=self.clip_norm).to_json()})
+                           wrapper_state={STATE_KEY: DPState(clip=self.clip_norm).to_json()})
 
     def configure_train(self, config: TrainConfig) -> TrainConfig:
-        """Return the inner strategy's settings plus the ``dp-*`` keys of :class:`ClientDPConfig`.
+        """Return the inner strategy's settings plus the DP settings of :class:`ClientDPConfig`.
 
         Central placement around a rule whose private term is centred elsewhere
-        (centered clipping): no ``dp-*`` keys, since a client clipping its raw
+        (centered clipping): no DP settings, since a client clipping its raw
         delta to ``C`` first would shrink honest updates towards 0 before the
         rule centres them; the server clips the rule's term, which is what the
         sensitivity needs.
@@ -232,7 +232,7 @@ class DPFedAvg(PrivateStrategy[aggregate.MeanState]):
         if self.placement == "central" and isinstance(self.inner, CentredTerms):
             self._require_bound()
             return inner
-        return replace(inner, extra={**inner.extra, **self.client_dp_config().to_config()})
+        return inner.with_settings(self.client_dp_config().to_settings())
 
     def client_dp_config(self) -> ClientDPConfig:
         """Return what each client must do this round (see :func:`privacy.dp.client_payload`)."""
@@ -341,7 +341,7 @@ class DPFedAvg(PrivateStrategy[aggregate.MeanState]):
         eps = epsilon_of(dp.history + (event,), self.delta)
         record = dp.recorded(event, clip=clip, epsilon=eps, below_fraction=below,
                              server_event=self._server_event(int(round(float(mean_delta[-1])))))
-        return replace(new, extra={**new.extra, STATE_KEY: record.to_json()})
+        return replace(new, wrapper_state={**new.wrapper_state, STATE_KEY: record.to_json()})
 
     def settings(self) -> dict[str, Any]:
         """Return the settings worth recording with the run: the inner strategy's, and the DP ones."""

@@ -114,7 +114,7 @@ def _fold_sum(request: FitRequest, result: SecureSumResult,
         return None, None
     try:
         total = result.total.astype(np.float32)
-        codec = Codec.from_extra(request.config.extra)
+        codec = Codec.from_config(request.config)
         if codec is not None:
             total = codec.scatter(total, strategy.new_aggregate(request.state.params.size).size)
         partial = aggregate.MeanState(total=total, weight=float(result.total_weight), count=len(result.survivors))

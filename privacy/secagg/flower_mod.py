@@ -83,7 +83,7 @@ def _instructed_noise(message: Message) -> GridNoise | None:
     if not isinstance(settings, ConfigRecord) or QUORUM_WIRE not in settings:
         return None
     try:
-        dp = ClientDPConfig.from_config(TrainConfig.from_record(settings).extra)
+        dp = ClientDPConfig.from_config(TrainConfig.from_record(settings))
     except (TypeError, ValueError) as exc:  # DPConfigError is a ValueError
         raise SecAggError(f"the round's DP settings are malformed: {exc}") from exc
     return dp.grid_noise() if dp is not None else None

@@ -188,14 +188,14 @@ class Comm:
     def broadcast_state(self, state: ServerState | None, size: int) -> ServerState | None:
         """Rank 0's server state (or ``None``) on every rank: meta as JSON, buffers as float32."""
         meta = None if state is None else {
-            "round": state.round, "extra": dict(state.extra),
+            "round": state.round, "wrapper_state": dict(state.wrapper_state),
             "slots": {k: int(v.size) for k, v in state.slots.items()}}
         meta = self.broadcast_json(meta)
         if meta is None:
             return None
         params = self._broadcast_array(state.params if state else None, size)
         slots = {k: self._broadcast_array(state.slots[k] if state else None, n) for k, n in meta["slots"].items()}
-        return ServerState(params=params, slots=slots, round=int(meta["round"]), extra=meta["extra"])
+        return ServerState(params=params, slots=slots, round=int(meta["round"]), wrapper_state=meta["wrapper_state"])
 
     def _broadcast_array(self, array: np.ndarray | None, size: int) -> np.ndarray:
         buffer = torch.zeros(size, dtype=torch.float32)

@@ -139,16 +139,16 @@ def _train_client(model: nn.Module, data: ArrayDataset, config: TrainConfig, see
 
 def _privatize(delta: np.ndarray, config: TrainConfig) -> np.ndarray:
     """Client-side DP exactly as the ClientApp applies it (clip, noise share, clip bit)."""
-    if not config.extra:
+    if not config.settings:
         return delta
-    dp = ClientDPConfig.from_config(config.extra)
+    dp = ClientDPConfig.from_config(config)
     return delta if dp is None else client_payload(delta, dp, secure_rng()).astype(np.float32, copy=False)
 
 
 def _compressed(node: int, update: np.ndarray, config: TrainConfig,
                 residuals: dict[int, np.ndarray] | None) -> np.ndarray:
     """``update`` as the aggregator decodes it under the round's codec (itself without one)."""
-    codec = Codec.from_extra(config.extra)
+    codec = Codec.from_config(config)
     if codec is None:
         return update
     kept = {} if residuals is None else residuals

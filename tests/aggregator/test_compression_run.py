@@ -149,7 +149,7 @@ def test_client_keeps_its_residual_in_the_node_state_between_rounds(monkeypatch:
     # Prepare: a node's context, top-k 10% with error feedback
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     codec = Codec(topk=0.1)
-    config = TrainConfig(round=1, epochs=1, batch_size=8, lr=0.1, seed=0, extra=codec.to_extra())
+    config = TrainConfig(round=1, epochs=1, batch_size=8, lr=0.1, seed=0).with_settings(codec.to_settings())
     first, second = np.arange(1, 21, dtype=np.float32), np.ones(20, dtype=np.float32)
 
     def compressed(delta: np.ndarray) -> dict:

@@ -103,7 +103,7 @@ def test_the_round_instruction_carries_the_servers_control_variate() -> None:
     state = state.advanced(state.params, c=np.array([0.25, -2.0], dtype=np.float32))
     config = strategy.for_round(state).configure_train(TrainConfig(round=1, epochs=1, batch_size=2, lr=LR, seed=0))
     np.testing.assert_array_equal(control_of(config, 2), [0.25, -2.0])
-    assert isinstance(config.extra[SCAFFOLD_CONTROL], bytes)
+    assert isinstance(config.get(SCAFFOLD_CONTROL), bytes)
     with pytest.raises(RuntimeError, match="for_round"):
         strategy.configure_train(config)  # not bound to a round: it would send no control
     with pytest.raises(ValueError, match="not 3 float32 values"):

@@ -20,13 +20,9 @@ from sklearn.datasets import load_digits
 
 from aggregator.serverapp import run_federation
 from core.eval_replies import eval_reply
-from core.instructions import parse_instruction
+from core.instructions import STD_LIMIT, STD_MEAN, STD_PASS, STD_SCALES, TrainConfig, parse_instruction
 from core.replies import train_reply
 from learning.standardize import (
-    LIMIT_KEY,
-    MEAN_KEY,
-    PASS_KEY,
-    SCALES_KEY,
     Standardization,
     asks_for_statistics,
     statistics_vector,
@@ -54,14 +50,14 @@ def scripted_devices(liar: int | None, seen: list[Standardization]):
     def app(message: Message, context) -> Message:
         node = context.node_id
         if asks_for_statistics(message.content):
-            settings = message.content.config_records["config"]
-            vector = statistics_vector(device_rows(node), settings[f"x.{PASS_KEY}"], settings[f"x.{LIMIT_KEY}"],
-                                       settings.get(f"x.{SCALES_KEY}"), settings.get(f"x.{MEAN_KEY}"))
+            settings = TrainConfig.from_record(message.content.config_records["config"])
+            vector = statistics_vector(device_rows(node), settings.get(STD_PASS), settings.get(STD_LIMIT),
+                                       settings.get(STD_SCALES), settings.get(STD_MEAN))
             if node == liar:
                 vector = np.full_like(vector, 1e6)
             return Message(train_reply(vector, len(device_rows(node)), {}), reply_to=message)
         params, config = parse_instruction(message.content)
-        found = Standardization.from_extra(config.extra)
+        found = Standardization.from_config(config)
         assert found is not None
         seen.append(found)
         content: RecordDict = (eval_reply(0.5, 0.5, 10) if message.metadata.message_type == "evaluate"

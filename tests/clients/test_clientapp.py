@@ -45,8 +45,8 @@ def _context(scenario: Scenario, node_id: int = 7) -> Context:
                    state=RecordDict(), run_config={"scenario-json": json.dumps(scenario.to_dict())})
 
 
-def _message(params: np.ndarray, message_type: str, node_id: int = 7, **extra: float) -> Message:
-    config = TrainConfig(round=1, epochs=1, batch_size=16, lr=0.1, seed=3, extra=dict(extra))
+def _message(params: np.ndarray, message_type: str, node_id: int = 7, **settings: float) -> Message:
+    config = TrainConfig(round=1, epochs=1, batch_size=16, lr=0.1, seed=3, settings=dict(settings))
     message = Message(train_instruction(params, config), node_id, message_type, group_id="1")
     message.metadata.__dict__["_message_id"] = f"{message_type}-{node_id}"  # a SuperLink assigns it
     return message

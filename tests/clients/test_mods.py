@@ -15,9 +15,8 @@ from clients.clientapp import client_mods
 from clients.mods import StatisticsMod, compression_mod, dp_mod
 from core.compress import Codec
 from core.errors import UpdateRejected
-from core.instructions import TrainConfig, train_instruction
+from core.instructions import STD_LIMIT, STD_PASS, STD_SCALES, Setting, SettingValue, TrainConfig, train_instruction
 from core.replies import own_update, train_reply
-from learning.standardize import LIMIT_KEY, PASS_KEY, SCALES_KEY
 from privacy.dp.mechanisms import ClientDPConfig
 from privacy.secagg.flower_records import RECORD
 
@@ -30,9 +29,9 @@ def _context() -> Context:
     return Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
 
 
-def _instruction(extra: dict, secure: bool = False) -> Message:
-    content = train_instruction(np.zeros(20, np.float32), TrainConfig(round=2, epochs=1, batch_size=8, lr=0.1,
-                                                                      seed=3, extra=extra))
+def _instruction(settings: dict[Setting, SettingValue], secure: bool = False) -> Message:
+    config = TrainConfig(round=2, epochs=1, batch_size=8, lr=0.1, seed=3).with_settings(settings)
+    content = train_instruction(np.zeros(20, np.float32), config)
     if secure:
         content[RECORD] = ConfigRecord({"stage": "setup"})
     return Message(content, dst_node_id=7, message_type="train")
@@ -51,7 +50,7 @@ class Handler:
 
 def test_dp_clips_the_trained_update_and_weighs_the_client_one() -> None:
     # Prepare: clip to 1, no noise
-    message, handler = _instruction(ClientDPConfig(clip=1.0).to_config()), Handler()
+    message, handler = _instruction(ClientDPConfig(clip=1.0).to_settings()), Handler()
 
     # Execute
     out = dp_mod(message, _context(), handler)
@@ -67,7 +66,7 @@ def test_dp_clips_the_trained_update_and_weighs_the_client_one() -> None:
 
 def test_dp_adds_noise_of_the_configured_size() -> None:
     # Prepare: a zero update never clipped, noise std 2 over 20 coordinates, many draws
-    message = _instruction(ClientDPConfig(clip=100.0, noise_std=2.0).to_config())
+    message = _instruction(ClientDPConfig(clip=100.0, noise_std=2.0).to_settings())
 
     def zero(m: Message, _c: Context) -> Message:
         return Message(train_reply(np.zeros(20_000, np.float32), 5, {}), reply_to=m)
@@ -82,7 +81,7 @@ def test_dp_adds_noise_of_the_configured_size() -> None:
 def test_dp_refuses_discrete_noise_without_secure_aggregation_before_training() -> None:
     handler = Handler()
     with pytest.raises(UpdateRejected, match="discrete DP noise, which only secure aggregation adds"):
-        dp_mod(_instruction(ClientDPConfig(clip=1.0, discrete=True).to_config()), _context(), handler)
+        dp_mod(_instruction(ClientDPConfig(clip=1.0, discrete=True).to_settings()), _context(), handler)
     assert handler.calls == 0
 
 
@@ -91,7 +90,7 @@ def test_compression_keeps_the_largest_coordinates_and_the_rest_for_later() -> N
     codec, context = Codec(topk=0.1), _context()
 
     # Execute
-    out = compression_mod(_instruction(codec.to_extra()), context, Handler())
+    out = compression_mod(_instruction(codec.to_settings()), context, Handler())
 
     # Assert: the two largest (3 and 4) sent; nothing left, since the rest is zero
     sent = codec.decode(dict(out.content["update"]), 20)
@@ -102,7 +101,7 @@ def test_compression_keeps_the_largest_coordinates_and_the_rest_for_later() -> N
 def test_compression_refuses_top_k_under_secure_aggregation_before_training() -> None:
     handler = Handler()
     with pytest.raises(UpdateRejected, match="only random-k compression applies"):
-        compression_mod(_instruction(Codec(topk=0.1).to_extra(), secure=True), _context(), handler)
+        compression_mod(_instruction(Codec(topk=0.1).to_settings(), secure=True), _context(), handler)
     assert handler.calls == 0
 
 
@@ -139,11 +138,11 @@ class Rows:
 def test_a_statistics_pass_is_answered_from_the_features_without_training_or_compression() -> None:
     # Prepare: the means pass at scale 1, in a round that also asks for top-k compression; the statistics mod
     # outside compression, as client_mods composes them
-    extra = {PASS_KEY: "means", SCALES_KEY: [1.0, 1.0], LIMIT_KEY: 1e6, **Codec(topk=0.5).to_extra()}
+    settings = {STD_PASS: "means", STD_SCALES: [1.0, 1.0], STD_LIMIT: 1e6, **Codec(topk=0.5).to_settings()}
     handler, stats = Handler(), StatisticsMod(features_of=lambda _context: Rows)
 
     # Execute
-    out = stats(_instruction(extra), _context(), lambda m, c: compression_mod(m, c, handler))
+    out = stats(_instruction(settings), _context(), lambda m, c: compression_mod(m, c, handler))
 
     # Assert: the column means (2, 3) as a dense delta weighted by the 2 rows; nothing trained or encoded
     assert handler.calls == 0
@@ -154,4 +153,4 @@ def test_a_statistics_pass_is_answered_from_the_features_without_training_or_com
 def test_a_statistics_pass_on_data_without_features_is_refused() -> None:
     stats = StatisticsMod(features_of=lambda _context: object())
     with pytest.raises(UpdateRejected, match="needs feature arrays"):
-        stats(_instruction({PASS_KEY: "means"}), _context(), Handler())
+        stats(_instruction({STD_PASS: "means"}), _context(), Handler())

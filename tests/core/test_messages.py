@@ -12,7 +12,7 @@ from core.replies import decode_flat, parse_train_reply, train_reply
 
 def test_instruction_round_trip() -> None:
     config = TrainConfig(round=2, epochs=1, batch_size=8, lr=0.1, seed=5, proximal_mu=0.5,
-                         extra={"dp-clip": 1.0})
+                         settings={"dp-clip": 1.0})
     params, back = parse_instruction(train_instruction(np.arange(3, dtype=np.float32), config))
     np.testing.assert_array_equal(params, [0, 1, 2])
     assert back == config

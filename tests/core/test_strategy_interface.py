@@ -95,7 +95,7 @@ def test_plain_strategies_get_a_plain_rounds_defaults_from_the_loop_functions() 
         assert initial_state(strategy, state.params).round == 0
     dp = _dp(target_epsilon=0.01)
     fresh = initial_state(dp, np.zeros(2, np.float32))
-    assert fresh.extra["dp"]["clip"] == 1.0 and epsilon(dp, fresh) == 0.0
+    assert fresh.wrapper_state["dp"]["clip"] == 1.0 and epsilon(dp, fresh) == 0.0
     assert would_exceed_budget(dp, fresh) and not skips_short_rounds(dp)  # one round would pass 0.01
     assert bind_cohort(dp, 3).sampled == 3  # type: ignore[attr-defined]
 

@@ -8,11 +8,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.instructions import STD_MEAN, TrainConfig
 from learning.datasets import ArrayDataset, ClientData
 from learning.standardize import (
-    MEAN_KEY,
     SCALES,
-    STD_KEY,
     Standardization,
     StandardizeInputs,
     choose_scales,
@@ -20,6 +19,7 @@ from learning.standardize import (
     statistics_vector,
 )
 
+BASE = TrainConfig(round=1, epochs=1, batch_size=1, lr=0.1, seed=0)
 
 def clients(seed: int = 0) -> list[np.ndarray]:
     """Three devices' raw rows in mixed units: pixels 0-255 (shifted), incomes near 5,000-14,000, ages
@@ -107,12 +107,12 @@ def test_images_keep_their_shape_and_both_splits_are_standardised() -> None:
 
 def test_the_instruction_round_trips_and_a_missing_one_is_none() -> None:
     result = Standardization(np.array([1.5, -2.0], np.float32), np.array([0.5, 3.0], np.float32))
-    again = Standardization.from_extra(result.to_extra())
+    again = Standardization.from_config(BASE.with_settings(result.to_settings()))
     assert again is not None
     np.testing.assert_array_equal(again.mean, result.mean)
     np.testing.assert_array_equal(again.std, result.std)
-    assert Standardization.from_extra({"lr": 0.1}) is None
-    assert Standardization.from_extra({MEAN_KEY: [1.0]}) is None  # the spread pass's centre alone
+    assert Standardization.from_config(BASE) is None
+    assert Standardization.from_config(BASE.with_settings({STD_MEAN: [1.0]})) is None  # the spread pass's centre alone
     assert Standardization.from_info(None) is None
 
 
@@ -124,9 +124,10 @@ values = st.one_of(st.none(), st.text(max_size=5), st.integers(), st.floats(allo
 @given(mean=values, std=values)
 def test_a_malformed_standardisation_from_the_server_is_a_value_error(mean: object, std: object) -> None:
     try:
-        result = Standardization.from_extra({MEAN_KEY: mean, STD_KEY: std})
-    except ValueError as exc:
-        assert "standardisation is malformed" in str(exc)
+        result = Standardization.from_config(TrainConfig(round=1, epochs=1, batch_size=1, lr=0.1, seed=0,
+                                                         settings={"std-mean": mean, "std-std": std}))
+    except ValueError as exc:  # refused as a setting (not a list of numbers) or as a standardisation
+        assert "standardisation is malformed" in str(exc) or "is not a list of numbers" in str(exc)
         return
     assert result is not None
     assert np.isfinite(result.mean).all() and (result.std > 0).all() and np.isfinite(result.std).all()

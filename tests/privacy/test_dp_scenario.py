@@ -30,7 +30,7 @@ def test_dp_scenario_records_epsilon_every_round_and_stops_at_budget(db_url: str
     # The accountant's history travels with the checkpoint (what resume reads back).
     from privacy.dp.state import DPState
 
-    dp = DPState.from_json(store.load_state(summary.run_id).extra["dp"])
+    dp = DPState.from_json(store.load_state(summary.run_id).wrapper_state["dp"])
     assert dp.rounds == len(rounds) and dp.epsilon == eps[-1]
 
 
@@ -77,7 +77,7 @@ def test_secagg_round_with_too_few_sampled_clients_is_skipped_and_accounted(db_u
     # the server saw something only in round 3: all 8 shares, so z sqrt(8 / 8) = 1, one unsampled round
     assert rows[0].metrics["server-epsilon"] == rows[1].metrics["server-epsilon"] == 0.0
     assert abs(rows[2].metrics["server-epsilon"] - plan_epsilon(1.0, 1, 1.0, 1e-5)) < 1e-9
-    assert DPState.from_json(store.load_state(summary.run_id).extra["dp"]).rounds == 3
+    assert DPState.from_json(store.load_state(summary.run_id).wrapper_state["dp"]).rounds == 3
 
 
 def test_central_adaptive_dp_updates_are_all_folded(db_url: str) -> None:
@@ -96,7 +96,7 @@ def test_central_adaptive_dp_updates_are_all_folded(db_url: str) -> None:
     assert row.metrics["eval-bytes-in"] > 0 and row.metrics["eval-bytes-out"] > 0
     from privacy.dp.state import DPState
 
-    assert DPState.from_json(store.load_state(summary.run_id).extra["dp"]).clip != 1.0
+    assert DPState.from_json(store.load_state(summary.run_id).wrapper_state["dp"]).clip != 1.0
 
 
 def test_distributed_discrete_gaussian_noises_on_the_grid_and_is_accounted(db_url: str,
@@ -152,9 +152,9 @@ def test_centered_clipping_under_central_dp_runs_and_clients_send_raw_deltas(db_
 
     class Recorded(real):
         @classmethod
-        def from_config(cls, extra):  # type: ignore[no-untyped-def]
-            seen.append(dict(extra))
-            return real.from_config(extra)
+        def from_config(cls, config):  # type: ignore[no-untyped-def]
+            seen.append(dict(config.settings))
+            return real.from_config(config)
 
     monkeypatch.setattr(mods, "ClientDPConfig", Recorded)
     scenario = tiny_scenario(rounds=2, strategy={"name": "centered_clipping", "bucket_size": 1, "clip_radius": 0.5,
@@ -168,6 +168,6 @@ def test_centered_clipping_under_central_dp_runs_and_clients_send_raw_deltas(db_
     # it, so no client was asked to; both rounds released and accounted
     rows = RunStore(db_url).rounds(summary.run_id)
     assert summary.status == "finished" and [r.answered for r in rows] == [4, 4]
-    assert len(seen) == 8 and not any(k.startswith("dp-") for extra in seen for k in extra)
+    assert len(seen) == 8 and not any(k.startswith("dp-") for settings in seen for k in settings)
     for t, row in enumerate(rows, start=1):
         assert abs(row.epsilon - plan_epsilon(1.0, t, 0.3, 1e-5, "fixed")) < 1e-9

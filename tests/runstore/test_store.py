@@ -27,12 +27,12 @@ def test_round_and_state_round_trip(db_url: str) -> None:
     store = RunStore(db_url)
     run_id = make_run(store)
     state = ServerState(params=np.arange(4, dtype=np.float32), slots={"m": np.ones(4, np.float32)},
-                        round=1, extra={"dp": {"history": [[0.1, 1.0, 1]]}})
+                        round=1, wrapper_state={"dp": {"history": [[0.1, 1.0, 1]]}})
     store.commit_round(run_id, record(1), state)
     loaded = store.load_state(run_id)
     np.testing.assert_array_equal(loaded.params, state.params)
     np.testing.assert_array_equal(loaded.slots["m"], state.slots["m"])
-    assert loaded.round == 1 and loaded.extra == {"dp": {"history": [[0.1, 1.0, 1]]}}
+    assert loaded.round == 1 and loaded.wrapper_state == {"dp": {"history": [[0.1, 1.0, 1]]}}
     (row,) = store.rounds(run_id)
     assert (row.sampled, row.answered, row.dropped, row.rejected, row.epsilon) == (3, 1, 1, 1, 1.5)
     assert [c.outcome for c in store.client_results(run_id, 1)] == ["ok", "dropped", "rejected"]

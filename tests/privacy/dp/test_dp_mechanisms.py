@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from core.instructions import DP_CLIP, TrainConfig
 from privacy.dp.errors import DPConfigError
 from privacy.dp.mechanisms import ClientDPConfig, client_payload, clip_update, gaussian_noise, l2_norm, privatize_update
 from privacy.dp.rng import secure_rng
@@ -74,10 +75,11 @@ def test_client_payload_appends_centred_bit_when_adaptive(rng: np.random.Generat
 
 def test_client_config_roundtrips_through_config_keys() -> None:
     config = ClientDPConfig(clip=0.5, noise_std=0.1, adaptive=True, count_noise_std=0.2)
-    assert ClientDPConfig.from_config(config.to_config()) == config
-    assert ClientDPConfig.from_config({"train-loss": 1.0}) is None
+    base = TrainConfig(round=1, epochs=1, batch_size=1, lr=0.1, seed=0)
+    assert ClientDPConfig.from_config(base.with_settings(config.to_settings())) == config
+    assert ClientDPConfig.from_config(base) is None
     with pytest.raises(DPConfigError, match="dp-clip"):
-        ClientDPConfig.from_config({"dp-clip": -1.0})
+        ClientDPConfig.from_config(base.with_settings({DP_CLIP: -1.0}))
 
 
 def test_secure_rng_streams_are_independent() -> None:

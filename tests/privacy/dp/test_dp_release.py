@@ -103,7 +103,8 @@ def test_server_view_history_survives_a_checkpoint(rng: np.random.Generator) -> 
 
     dp = distributed()
     state, _ = _round(dp, dp.fresh_state(np.zeros(3, np.float32)), 36, 27, rng)
-    restored = ServerState(params=state.params, round=state.round, extra=json.loads(json.dumps(state.extra)))
+    restored = ServerState(params=state.params, round=state.round,
+                           wrapper_state=json.loads(json.dumps(state.wrapper_state)))
     assert dp.server_view_epsilon(restored) == dp.server_view_epsilon(state) > 0
 
 

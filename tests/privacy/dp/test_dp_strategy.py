@@ -116,7 +116,7 @@ def test_apply_delegates_to_inner_and_records_epsilon(rng: np.random.Generator) 
     noisy = make_dp()
     s = _round(noisy, noisy.fresh_state(np.zeros(2, np.float32)), [np.zeros(2, np.float32)], rng)
     assert noisy.epsilon(s) == pytest.approx(plan_epsilon(0.1, 1, 1.0, 1e-5), rel=1e-12)
-    assert s.extra["dp"]["epsilon"] == noisy.epsilon(s)
+    assert s.wrapper_state["dp"]["epsilon"] == noisy.epsilon(s)
 
 
 def test_budget_stops_before_the_round_that_would_exceed_it(rng: np.random.Generator) -> None:
@@ -140,9 +140,9 @@ def test_state_json_roundtrip_restores_accountant_exactly(rng: np.random.Generat
     state = dp.fresh_state(np.zeros(4, np.float32))
     for _ in range(5):
         state = _round(dp, state, [rng.standard_normal(4).astype(np.float32) for _ in range(10)], rng)
-    # Execute: what a checkpoint does with extra
+    # Execute: what a checkpoint does with the wrapper state
     restored = ServerState(params=state.params.copy(), slots=dict(state.slots), round=state.round,
-                           extra=json.loads(json.dumps(state.extra)))
+                           wrapper_state=json.loads(json.dumps(state.wrapper_state)))
     # Assert
     assert dp.dp_state(restored) == dp.dp_state(state)
     assert dp.epsilon(restored) == dp.epsilon(state)
@@ -155,7 +155,7 @@ def test_state_without_dp_history_past_round_zero_is_refused() -> None:
     with pytest.raises(DPStateError, match="no DP state"):
         dp.epsilon(ServerState(params=np.zeros(2, np.float32), round=3))
     with pytest.raises(DPStateError, match="unknown layout"):
-        dp.epsilon(ServerState(params=np.zeros(2, np.float32), extra={"dp": {"version": 99}}))
+        dp.epsilon(ServerState(params=np.zeros(2, np.float32), wrapper_state={"dp": {"version": 99}}))
 
 
 def test_adaptive_clip_moves_to_the_target_quantile(rng: np.random.Generator) -> None:
