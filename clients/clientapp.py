@@ -22,7 +22,7 @@ from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from clients.attacks import AttackMod, AttackPlan, flip_labels
-from clients.mods import StatisticsMod, compression_mod, dp_mod
+from clients.mods import StatisticsMod, compression_mod, data_view, dp_mod, standardize_mod
 from core.errors import UpdateRejected
 from core.eval_replies import eval_reply
 from core.instructions import Instruction, TrainConfig, client_seed, control_of, parse_instruction, read_instruction
@@ -76,6 +76,9 @@ BUFFERS_KEY = "quorum.buffers"
 def _runtime(context: Context) -> _Runtime:
     """Return the process's model (built once per scenario) with this node's buffers, and the node's data.
 
+    The data as this message's mods left them: standardised when the
+    instruction says so (:func:`clients.mods.standardize_mod`).
+
     A simulated node's partition is materialised for this call and dropped
     after it (a virtual client costs nothing until it is sampled); a
     device's own file is read once.
@@ -88,7 +91,7 @@ def _runtime(context: Context) -> _Runtime:
         model = TaskModel.build(task, scenario.seed)
         shared = _SHARED[id(scenario)] = _Shared(model, _own_buffers(model))
     _load_buffers(shared, context)
-    return _Runtime(data=data, model=shared.model, scenario=scenario)
+    return _Runtime(data=standardized(data, data_view(context.state)), model=shared.model, scenario=scenario)
 
 
 def _node_data(task: Task, scenario: Scenario, node: dict[str, Any]) -> LocalData:
@@ -153,10 +156,13 @@ def client_mods() -> list[Any]:
     unless a scenario asks) forges the train replies of its Byzantine nodes;
     the statistics mod answers ``[data] standardize``'s passes itself (no
     training, no DP, no compression); compression encodes the update DP
-    clipped and noised (``clients.mods``). The train handler only trains.
+    clipped and noised; standardisation, next to the handlers, hands them the
+    node's data as the instruction scales it (``clients.mods``). The train
+    handler only trains.
     """
     return [secagg_mod, AttackMod(honest=_honest_update, plan_of=_attack_plan),
-            StatisticsMod(features_of=lambda context: _runtime(context).data.train), compression_mod, dp_mod]
+            StatisticsMod(features_of=lambda context: _runtime(context).data.train), compression_mod, dp_mod,
+            standardize_mod]
 
 
 def _attack_plan(context: Context) -> AttackPlan:
@@ -200,7 +206,6 @@ def train_handler(message: Message, context: Context) -> Message:
     runtime = _runtime(context)
     instruction = _read(message, runtime)
     params, config = instruction.params, instruction.config
-    runtime = _standardized(runtime, config)
     started = time.monotonic()
     runtime.model.set_flat(params)
     delta, result, sgd_metrics = _trained(runtime, config, client_seed(config.seed, config.round, context.node_id),
@@ -210,12 +215,6 @@ def train_handler(message: Message, context: Context) -> Message:
                **_named("train-", result), **sgd_metrics}
     return Message(train_reply(delta, int(result["num_examples"]), metrics, answer_to=instruction),
                    reply_to=message)
-
-
-def _standardized(runtime: _Runtime, config: TrainConfig) -> _Runtime:
-    """Return the node's data standardised as the instruction says (``[data] standardize``), else as it is."""
-    found = Standardization.from_config(config)
-    return runtime if found is None else replace(runtime, data=standardized(runtime.data, found))
 
 
 def _read(message: Message, runtime: _Runtime) -> Instruction:
@@ -285,7 +284,6 @@ def evaluate_handler(message: Message, context: Context) -> Message:
     """Score the global model on the node's local test split."""
     runtime = _runtime(context)
     instruction = _read(message, runtime)
-    runtime = _standardized(runtime, instruction.config)
     runtime.model.set_flat(instruction.params)
     result = runtime.model.evaluate(runtime.data.test)
     on_train = runtime.model.evaluate(runtime.data.train)

@@ -1,4 +1,4 @@
-"""The ClientApp's features as Flower mods: federated standardisation's passes, DP on the update, its compression.
+"""The ClientApp's features as Flower mods: standardisation, DP on the update, its compression.
 
 Each mod wraps the training handler (``clients.clientapp``): it reads the
 round's settings from Quorum's instruction (:func:`core.instructions.quorum_settings`),
@@ -6,6 +6,9 @@ lets the rest of the app train, then rewrites its own node's update in the
 reply. The handler only trains through the task. In order of composition,
 innermost first (``clients.clientapp.client_mods``):
 
+0. :func:`standardize_mod`: the node's data standardised as the instruction
+   says (``[data] standardize``), for training and evaluation alike: the
+   handlers read the node's data through ``DATA_VIEW_KEY``;
 1. :func:`dp_mod`: client-level DP (``[dp]``): clip the update, add this
    client's noise share, and the clip bit of adaptive clipping;
 2. :func:`compression_mod`: the round's codec (``[compression]``), with the
@@ -17,7 +20,7 @@ innermost first (``clients.clientapp.client_mods``):
 5. secure aggregation (``privacy.secagg.flower_mod.secagg_mod``), which masks
    what the mods inside it made.
 
-A message that is not one of Quorum's train instructions, or a round without
+A message that is not one of Quorum's instructions, or a round without
 the feature, passes through untouched.
 """
 
@@ -27,22 +30,63 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
 from core.compress import Codec, with_feedback
 from core.errors import UpdateRejected
 from core.instructions import DP_DISCRETE, STD_LIMIT, STD_MEAN, STD_PASS, STD_SCALES, TrainConfig, quorum_settings
 from core.replies import own_update, rewrite_update, train_reply
-from learning.standardize import asks_for_statistics, statistics_vector
+from learning.standardize import Standardization, asks_for_statistics, statistics_vector
 from privacy.dp.mechanisms import ClientDPConfig, client_payload
 from privacy.dp.rng import secure_rng
 from privacy.secagg.flower_records import RECORD
 
-__all__ = ["dp_mod", "compression_mod", "StatisticsMod", "RESIDUAL_KEY"]
+__all__ = ["standardize_mod", "dp_mod", "compression_mod", "StatisticsMod", "RESIDUAL_KEY", "DATA_VIEW_KEY",
+           "data_view"]
 
 #: Where a node keeps its error-feedback residual between rounds (``context.state``).
 RESIDUAL_KEY = "quorum.residual"
+
+
+#: Where :func:`standardize_mod` leaves this message's standardisation for the handlers (``context.state``,
+#: removed when the message is answered): the mean and std, as a run stores them.
+DATA_VIEW_KEY = "quorum.standardize"
+
+
+def standardize_mod(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Hand the handlers the node's data standardised as the instruction says (``[data] standardize``).
+
+    Every train and evaluate instruction of a run with federated
+    standardisation carries the features' mean and std; the handlers read the
+    node's data through :func:`data_view`, which applies them. A message
+    without them leaves no view behind, whatever an earlier one left.
+
+    Raises
+    ------
+    UpdateRejected
+        The instruction's standardisation is malformed (the reason says how).
+    """
+    context.state.pop(DATA_VIEW_KEY, None)
+    config = quorum_settings(message.content) if message.has_content() else None
+    try:
+        found = None if config is None else Standardization.from_config(config)
+    except ValueError as exc:
+        raise UpdateRejected(str(exc)) from None
+    if found is None:
+        return call_next(message, context)
+    view: dict[str, Any] = dict(found.to_info())
+    context.state[DATA_VIEW_KEY] = ConfigRecord(view)
+    try:
+        return call_next(message, context)
+    finally:
+        context.state.pop(DATA_VIEW_KEY, None)
+
+
+def data_view(state: RecordDict) -> Standardization | None:
+    """Return the standardisation :func:`standardize_mod` left for this message in the node's ``state``, or ``None``."""
+    kept = state.get(DATA_VIEW_KEY)
+    return Standardization.from_info(dict(kept)) if isinstance(kept, ConfigRecord) else None
 
 
 def _settings(message: Message) -> TrainConfig | None:

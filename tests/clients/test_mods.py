@@ -12,11 +12,22 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp.typing import Mod
 
 from clients.clientapp import client_mods
-from clients.mods import StatisticsMod, compression_mod, dp_mod
+from clients.mods import DATA_VIEW_KEY, StatisticsMod, compression_mod, data_view, dp_mod, standardize_mod
 from core.compress import Codec
 from core.errors import UpdateRejected
-from core.instructions import STD_LIMIT, STD_PASS, STD_SCALES, Setting, SettingValue, TrainConfig, train_instruction
+from core.instructions import (
+    STD_LIMIT,
+    STD_MEAN,
+    STD_PASS,
+    STD_SCALES,
+    STD_STD,
+    Setting,
+    SettingValue,
+    TrainConfig,
+    train_instruction,
+)
 from core.replies import own_update, train_reply
+from learning.standardize import Standardization
 from privacy.dp.mechanisms import ClientDPConfig
 from privacy.secagg.flower_records import RECORD
 
@@ -123,10 +134,52 @@ def test_a_message_without_the_feature_or_not_quorums_passes_through(mod: Mod) -
 
 
 def test_the_mods_compose_in_the_documented_order() -> None:
-    # secure aggregation outermost, then the attack harness, compression, and DP next to the handler
+    # secure aggregation outermost, then the attack harness, compression, DP, and standardisation next to the handler
     mods = client_mods()
     assert [getattr(m, "__name__", type(m).__name__) for m in mods] == ["secagg_mod", "AttackMod", "StatisticsMod",
-                                                                          "compression_mod", "dp_mod"]
+                                                                          "compression_mod", "dp_mod",
+                                                                          "standardize_mod"]
+
+
+def test_the_handlers_only_train_and_score_through_the_task() -> None:
+    import inspect
+
+    from clients.clientapp import evaluate_handler, train_handler
+
+    for handler in (train_handler, evaluate_handler):
+        source = inspect.getsource(handler)
+        for feature in ("Standardization", "standardized", "ClientDPConfig", "client_payload", "Codec",
+                        "statistics", "secure_rng"):
+            assert feature not in source, (handler.__name__, feature)
+
+
+def test_standardize_mod_hands_the_handler_the_instructions_view_and_leaves_none_behind() -> None:
+    # Prepare: an instruction with the features' mean (1, 2) and std (2, 4); a node whose state holds a stale view
+    view = Standardization(np.array([1.0, 2.0], np.float32), np.array([2.0, 4.0], np.float32))
+    seen: list[Standardization | None] = []
+
+    def handler(message: Message, context: Context) -> Message:
+        seen.append(data_view(context.state))
+        return Message(train_reply(np.zeros(20, np.float32), 2, {}), reply_to=message)
+
+    context = _context()
+    context.state[DATA_VIEW_KEY] = ConfigRecord({"mean": [9.0], "std": [9.0]})
+
+    # Execute: one message with the view, one without
+    standardize_mod(_instruction(view.to_settings()), context, handler)
+    after_first = DATA_VIEW_KEY in context.state
+    standardize_mod(_instruction({}), context, handler)
+
+    # Assert: (x - mean) / std of a row (3, 10) is (1, 2); the stale view never reached the handler
+    assert seen[0] is not None and seen[1] is None and not after_first and DATA_VIEW_KEY not in context.state
+    np.testing.assert_array_equal(seen[0].apply(np.array([[3.0, 10.0]], np.float32)), [[1.0, 2.0]])
+
+
+def test_a_malformed_standardisation_is_refused_before_the_handler_runs() -> None:
+    handler = Handler()
+    with pytest.raises(UpdateRejected, match="standardisation is malformed"):
+        standardize_mod(_instruction({STD_MEAN: [0.0, 0.0], STD_STD: [1.0, -1.0]}), _context(), handler)
+    assert handler.calls == 0
 
 
 class Rows:
