@@ -1,0 +1,125 @@
+"""Count the files one round's updates cross, from the clients' replies to the stored model.
+
+Runs one in-process FedAvg round (four clients of sklearn's digits, no
+evaluation) under a profile hook and records every product function the
+server calls from the moment the first client has built its reply
+(``core.replies.train_reply``) until the round is committed
+(``runstore.store.RunStore.commit_round`` returns). What runs inside a client
+(under Flower's ``ClientApp``: Quorum's mods, the handlers, training) is left
+out: the path is what the server does with an update once it exists.
+
+Prints the files in the order the path first reaches them, their count, and
+the hops: calls from one package into another, and the round trips
+``aggregator -> core -> aggregator`` (a core function calling back into the
+aggregator). Run it from a checkout's root; ``--root`` measures another
+checkout (an older commit's ``git worktree``) with the same script::
+
+    python bench/update_path.py
+    python bench/update_path.py --root /tmp/before
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+PACKAGES = ("core", "runstore", "scenarios", "privacy", "aggregator", "clients", "runtimes")
+
+
+def _on_a_client(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside a client: under Flower's ``ClientApp`` or Quorum's ``clients`` package."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if "/flwr/clientapp/" in name or "/clients/" in name or "/learning/" in name:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def measure(root: Path) -> dict[str, Any]:
+    """Run one round in the checkout at ``root``; return the files and hops of its updates' path."""
+    sys.path.insert(0, str(root))
+    from runtimes.simulation import simulate
+    from scenarios.schema import scenario_from_dict
+
+    scenario = scenario_from_dict({
+        "name": "path", "seed": 3, "rounds": 1,
+        "data": {"dataset": "digits", "partition": "iid", "server_test_fraction": 0.2},
+        "model": {"name": "logreg"},
+        "federation": {"clients": 4, "fraction": 1.0, "min_clients": 1, "deadline_s": 60.0},
+        "training": {"local_epochs": 1, "batch_size": 16, "lr": 0.1},
+        "evaluation": {"federated": False, "server": False},
+    }, source="bench")
+    prefix = str(root.resolve()) + "/"
+    order: list[str] = []
+    edges: set[tuple[str, str]] = set()
+    round_trips: set[tuple[str, str, str]] = set()
+    state = {"on": False, "done": False}
+
+    def rel(frame: FrameType | None) -> str | None:
+        if frame is None:
+            return None
+        name = frame.f_code.co_filename
+        if not name.startswith(prefix):
+            return None
+        path = name[len(prefix):]
+        return path if path.split("/", 1)[0] in PACKAGES else None
+
+    def hook(frame: FrameType, event: str, _arg: object) -> None:
+        if event not in ("call", "return") or state["done"]:
+            return
+        here = rel(frame)
+        if here is None:
+            return
+        function = frame.f_code.co_name
+        if event == "call" and not state["on"] and here == "core/replies.py" and function == "train_reply":
+            state["on"] = True
+        if event == "return" and here.endswith("/store.py") and function == "commit_round":  # aggregator/ before
+            state["done"] = True
+        if not state["on"] or event != "call" or _on_a_client(frame):
+            return
+        if here not in order:
+            order.append(here)
+        caller = rel(frame.f_back)
+        if caller is not None and caller.split("/")[0] != here.split("/")[0]:
+            edges.add((caller, here))
+            above = rel(frame.f_back.f_back) if frame.f_back is not None else None
+            if above is not None and (above.split("/")[0], caller.split("/")[0], here.split("/")[0]) == \
+                    ("aggregator", "core", "aggregator"):
+                round_trips.add((above, caller, here))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        threading.setprofile(hook)
+        sys.setprofile(hook)
+        try:
+            simulate(scenario, db_url=f"sqlite:///{tmp}/runs.db", workers=1)
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)  # type: ignore[arg-type]
+    return {"files": order, "edges": sorted(edges), "round_trips": sorted(round_trips)}
+
+
+def main() -> None:
+    """Print the path's files, their count and the hops."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=Path.cwd(), help="the checkout to measure (default: here)")
+    args = parser.parse_args()
+    result = measure(args.root)
+    print("files on the path, in the order an update reaches them:")
+    for path in result["files"]:
+        print(f"  {path}")
+    packages = [b.split("/")[0] for _, b in result["edges"]]
+    print(f"server files: {len(result['files'])}; cross-package calls: "
+          f"{len(result['edges'])} ({', '.join(sorted(set(packages)))}); "
+          f"aggregator -> core -> aggregator round trips: {len(result['round_trips'])}")
+    for trip in result["round_trips"]:
+        print("  round trip: " + " -> ".join(trip))
+
+
+if __name__ == "__main__":
+    main()

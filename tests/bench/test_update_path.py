@@ -1,0 +1,26 @@
+"""bench/update_path.py: one round's updates cross the server's files once, in order, and end in the run store."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_an_updates_path_reaches_the_store_through_one_runlog_without_a_round_trip() -> None:
+    spec = importlib.util.spec_from_file_location("update_path", ROOT / "bench" / "update_path.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    result = module.measure(ROOT)  # one in-process round, profiled
+
+    files = result["files"]
+    # the reply is parsed, folded by the strategy, applied, and committed through the RunLog, in that order
+    steps = ["aggregator/fit.py", "core/replies.py", "core/strategy.py", "aggregator/step.py",
+             "aggregator/strategies/fedavg.py", "runstore/runlog.py", "runstore/store.py"]
+    assert [files.index(f) for f in steps] == sorted(files.index(f) for f in steps), files
+    assert not [f for f in files if f.startswith(("clients/", "learning/"))]  # no client code on the server's path
+    assert result["round_trips"] == []  # no aggregator -> core -> aggregator call backs
+    assert len(files) <= 20, files  # 19 before the architecture step (5c91da4^); + runstore/runlog.py
