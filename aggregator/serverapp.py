@@ -34,20 +34,8 @@ from aggregator.flower_app import find_app, log_end, round_logger, serve_flower_
 from aggregator.resume import check_same_scenario, has_ended, scenario_difference, start_state
 from aggregator.rounds import LoopResult, RoundLoop
 from aggregator.standardize import standardize_run
-from aggregator.strategies import (
-    CenteredClipping,
-    FedAdagrad,
-    FedAdam,
-    FedAvg,
-    FedAvgM,
-    FedMedian,
-    FedProx,
-    FedTrimmedMean,
-    FedYogi,
-    Krum,
-    Scaffold,
-    Strategy,
-)
+from aggregator.strategies import Strategy
+from aggregator.strategies.registry import build_base
 from core.errors import RunNotFound
 from core.fit import FitWorkflow
 from core.headline import Headline
@@ -76,23 +64,8 @@ __all__ = ["app", "build_strategy", "build_fit", "run_federation", "fork_run", "
 
 
 def build_strategy(scenario: Scenario) -> Strategy[Any]:
-    """Build the scenario's strategy, wrapped in DP-FedAvg when ``[dp]`` is enabled."""
-    s = scenario.strategy
-    factories: dict[str, Callable[[], Strategy[Any]]] = {
-        "fedavg": lambda: FedAvg(server_lr=s.server_lr),
-        "fedprox": lambda: FedProx(server_lr=s.server_lr, mu=s.mu),
-        "fedavgm": lambda: FedAvgM(server_lr=s.server_lr, momentum=s.momentum),
-        "fedadam": lambda: FedAdam(server_lr=s.server_lr, beta1=s.beta1, beta2=s.beta2, tau=s.tau),
-        "fedyogi": lambda: FedYogi(server_lr=s.server_lr, beta1=s.beta1, beta2=s.beta2, tau=s.tau),
-        "fedadagrad": lambda: FedAdagrad(server_lr=s.server_lr, beta1=s.beta1, tau=s.tau),
-        "scaffold": lambda: Scaffold(server_lr=s.server_lr, population=scenario.federation.clients),
-        "centered_clipping": lambda: CenteredClipping(clip_radius=s.clip_radius, bucket_size=s.bucket_size,
-                                                      momentum=s.momentum, server_lr=s.server_lr),
-        "median": lambda: FedMedian(server_lr=s.server_lr),
-        "trimmed_mean": lambda: FedTrimmedMean(server_lr=s.server_lr, beta=s.trim_fraction),
-        "krum": lambda: Krum(server_lr=s.server_lr, num_byzantine=s.num_byzantine, num_selected=s.num_selected),
-    }
-    base = factories[s.name]()
+    """Build the scenario's strategy (by name: ``aggregator.strategies.registry``), in DP-FedAvg under ``[dp]``."""
+    base = build_base(scenario)
     if not scenario.dp.enabled:
         return base
     return make_dp_strategy(base, scenario.dp, clients_per_round=scenario.federation.per_round,

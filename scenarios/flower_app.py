@@ -48,7 +48,7 @@ HONOURED = {
 #: Server-side keys of Flower's strategies that Quorum's ServerApp does not apply to a Flower app: refused.
 REFUSED = {
     "proximal-mu": "FedProx's proximal term: run the app with a Quorum scenario ([strategy] name = \"fedprox\", "
-                   "mu = ...) and the scenario key",
+                   "[strategy.fedprox] mu = ...) and the scenario key",
     "server-learning-rate": "a server learning rate: run the app with a Quorum scenario ([strategy] server_lr)",
     "server-lr": "a server learning rate: run the app with a Quorum scenario ([strategy] server_lr)",
 }

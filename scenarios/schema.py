@@ -36,6 +36,7 @@ from scenarios.sections import (
     TaskSpec,
     TrainingSpec,
 )
+from scenarios.strategies import CenteredClippingSettings, KrumSettings
 from scenarios.threats import DPSpec, FaultSpec, SecAggSpec
 
 __all__ = ["Scenario", "load_scenario", "loads_scenario", "scenario_from_dict", "build_options", "bad_value",
@@ -107,8 +108,12 @@ class Scenario:
         return scenario_from_dict({**self.to_dict(), **changes}, source="<override>")
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the scenario as plain data, under the keys a file writes (``async``, ``[training]`` as read back)."""
-        out = {**dataclasses.asdict(self), "training": self.training.to_table()}
+        """Return the scenario as plain data, under the keys a file writes.
+
+        ``async``, and ``[training]`` and ``[strategy]`` as they read back (the
+        strategy's settings in ``[strategy.<name>]``).
+        """
+        out = {**dataclasses.asdict(self), "training": self.training.to_table(), "strategy": self.strategy.to_table()}
         return {self.TOML_KEYS.get(k, k): v for k, v in out.items()}
 
 
@@ -256,16 +261,17 @@ def _check_robust(scenario: Scenario) -> None:
                    "bounded, and a rule that ranks or selects updates (median, trimmed mean, Krum) has no such "
                    "bound for the DP noise to cover; use name = \"centered_clipping\" (which composes with "
                    "central DP) or turn one off")
-    if scenario.dp.enabled and scenario.strategy.bucket_size != 1:
-        raise Bad("strategy.bucket_size", scenario.strategy.bucket_size,
+    settings = scenario.strategy.settings
+    if scenario.dp.enabled and isinstance(settings, CenteredClippingSettings) and settings.bucket_size != 1:
+        raise Bad("strategy.centered_clipping.bucket_size", settings.bucket_size,
                    "[dp] enabled = true needs bucket_size = 1: a bucket of consecutive arrivals lets one "
                    "client's presence shift every later bucket, which the DP noise does not cover")
-    if name == "krum":
-        f, n = scenario.strategy.num_byzantine, scenario.federation.per_round
+    if isinstance(settings, KrumSettings):
+        f, n = settings.num_byzantine, scenario.federation.per_round
         if n <= 2 * f + 2:
-            raise Bad("strategy.num_byzantine", f, f"Krum needs more than 2 f + 2 clients per round, got {n}")
-        if scenario.strategy.num_selected > n - f:
-            raise Bad("strategy.num_selected", scenario.strategy.num_selected,
+            raise Bad("strategy.krum.num_byzantine", f, f"Krum needs more than 2 f + 2 clients per round, got {n}")
+        if settings.num_selected > n - f:
+            raise Bad("strategy.krum.num_selected", settings.num_selected,
                        f"exceeds clients per round minus num_byzantine ({n - f})")
 
 

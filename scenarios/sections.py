@@ -3,7 +3,9 @@
 ``[data]``, ``[model]``, ``[federation]``, ``[training]``, ``[strategy]``,
 ``[evaluation]``, ``[async]`` and ``[task]``: one frozen dataclass each, whose
 ``_check`` validates the section's own keys (the combinations across sections
-are refused by :class:`scenarios.schema.Scenario`). Import them from here.
+are refused by :class:`scenarios.schema.Scenario`; each strategy's own
+``[strategy.<name>]`` table is a class of :mod:`scenarios.strategies`).
+Import them from here.
 """
 
 from __future__ import annotations
@@ -14,10 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from scenarios.parse import Bad, at_least, at_most, build, fraction, non_negative, positive, show
+from scenarios.strategies import (
+    LEGACY_DEFAULTS,
+    STRATEGY_SETTINGS,
+    FedAvgSettings,
+    StrategySettings,
+    legacy_value,
+    setting_names,
+)
 
 __all__ = [
     "DataSpec", "ModelSpec", "FederationSpec", "TrainingSpec", "StrategySpec", "EvaluationSpec", "AsyncSpec",
     "TaskSpec", "MAX_ROUNDS", "MAX_CLIENTS", "ROBUST_STRATEGIES", "TASK_KEYS", "MAX_LOCAL_STEPS",
+    "SHARED_STRATEGY_KEYS",
 ]
 
 # Bounds that keep every count well inside a 64-bit store column and a sane run.
@@ -177,65 +188,112 @@ class TrainingSpec:
         fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
 
 
-#: The settings each strategy reads besides ``server_lr`` (``aggregator.serverapp.build_strategy`` passes these):
-#: a scenario that sets another one to anything but its default is refused, naming it.
-STRATEGY_KEYS: dict[str, frozenset[str]] = {
-    "fedavg": frozenset(), "scaffold": frozenset(), "median": frozenset(),
-    "fedprox": frozenset({"mu"}), "fedavgm": frozenset({"momentum"}),
-    "fedadam": frozenset({"beta1", "beta2", "tau"}), "fedyogi": frozenset({"beta1", "beta2", "tau"}),
-    "fedadagrad": frozenset({"beta1", "tau"}),
-    "centered_clipping": frozenset({"clip_radius", "bucket_size", "momentum"}),
-    "trimmed_mean": frozenset({"trim_fraction"}), "krum": frozenset({"num_byzantine", "num_selected"}),
-}
+#: The keys of ``[strategy]`` every strategy reads; each strategy's own are in ``[strategy.<name>]``.
+SHARED_STRATEGY_KEYS = ("name", "server_lr")
 
 
 @dataclass(frozen=True)
 class StrategySpec:
-    """``[strategy]``: the server's update rule and its settings (docs/strategies.md)."""
+    """``[strategy]``: the server's update rule, its learning rate and the rule's own settings (docs/strategies.md).
+
+    ``settings`` is the chosen strategy's object of
+    :data:`scenarios.strategies.STRATEGY_SETTINGS`, read from the sub-table
+    ``[strategy.<name>]`` (:meth:`from_table`). A spec built in Python
+    without ``settings`` gets the chosen strategy's defaults.
+    """
 
     name: Literal["fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold",
                   "centered_clipping", "median", "trimmed_mean", "krum"] = "fedavg"
-    # Every key, its default and the update rule of each strategy: docs/strategies.md.
     server_lr: float = 1.0
-    momentum: float = 0.9
-    beta1: float = 0.9
-    beta2: float = 0.99
-    tau: float = 1e-3
-    mu: float = 0.01
-    # Robust aggregation (aggregator/strategies): centered clipping's radius and bucket
-    # size, the trimmed mean's cut per end, Krum's assumed Byzantine count and Multi-Krum's m.
-    clip_radius: float = 1.0
-    bucket_size: int = 2
-    trim_fraction: float = 0.2
-    num_byzantine: int = 0
-    num_selected: int = 1
+    settings: StrategySettings = field(default_factory=FedAvgSettings)
+
+    def __post_init__(self) -> None:
+        """Give a spec built without settings (or with another strategy's defaults) the chosen strategy's."""
+        want = STRATEGY_SETTINGS[self.name]
+        if type(self.settings) is not want:
+            if self.settings != type(self.settings)():
+                raise TypeError(f"strategy {self.name!r} takes {want.__name__}, not {self.settings!r}")
+            object.__setattr__(self, "settings", want())  # the default of another strategy: this one's defaults
+
+    @classmethod
+    def from_table(cls, raw: Any, key: str) -> StrategySpec:
+        """``[strategy]`` as written: ``name``, ``server_lr`` and the sub-table ``[strategy.<name>]``.
+
+        A file (or a stored run) written before the sub-tables existed sets the
+        strategy's keys directly under ``[strategy]``, every strategy's key at
+        that: such a key still reads, into the settings when the chosen
+        strategy reads it, and ignored when it is another strategy's at its
+        default (:data:`scenarios.strategies.LEGACY_DEFAULTS`).
+
+        Raises
+        ------
+        Bad
+            A sub-table of another strategy, a key the chosen strategy does not
+            read (in its sub-table, or flat at another value than its default),
+            a key set both flat and in the sub-table, or a bad value, naming
+            the key where it was written (``strategy.fedadam.beta1`` or
+            ``strategy.beta1``).
+        """
+        if not isinstance(raw, Mapping):
+            raise Bad(key, raw, "must be a table")
+        spec: StrategySpec = build(cls, {k: v for k, v in raw.items() if k in SHARED_STRATEGY_KEYS}, key + ".")
+        name, chosen = spec.name, setting_names(spec.name)
+        table = raw.get(name, {})
+        if not isinstance(table, Mapping):
+            raise Bad(f"{key}.{name}", table, f"must be a table (the settings of strategy {name!r})")
+        flat: dict[str, Any] = {}
+        for k, value in raw.items():
+            if k in SHARED_STRATEGY_KEYS or k == name:
+                continue
+            if k in STRATEGY_SETTINGS:
+                raise Bad(f"{key}.{k}", value, f"are the settings of strategy {k!r}, and {key}.name = {name!r} "
+                          f"would ignore them; {_settings_hint(key, name)}")
+            if k in chosen and k in table:
+                raise Bad(f"{key}.{k}", value, f"is set in [{key}.{name}] too ({k} = {show(table[k])}); keep the one "
+                          "in the table")
+            if k in chosen:
+                flat[k] = value
+            elif k in LEGACY_DEFAULTS:
+                if legacy_value(k, value, key + ".") != LEGACY_DEFAULTS[k]:
+                    raise Bad(f"{key}.{k}", value, f"is not a setting of strategy {name!r}, which would ignore it "
+                              f"({_settings_hint(key, name)}; docs/strategies.md)")
+            else:
+                raise Bad(f"{key}.{k}", value, f"unknown key; allowed: {', '.join(SHARED_STRATEGY_KEYS)} and the "
+                          f"table [{key}.{name}] ({_settings_hint(key, name)})")
+        for k, value in table.items():
+            if k not in chosen:
+                why = (f"is read by every strategy: set it under [{key}]" if k in SHARED_STRATEGY_KEYS else
+                       f"is not a setting of strategy {name!r} ({_settings_hint(key, name)})")
+                raise Bad(f"{key}.{name}.{k}", value, why)
+        try:
+            settings = build(STRATEGY_SETTINGS[name], {**flat, **table}, "")
+        except Bad as bad:  # named where it was written: flat (a file of before the sub-tables) or in the table
+            raise Bad((f"{key}." if bad.key in flat else f"{key}.{name}.") + bad.key, bad.value, bad.why) from None
+        return dataclasses.replace(spec, settings=settings)
+
+    def to_table(self) -> dict[str, Any]:
+        """Return the section as :meth:`from_table` reads it back: the settings in ``[strategy.<name>]``."""
+        table: dict[str, Any] = {"name": self.name, "server_lr": self.server_lr}
+        settings = dataclasses.asdict(self.settings)
+        if settings:
+            table[self.name] = settings
+        return table
 
     def _check(self) -> None:
-        used = STRATEGY_KEYS[self.name]
-        for spec in dataclasses.fields(self):
-            value = getattr(self, spec.name)
-            if spec.name not in used and spec.name not in ("name", "server_lr") and value != spec.default:
-                settings = ", ".join(sorted(used | {"server_lr"}))
-                raise Bad(spec.name, value, f"is not a setting of strategy {self.name!r}, which would ignore it "
-                                            f"(its settings: {settings}; docs/strategies.md)")
         positive("server_lr", self.server_lr)
-        fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
-        fraction("beta1", self.beta1, allow_zero=True, allow_one=False)
-        fraction("beta2", self.beta2, allow_zero=True, allow_one=False)
-        positive("tau", self.tau)
-        non_negative("mu", self.mu)
-        positive("clip_radius", self.clip_radius)
-        positive("bucket_size", self.bucket_size)
-        fraction("trim_fraction", self.trim_fraction, allow_zero=True, allow_one=False)
-        if not self.trim_fraction < 0.5:
-            raise Bad("trim_fraction", self.trim_fraction, "must be < 0.5 (a cut at each end)")
-        non_negative("num_byzantine", self.num_byzantine)
-        positive("num_selected", self.num_selected)
 
     @property
     def robust(self) -> bool:
         """Whether the rule needs to see every client's update (no secure aggregation)."""
         return self.name in ROBUST_STRATEGIES
+
+
+def _settings_hint(key: str, name: str) -> str:
+    """Say which keys strategy ``name`` reads, and where."""
+    own = setting_names(name)
+    if not own:
+        return f"strategy {name!r} reads {key}.server_lr only"
+    return f"strategy {name!r} reads {key}.server_lr and, in [{key}.{name}], {', '.join(own)}"
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,8 @@ def test_centered_clipping_composes_with_central_dp_without_buckets() -> None:
 
     # Assert: DP wraps the rule, which still decides each client's term
     assert strategy.name == "dp-fedavg" and isinstance(strategy.inner, CenteredClipping)
-    with pytest.raises(ScenarioError, match=r"strategy.bucket_size = 2.*\[dp\] enabled = true needs bucket_size = 1"):
+    with pytest.raises(ScenarioError, match=r"strategy\.centered_clipping\.bucket_size = 2.*\[dp\] enabled = true "
+                                            r"needs bucket_size = 1"):
         parse(strategy={"name": "centered_clipping"}, dp={"enabled": True, "noise_multiplier": 1.0})
 
 
@@ -62,8 +63,12 @@ def test_centered_clipping_composes_with_central_dp_without_buckets() -> None:
     ({"name": "centered_clipping", "momentum": 1.0}, "strategy.momentum", "1.0"),
     ({"name": "trimmed_mean", "trim_fraction": 0.5}, "strategy.trim_fraction", "0.5"),
     ({"name": "krum", "num_byzantine": -1}, "strategy.num_byzantine", "-1"),
-    ({"name": "krum", "num_byzantine": 4}, "strategy.num_byzantine", "4"),  # 10 <= 2 * 4 + 2
-    ({"name": "krum", "num_byzantine": 1, "num_selected": 10}, "strategy.num_selected", "10"),
+    ({"name": "krum", "num_byzantine": 4}, "strategy.krum.num_byzantine", "4"),  # 10 <= 2 * 4 + 2
+    ({"name": "krum", "num_byzantine": 1, "num_selected": 10}, "strategy.krum.num_selected", "10"),
+    ({"name": "krum", "krum": {"num_byzantine": 1, "num_selected": 10}}, "strategy.krum.num_selected", "10"),
+    ({"name": "centered_clipping", "centered_clipping": {"clip_radius": 0.0}}, "strategy.centered_clipping.clip_radius",
+     "0.0"),
+    ({"name": "trimmed_mean", "trimmed_mean": {"trim_fraction": 0.5}}, "strategy.trimmed_mean.trim_fraction", "0.5"),
     ({"name": "bulyan"}, "strategy.name", "'bulyan'"),
 ])
 def test_bad_robust_settings_name_the_key_and_value(strategy: dict, key: str, value: str) -> None:
