@@ -1,1 +1,1 @@
-"""The aggregator: the round loop and FedBuff, fit and evaluation, the strategies, and the one ServerApp."""
+"""The aggregator: the round loop and FedBuff, training and evaluation, the strategies, and the one ServerApp."""

@@ -46,7 +46,6 @@ from aggregator.evaluation import ServerEvaluator, task_round_metrics
 from aggregator.step import advance, round_codec, train_config
 from core.aggregate import step_problem
 from core.errors import UpdateRejected
-from core.fit import accumulate
 from core.instructions import broadcast_of, train_instruction
 from core.layouts import ParamLayout
 from core.outcomes import error_outcome
@@ -54,6 +53,7 @@ from core.records import ClientRecord, RoundRecord
 from core.replies import parse_train_reply
 from core.status import ClientStatus, RoundStatus, RunStatus
 from core.strategy import ServerState, Strategy, round_rng
+from core.train import accumulate
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
 from runstore.runlog import RunLog

@@ -1,7 +1,7 @@
 """The round loop: the one owner of the federated loop.
 
 Each round: sample clients (seeded by the run seed and the round, so a resumed
-run samples exactly as an uninterrupted one), run the fit workflow (plain or
+run samples exactly as an uninterrupted one), run the train workflow (plain or
 secure), finalize the aggregate through the strategy, apply the server
 optimiser, evaluate, and commit the round with its checkpoint in one store
 transaction. Budget checks (differential privacy) happen before a round
@@ -21,7 +21,6 @@ from flwr.serverapp import Grid
 from aggregator.evaluation import EvalSummary, ServerEvaluator, federated_evaluate, task_round_metrics
 from aggregator.step import advance, train_config
 from core.aggregate import step_problem
-from core.fit import FitOutcome, FitRequest, FitWorkflow, marked_clients
 from core.instructions import TrainConfig
 from core.layouts import ParamLayout
 from core.outcomes import FAILED, OK, REJECTED
@@ -37,6 +36,7 @@ from core.strategy import (
     would_exceed_budget,
 )
 from core.strategy import epsilon as spent_epsilon
+from core.train import TrainOutcome, TrainRequest, TrainWorkflow, marked_clients
 from learning.standardize import Standardization
 from runstore.runlog import RunLog
 from scenarios.schema import Scenario
@@ -59,12 +59,12 @@ class RoundLoop:
 
     scenario: Scenario
     strategy: Strategy[Any]
-    fit: FitWorkflow
+    train: TrainWorkflow
     runlog: RunLog  # the stored run it logs and commits to (runstore.runlog)
     server_eval: ServerEvaluator | None = None
     on_round: Callable[[RoundRecord], None] | None = None
     eval_deadline_s: float = 30.0
-    layout: ParamLayout | None = None  # the model's tensors, as they travel (see FitRequest.layout)
+    layout: ParamLayout | None = None  # the model's tensors, as they travel (see TrainRequest.layout)
     standardization: Standardization | None = None  # [data] standardize = "federated": sent with every instruction
     app_config: Mapping[str, float | int | bool | str] = field(default_factory=dict)  # TrainConfig.app: a Flower app's
 
@@ -83,7 +83,7 @@ class RoundLoop:
         return LoopResult(state, RunStatus.FINISHED, last)
 
     def run_round(self, grid: Grid, state: ServerState) -> tuple[ServerState, RoundRecord]:
-        """Run round ``state.round + 1``: sample, fit, apply, evaluate, then commit it to the store.
+        """Run round ``state.round + 1``: sample, train, apply, evaluate, then commit it to the store.
 
         Returns the new state and the round's record (also passed to
         ``on_round``).
@@ -94,11 +94,11 @@ class RoundLoop:
         strategy = self.strategy.for_round(state)
         nodes = sample_clients(strategy, list(grid.get_node_ids()), fed.per_round, self.scenario.seed, server_round)
         strategy = bind_cohort(strategy, len(nodes))
-        request = FitRequest(server_round=server_round, nodes=nodes, state=state,
+        request = TrainRequest(server_round=server_round, nodes=nodes, state=state,
                              config=self._train_config(strategy, server_round),
                              deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20),
                              layout=self.layout)
-        outcome = self.fit(grid, request, strategy)
+        outcome = self.train(grid, request, strategy)
         state, status = self._apply(strategy, state, outcome, server_round)
         state, status, reason = self._guard(request.state, state, status, server_round)
         record = self._evaluate_and_record(grid, state, outcome, nodes, server_round, started, t0, status)
@@ -117,7 +117,7 @@ class RoundLoop:
             return config
         return config.with_settings(self.standardization.to_settings())
 
-    def _apply(self, strategy: Strategy[Any], state: ServerState, outcome: FitOutcome[Any],
+    def _apply(self, strategy: Strategy[Any], state: ServerState, outcome: TrainOutcome[Any],
                server_round: int) -> tuple[ServerState, str]:
         min_clients = self.scenario.federation.min_clients
         new, status = advance(strategy, state, outcome.aggregate, min_clients=min_clients, server_round=server_round,
@@ -142,7 +142,7 @@ class RoundLoop:
                        "warning")
         return replace(before, round=server_round, wrapper_state=after.wrapper_state), RoundStatus.REJECTED, problem
 
-    def _evaluate_and_record(self, grid: Grid, state: ServerState, outcome: FitOutcome[Any], nodes: list[int],
+    def _evaluate_and_record(self, grid: Grid, state: ServerState, outcome: TrainOutcome[Any], nodes: list[int],
                              server_round: int, started: float, t0: float, status: str) -> RoundRecord:
         ev = self.scenario.evaluation
         fed_loss = fed_acc = srv_loss = srv_acc = None

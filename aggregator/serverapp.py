@@ -3,7 +3,7 @@
 :func:`run_federation` is what every runtime calls: the in-process grid of
 ``quorum simulate``, Flower's Ray simulation and a real SuperLink all hand it
 a ``Grid``. It builds the strategy (wrapped for DP when the scenario asks),
-the fit workflow (plain or secure aggregation), opens or resumes the run in
+the train workflow (plain or secure aggregation), opens or resumes the run in
 the store and drives the :class:`~aggregator.rounds.RoundLoop`.
 """
 
@@ -29,21 +29,21 @@ from aggregator.app_model import AppModel
 from aggregator.errors import ResumeRefused, TooFewClients
 from aggregator.evaluation import ServerEvaluator
 from aggregator.fedbuff import BufferedLoop
-from aggregator.fit import PlainFit
 from aggregator.flower_app import find_app, log_end, round_logger, serve_flower_app
 from aggregator.resume import check_same_scenario, has_ended, scenario_difference, start_state
 from aggregator.rounds import LoopResult, RoundLoop
 from aggregator.standardize import standardize_run
 from aggregator.strategies import Strategy
 from aggregator.strategies.registry import build_base
+from aggregator.train import PlainTrain
 from core.errors import RunNotFound
-from core.fit import FitWorkflow
 from core.headline import Headline
 from core.layouts import ParamLayout
 from core.outcomes import run_problems
 from core.records import RoundRecord
 from core.status import ENDED, NOT_LEARNED, RoundStatus, RunStatus
 from core.strategy import ServerState, describe, initial_state
+from core.train import TrainWorkflow
 from core.weighting import WeightPolicy
 from learning.errors import TaskError
 from learning.models import layout_of
@@ -51,7 +51,7 @@ from learning.record import scenario_record
 from learning.standardize import Standardization
 from learning.task import TaskModel, load_task, task_headline
 from privacy.dp.build import make_dp_strategy
-from privacy.secagg.fit import SecAggFit
+from privacy.secagg.train import SecAggTrain
 from runstore.runlog import RunLog
 from runstore.store import ClientResult, Run, RunStore, default_db_url
 from runstore.takeover import TakenRunStore
@@ -60,7 +60,7 @@ from scenarios.flower_app import is_flower_app
 from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario, scenario_from_dict
 
-__all__ = ["app", "build_strategy", "build_fit", "run_federation", "fork_run", "RunHandle", "final_status"]
+__all__ = ["app", "build_strategy", "build_train", "run_federation", "fork_run", "RunHandle", "final_status"]
 
 
 def build_strategy(scenario: Scenario) -> Strategy[Any]:
@@ -72,16 +72,16 @@ def build_strategy(scenario: Scenario) -> Strategy[Any]:
                             population=scenario.federation.clients, rounds=scenario.rounds)
 
 
-def build_fit(scenario: Scenario) -> FitWorkflow:
-    """Plain fit, or the secure-aggregation workflow when ``[secagg]`` is enabled."""
+def build_train(scenario: Scenario) -> TrainWorkflow:
+    """Plain training, or the secure-aggregation workflow when ``[secagg]`` is enabled."""
     if not scenario.secagg.enabled:
         fed = scenario.federation
         policy = WeightPolicy(fed.weighting, median_cap=fed.median_cap, max_examples=fed.max_examples)
-        return PlainFit(policy, max_update_ratio=fed.max_update_ratio)
+        return PlainTrain(policy, max_update_ratio=fed.max_update_ratio)
     # DP-FedAvg weighs every client 1: no weight cap above 1 is needed, and a
     # larger one would cost quantisation precision.
     spec = replace(scenario.secagg, max_weight=1.0) if scenario.dp.enabled else scenario.secagg
-    return SecAggFit(spec)
+    return SecAggTrain(spec)
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def open_run(store: RunStore, scenario: Scenario, strategy: Strategy[Any], engin
     return run_id, initial_state(strategy, initial), factory, test
 
 
-def _loop(scenario: Scenario, strategy: Any, fit: Any, run: RunLog, evaluator: Any,
+def _loop(scenario: Scenario, strategy: Any, train: Any, run: RunLog, evaluator: Any,
           on_round: Callable[[RoundRecord], None] | None, layout: Any, standardization: Any,
           model: AppModel | None) -> RoundLoop | BufferedLoop:
     """Build the loop that drives the run: buffered asynchronous steps (``[async]``) or synchronous rounds."""
@@ -144,7 +144,7 @@ def _loop(scenario: Scenario, strategy: Any, fit: Any, run: RunLog, evaluator: A
                             server_eval=evaluator, on_round=on_round, layout=layout,
                             weighting=WeightPolicy(fed.weighting, median_cap=fed.median_cap,
                                                    max_examples=fed.max_examples))
-    return RoundLoop(scenario=scenario, strategy=strategy, fit=fit, runlog=run,
+    return RoundLoop(scenario=scenario, strategy=strategy, train=train, runlog=run,
                      server_eval=evaluator, on_round=on_round, layout=layout, standardization=standardization,
                      app_config=model.train_config if model is not None else {})
 
@@ -159,7 +159,7 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     ``model``: a Flower app's own model and train config (``aggregator.flower_app``) instead of the
     scenario's task; the scenario then gives only the federation's settings.
 
-    Configuration errors of the strategy or the fit workflow surface (as
+    Configuration errors of the strategy or the train workflow surface (as
     :class:`ScenarioError`) before a run row exists; anything that fails once it
     exists marks the run ``failed`` with the message, so no row stays ``running``.
     While it runs, this process holds the run (:class:`~runstore.runlog.RunLog`: it renews the run's lease).
@@ -168,7 +168,7 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     :class:`~aggregator.errors.ResumeRefused` and leaves the run as it was); a run
     that already ended is returned as it is, untouched.
     """
-    strategy, fit = _build(scenario)
+    strategy, train = _build(scenario)
     if scenario.asynchronous.enabled and scenario.asynchronous.clock == "virtual" and engine != "inprocess":
         raise ScenarioError(f"{scenario.name}: async.clock = \"virtual\" simulates device speeds on the in-process "
                             f"engine only (engine {engine!r}); set async.clock = \"wall\" to run in real time")
@@ -189,7 +189,7 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
             evaluator, layout, standardization = _prepare(grid, scenario, store, run_id, factory, test)
         else:
             evaluator, layout, standardization = None, model.layout, None
-        loop = _loop(scenario, strategy, fit, run, evaluator, on_round, layout, standardization, model)
+        loop = _loop(scenario, strategy, train, run, evaluator, on_round, layout, standardization, model)
         result = LoopResult(*loop.run(grid, state)) if isinstance(loop, BufferedLoop) else loop.run(grid, state)
     except BaseException as exc:
         run.end(RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.FAILED,
@@ -205,9 +205,9 @@ def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: s
     return run_id, replace(result, status=status)
 
 
-def _build(scenario: Scenario) -> tuple[Strategy[Any], FitWorkflow]:
+def _build(scenario: Scenario) -> tuple[Strategy[Any], TrainWorkflow]:
     try:
-        return build_strategy(scenario), build_fit(scenario)
+        return build_strategy(scenario), build_train(scenario)
     except ValueError as exc:  # SecAggConfigError, DPConfigError: a setting the schema let through
         raise ScenarioError(f"{scenario.name}: {exc}") from None
 

@@ -1,7 +1,7 @@
 """The statistics passes of ``[data] standardize = "federated"``, on the server (:mod:`learning.standardize`).
 
 Before round 1 the sampled clients answer three passes (flags, means,
-spread) through the run's own fit workflow (plain, or secure aggregation,
+spread) through the run's own train workflow (plain, or secure aggregation,
 where the server sees only each pass's sum), as if they were a round's
 updates of a small model. Each pass weighs a client by its row count (capped
 at ``federation.max_examples``, the same on both workflows). The result
@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 from flwr.serverapp import Grid
 
-from aggregator.fit import PlainFit
 from aggregator.step import train_config
 from aggregator.strategies import FedAvg
-from core.fit import FitOutcome, FitRequest, FitWorkflow
+from aggregator.train import PlainTrain
 from core.instructions import STD_LIMIT, STD_MEAN, STD_PASS, STD_SCALES, TrainConfig
 from core.status import ClientStatus
 from core.strategy import ServerState, sample_clients
+from core.train import TrainOutcome, TrainRequest, TrainWorkflow
 from core.weighting import WeightPolicy
 from learning.standardize import (
     INFO_KEY,
@@ -35,11 +35,11 @@ from learning.standardize import (
     standardized,
 )
 from learning.task import load_task
-from privacy.secagg.fit import SecAggFit
+from privacy.secagg.train import SecAggTrain
 from runstore.store import RunStore
 from scenarios.schema import Scenario
 
-__all__ = ["StatisticsPassFailed", "federated_standardization", "statistics_fit", "standardize_run"]
+__all__ = ["StatisticsPassFailed", "federated_standardization", "statistics_train", "standardize_run"]
 
 #: The largest value a statistic takes (the pass's clip range, also under secure aggregation).
 LIMIT = 1.0
@@ -49,20 +49,20 @@ class StatisticsPassFailed(RuntimeError):
     """A statistics pass failed (no client answered, or a feature too large): the run cannot standardise."""
 
 
-def statistics_fit(scenario: Scenario, size: int) -> FitWorkflow:
-    """Return a pass's fit workflow for vectors of ``size`` values, each within :data:`LIMIT`.
+def statistics_train(scenario: Scenario, size: int) -> TrainWorkflow:
+    """Return a pass's train workflow for vectors of ``size`` values, each within :data:`LIMIT`.
 
     Secure aggregation when the run has it, on a 64-bit ring (the vectors are
     small, and each value is weighted by count / max_weight, which a 32-bit
     ring's steps would round visibly) with the clip range at the limit, so a
     lying client moves a sum by no more than an honest one could. Otherwise
-    the plain fit, whose norm bound admits exactly the vectors within the limit.
+    the plain train workflow, whose norm bound admits exactly the vectors within the limit.
     Both weigh a client by its row count, capped at ``federation.max_examples``.
     """
     cap = scenario.federation.max_examples
     if scenario.secagg.enabled:
-        return SecAggFit(replace(scenario.secagg, bits=64, clip_range=LIMIT, max_weight=float(cap)))
-    return PlainFit(WeightPolicy("capped", max_examples=cap),
+        return SecAggTrain(replace(scenario.secagg, bits=64, clip_range=LIMIT, max_weight=float(cap)))
+    return PlainTrain(WeightPolicy("capped", max_examples=cap),
                     max_update_ratio=LIMIT * math.sqrt(size) * 1.001)  # 1.001: float32 rounding
 
 
@@ -101,10 +101,10 @@ def _pass(grid: Grid, scenario: Scenario, nodes: list[int], config: TrainConfig,
           size: int) -> tuple[np.ndarray, int]:
     """One pass: the clients' weighted mean vector, and how many clients it holds."""
     fed = scenario.federation
-    request = FitRequest(server_round=0, nodes=nodes, state=ServerState(params=np.zeros(size, np.float32)),
+    request = TrainRequest(server_round=0, nodes=nodes, state=ServerState(params=np.zeros(size, np.float32)),
                          config=config.with_settings({STD_LIMIT: LIMIT}),
                          deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20))
-    outcome = statistics_fit(scenario, size)(grid, request, FedAvg())
+    outcome = statistics_train(scenario, size)(grid, request, FedAvg())
     answered = sum(c.outcome == ClientStatus.OK for c in outcome.clients)
     return _weighted_mean(outcome, str(config.get(STD_PASS))), answered
 
@@ -125,7 +125,7 @@ def standardize_run(grid: Grid, scenario: Scenario, store: RunStore, run_id: str
     return result, standardized(test, result) if test is not None else None
 
 
-def _weighted_mean(outcome: FitOutcome[Any], kind: str) -> np.ndarray:
+def _weighted_mean(outcome: TrainOutcome[Any], kind: str) -> np.ndarray:
     if outcome.aggregate is None or outcome.aggregate.count == 0:
         reasons = sorted({f"{c.outcome}: {c.reason}" for c in outcome.clients if c.reason})[:3]
         raise StatisticsPassFailed(f"data.standardize = \"federated\": no client answered the {kind} statistics "

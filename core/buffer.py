@@ -9,7 +9,7 @@ type says so (memory O(clients x model), unlike the mean's O(model)).
 Both kinds of robust state carry ``marks``: per arrival index (the n-th update
 folded), what the rule did to that client's update (``{"clipped": 1.0}``,
 ``{"rejected": 1.0}``, ``{"trimmed": 0.4}``), which the round loop copies into
-the client records (see :func:`core.fit.marked_clients`).
+the client records (see :func:`core.train.marked_clients`).
 """
 
 from __future__ import annotations

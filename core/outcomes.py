@@ -1,6 +1,6 @@
 """A client's part in a round in one word, a round's counts in one line, and a run's end as an exit code.
 
-Every runtime and fit workflow records each sampled client as one of:
+Every runtime and train workflow records each sampled client as one of:
 
 - ``ok``: its reply was taken into the round;
 - ``dropped``: it did not answer: killed, unreachable, past the deadline. A

@@ -1,6 +1,6 @@
 """What one round leaves behind: the round and client records the store commits.
 
-The round loop, the fit workflows and every runtime build these; the run store
+The round loop, the train workflows and every runtime build these; the run store
 persists them. They live in ``core`` because both the server side and the
 runtimes speak them, and the store is only one of their readers.
 """

@@ -18,7 +18,7 @@ claims ``num-examples = 10**12`` *is* the weighted mean. A
 ``capped`` and ``uniform`` know a weight the moment a reply arrives, so the
 update folds into the running aggregate at once (memory O(model)). The
 median is a property of the whole round: its weights are known once every
-reply is in, so the fit step keeps the round's decoded updates (zero-copy views
+reply is in, so the train step keeps the round's decoded updates (zero-copy views
 of the reply bytes) until then, O(replies x model); choose ``capped`` where
 that matters. Pure functions, no I/O.
 """

@@ -3,7 +3,7 @@
 ``[data] standardize = "federated"`` runs three statistics passes before
 round 1. In each, a client answers a train instruction marked
 :data:`core.instructions.STD_PASS` not with a model update but with a vector about its
-training rows, weighted by its row count; the round's fit workflow folds
+training rows, weighted by its row count; the round's train workflow folds
 these like updates, so under ``[secagg]`` the server learns only their
 weighted sum, and without it the same checks as for an update apply:
 

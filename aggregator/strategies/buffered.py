@@ -4,7 +4,7 @@ Coordinate-wise median, trimmed mean and Krum rank or compare the individual
 updates, so they cannot be folded into a running sum: their aggregate state is
 a :class:`core.buffer.UpdateBuffer` that holds the list (memory O(clients x
 model)), and :attr:`BufferedStrategy.needs_all_updates` says so in the type.
-The fit workflows still drive them through ``new_aggregate`` / ``accumulate``
+The train workflows still drive them through ``new_aggregate`` / ``accumulate``
 / ``finalize``, so the round loop has no branch on the kind of strategy.
 
 Every update counts once: these rules were analysed with equal weights

@@ -1,6 +1,6 @@
 """Server side over Flower: drive one secure-aggregation round through a ``Grid``.
 
-The round loop calls :func:`run_secagg` instead of its plain fit step. Each
+The round loop calls :func:`run_secagg` instead of its plain train step. Each
 stage is one push of messages and a polling loop until every live client has
 answered or the stage deadline passes; a client that errs, times out or
 sends something the server rejects has dropped out at that stage (Bonawitz

@@ -39,9 +39,9 @@ from torch.nn import functional as F
 from aggregator.step import advance
 from core import aggregate
 from core.compress import Codec, with_feedback
-from core.fit import accumulate
 from core.instructions import TrainConfig, client_seed
 from core.strategy import ServerState, Strategy, round_rng, sample_clients
+from core.train import accumulate
 from learning.datasets import ArrayDataset, Federation
 from learning.models import get_flat, set_flat
 from learning.training import TrainResult, train

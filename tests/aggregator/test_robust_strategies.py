@@ -10,9 +10,9 @@ import pytest
 from aggregator.strategies import BufferedStrategy, CenteredClipping, FedMedian, FedTrimmedMean, Krum
 from aggregator.strategies.centered_clipping import CCState
 from core.buffer import UpdateBuffer, buffer_merge
-from core.fit import FitOutcome, marked_clients
 from core.records import ClientRecord
 from core.strategy import ServerState
+from core.train import TrainOutcome, marked_clients
 from privacy.dp.mechanisms import gaussian_noise
 from privacy.dp.strategy import DPFedAvg
 
@@ -286,7 +286,7 @@ def test_marks_go_to_the_records_of_the_updates_folded_in_arrival_order() -> Non
                ClientRecord("3", "ok"), ClientRecord("4", "dropped")]
 
     # Execute
-    records = marked_clients(FitOutcome(aggregate=agg, clients=clients))
+    records = marked_clients(TrainOutcome(aggregate=agg, clients=clients))
 
     # Assert
     assert [r.metrics for r in records] == [{"train-loss": 0.5}, None, {"clipped": 1.0}, None]
@@ -296,4 +296,4 @@ def test_the_plain_mean_marks_nothing() -> None:
     from core.aggregate import empty
 
     clients = [ClientRecord("1", "ok")]
-    assert marked_clients(FitOutcome(aggregate=empty(2), clients=clients)) == clients
+    assert marked_clients(TrainOutcome(aggregate=empty(2), clients=clients)) == clients

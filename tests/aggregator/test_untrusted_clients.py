@@ -18,11 +18,11 @@ from aggregator.strategies import FedAvg
 from core import aggregate
 from core.errors import StoreError
 from core.eval_replies import eval_reply
-from core.fit import FitOutcome, FitRequest
 from core.instructions import parse_instruction
 from core.records import RoundRecord
 from core.replies import train_reply
 from core.strategy import ServerState
+from core.train import TrainOutcome, TrainRequest
 from runstore.runlog import RunLog
 from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
@@ -151,14 +151,14 @@ def test_a_run_with_some_rounds_skipped_ends_degraded_with_the_count(db_url: str
 
 
 class FixedAggregate:
-    """A fit workflow whose aggregate is given: what an overflowing or exploding sum looks like."""
+    """A train workflow whose aggregate is given: what an overflowing or exploding sum looks like."""
 
     def __init__(self, value: float) -> None:
         self.value = value
 
-    def __call__(self, grid, request: FitRequest, strategy) -> FitOutcome:  # noqa: ARG002 (FitWorkflow's)
+    def __call__(self, grid, request: TrainRequest, strategy) -> TrainOutcome:  # noqa: ARG002 (TrainWorkflow's)
         total = np.full(request.state.params.size, self.value, np.float32)
-        return FitOutcome(aggregate=aggregate.MeanState(total=total, weight=1.0, count=4))
+        return TrainOutcome(aggregate=aggregate.MeanState(total=total, weight=1.0, count=4))
 
 
 @pytest.mark.parametrize(("value", "reason"), [(np.inf, "holds NaN or Inf"), (np.nan, "holds NaN or Inf"),
@@ -170,7 +170,8 @@ def test_a_non_finite_or_exploding_aggregate_rejects_the_round(db_url: str, valu
     start = initial_params(scenario)
     run_id = store.create_run(name="guard", scenario=scenario.to_dict(), seed=0, strategy="fedavg", rounds=2)
     with InProcessGrid(scripted(lambda *_: RecordDict()), [NodeSpec(i + 1, {}) for i in range(4)], {}) as grid:
-        loop = RoundLoop(scenario=scenario, strategy=FedAvg(), fit=FixedAggregate(value), runlog=RunLog(store, run_id))
+        loop = RoundLoop(scenario=scenario, strategy=FedAvg(), train=FixedAggregate(value),
+                         runlog=RunLog(store, run_id))
         # Execute
         result = loop.run(grid, ServerState.initial(start))
     # Assert: the model never moved, each round says why, the run is not "finished"

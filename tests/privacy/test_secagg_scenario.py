@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from privacy.secagg.fit import config_from_spec
+from privacy.secagg.train import config_from_spec
 from runstore.store import RunStore
 from runtimes.simulation import simulate
 from scenarios.errors import ScenarioError

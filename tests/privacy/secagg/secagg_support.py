@@ -17,7 +17,6 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from privacy.secagg import SecAggConfig, SecAggCryptoError, SecAggProtocolError
 from privacy.secagg.client import client_step
 from privacy.secagg.codec import setup_digest
-from privacy.secagg.fit import config_from_spec
 from privacy.secagg.identity import ClientPolicy, enrol
 from privacy.secagg.keys import agree, pair_mask_key, self_mask_key, session_digest
 from privacy.secagg.messages import MaskedInput
@@ -26,6 +25,7 @@ from privacy.secagg.quantize import Quantizer
 from privacy.secagg.server import ServerRound
 from privacy.secagg.shamir import combine
 from privacy.secagg.state import ClientState
+from privacy.secagg.train import config_from_spec
 from scenarios.schema import load_scenario
 from tests.conftest import REPO
 

@@ -1,9 +1,9 @@
-"""The fit step's types: what a fit workflow is asked for and what it returns.
+"""The train step's types: what a train workflow is asked for and what it returns.
 
-A fit workflow turns (sampled clients, global model) into a running aggregate
+A train workflow turns (sampled clients, global model) into a running aggregate
 plus one :class:`~core.records.ClientRecord` per sampled client. The plain
-workflow (``aggregator.fit``) and the secure-aggregation workflow
-(``privacy.secagg.fit``) share these types, so the round loop has no
+workflow (``aggregator.train``) and the secure-aggregation workflow
+(``privacy.secagg.train``) share these types, so the round loop has no
 ``if secagg:``.
 """
 
@@ -23,15 +23,15 @@ from core.records import ClientRecord
 from core.status import ClientStatus
 from core.strategy import ServerState, Strategy
 
-__all__ = ["FitRequest", "FitOutcome", "FitWorkflow", "accumulate", "marked_clients"]
+__all__ = ["TrainRequest", "TrainOutcome", "TrainWorkflow", "accumulate", "marked_clients"]
 
 #: The strategy's running aggregate type (:class:`core.strategy.Strategy`'s parameter).
 A = TypeVar("A")
 
 
 @dataclass(frozen=True)
-class FitRequest:
-    """What a fit workflow needs for one round."""
+class TrainRequest:
+    """What a train workflow needs for one round."""
 
     server_round: int
     nodes: Sequence[int]
@@ -45,8 +45,8 @@ class FitRequest:
 
 
 @dataclass
-class FitOutcome(Generic[A]):
-    """What one round's fit step produced."""
+class TrainOutcome(Generic[A]):
+    """What one round's train step produced."""
 
     aggregate: A | None
     clients: list[ClientRecord] = field(default_factory=list)
@@ -56,11 +56,11 @@ class FitOutcome(Generic[A]):
     secagg: dict[str, Any] | None = None
 
 
-class FitWorkflow(Protocol):
-    """One round's fit step: send the training instructions, collect the replies, aggregate them."""
+class TrainWorkflow(Protocol):
+    """One round's train step: send the training instructions, collect the replies, aggregate them."""
 
-    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy[A]) -> FitOutcome[A]:
-        """Run the fit step of ``request`` on ``grid`` under ``strategy``."""
+    def __call__(self, grid: Grid, request: TrainRequest, strategy: Strategy[A]) -> TrainOutcome[A]:
+        """Run the train step of ``request`` on ``grid`` under ``strategy``."""
         ...
 
 
@@ -69,7 +69,7 @@ def accumulate(strategy: Strategy[A], agg: A, delta: np.ndarray, num_examples: f
     return strategy.accumulate(agg, delta, num_examples, checked=True)
 
 
-def marked_clients(outcome: FitOutcome[Any]) -> list[ClientRecord]:
+def marked_clients(outcome: TrainOutcome[Any]) -> list[ClientRecord]:
     """Return the round's client records with what a robust rule did to each update in their metrics.
 
     A robust aggregate state (:mod:`core.buffer`) marks updates by arrival

@@ -1,10 +1,10 @@
-"""The round loop's fit step under secure aggregation.
+"""The round loop's train step under secure aggregation.
 
-Same shape as :class:`aggregator.fit.PlainFit`: (sampled clients, global
+Same shape as :class:`aggregator.train.PlainTrain`: (sampled clients, global
 model) in, a running aggregate and one record per client out. The aggregate
 is built from the unmasked weighted sum ``sum_i w_i x_i`` and ``sum_i w_i``,
 so the strategy finalises it exactly as it would a plain one; the server never
-sees an individual update. Below the threshold the round's fit is empty, the
+sees an individual update. Below the threshold the round's training is empty, the
 cause (stage and counts) is recorded, and the run goes on with the next round.
 """
 
@@ -19,18 +19,18 @@ from flwr.serverapp import Grid
 from core import aggregate
 from core.compress import Codec
 from core.errors import UpdateRejected
-from core.fit import FitOutcome, FitRequest
 from core.instructions import train_instruction
 from core.records import ClientRecord
 from core.status import ClientStatus
 from core.strategy import Strategy, fold_secure_sum
+from core.train import TrainOutcome, TrainRequest
 from privacy.secagg.config import SecAggConfig
 from privacy.secagg.errors import SecAggAborted, SecAggConfigError
 from privacy.secagg.flower_workflow import run_secagg
 from privacy.secagg.result import SecureSumResult
 from scenarios.threats import SecAggSpec
 
-__all__ = ["SecAggFit", "config_from_spec"]
+__all__ = ["SecAggTrain", "config_from_spec"]
 
 
 def config_from_spec(spec: SecAggSpec) -> SecAggConfig:
@@ -44,14 +44,14 @@ def config_from_spec(spec: SecAggSpec) -> SecAggConfig:
                         threat_model=spec.threat_model)
 
 
-class SecAggFit:
-    """Fit workflow that aggregates through the secure-aggregation protocol."""
+class SecAggTrain:
+    """Train workflow that aggregates through the secure-aggregation protocol."""
 
     def __init__(self, spec: SecAggSpec) -> None:
         self.config = config_from_spec(spec)
 
-    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy[Any]) -> FitOutcome[Any]:
-        """Run one round's fit step through the secure-aggregation protocol and fold the secure sum."""
+    def __call__(self, grid: Grid, request: TrainRequest, strategy: Strategy[Any]) -> TrainOutcome[Any]:
+        """Run one round's train step through the secure-aggregation protocol and fold the secure sum."""
         content = train_instruction(request.state.params, request.config, request.layout)
         rng = np.random.default_rng([request.config.seed, request.server_round, 0x5EC])
         try:
@@ -63,7 +63,7 @@ class SecAggFit:
             return self._recorded(_too_small(request, exc))
         return self._recorded(_outcome(request, result, strategy))
 
-    def _recorded(self, outcome: FitOutcome[Any]) -> FitOutcome[Any]:
+    def _recorded(self, outcome: TrainOutcome[Any]) -> TrainOutcome[Any]:
         """Record in the round's secagg info which threat model protected it."""
         outcome.secagg = {**(outcome.secagg or {}), "threat_model": self.config.threat_model}
         return outcome
@@ -74,7 +74,7 @@ def _stage_table(result: SecureSumResult) -> list[dict[str, Any]]:
              "bytes_down": s.bytes_down, "seconds": round(s.seconds, 4)} for s in result.stages]
 
 
-def _outcome(request: FitRequest, result: SecureSumResult, strategy: Strategy[Any]) -> FitOutcome[Any]:
+def _outcome(request: TrainRequest, result: SecureSumResult, strategy: Strategy[Any]) -> TrainOutcome[Any]:
     survivors = set(result.survivors)
     up, down = _wire_by_node(result)
     clients = [replace(_client_record(node, result, survivors), bytes_in=up.get(node, 0), bytes_out=down.get(node, 0))
@@ -83,7 +83,7 @@ def _outcome(request: FitRequest, result: SecureSumResult, strategy: Strategy[An
     losses = [(m.get("train-loss"), m.get("num-examples", 0)) for m in result.client_metrics.values()]
     losses = [(float(loss), int(n)) for loss, n in losses if isinstance(loss, (int, float)) and n]
     train_loss = float(np.average([loss for loss, _ in losses], weights=[n for _, n in losses])) if losses else None
-    return FitOutcome(
+    return TrainOutcome(
         aggregate=agg, clients=clients, train_loss=train_loss,
         bytes_in=sum(up.values()), bytes_out=sum(down.values()),
         secagg={"stages": _stage_table(result), "survivors": len(survivors),
@@ -102,7 +102,7 @@ def _wire_by_node(result: SecureSumResult) -> tuple[dict[int, int], dict[int, in
     return up, down
 
 
-def _fold_sum(request: FitRequest, result: SecureSumResult,
+def _fold_sum(request: TrainRequest, result: SecureSumResult,
               strategy: Strategy[Any]) -> tuple[aggregate.MeanState | None, str | None]:
     """Fold the secure sum through the strategy, as the plain path folds each reply.
 
@@ -142,7 +142,7 @@ def _client_record(node: int, result: SecureSumResult, survivors: set[int]) -> C
                         reason=f"no valid reply at secure-aggregation stage {stage}")
 
 
-def _too_small(request: FitRequest, exc: SecAggConfigError) -> FitOutcome[Any]:
+def _too_small(request: TrainRequest, exc: SecAggConfigError) -> TrainOutcome[Any]:
     """Skip a round whose sample the protocol cannot run on (a Poisson sample of 0 or 1).
 
     Nobody is asked to train; the round goes on without updates (skipped; a
@@ -151,10 +151,10 @@ def _too_small(request: FitRequest, exc: SecAggConfigError) -> FitOutcome[Any]:
     reason = f"secure aggregation not run for {len(request.nodes)} sampled clients: {exc}"
     clients = [ClientRecord(client=str(n), outcome=ClientStatus.DROPPED, stage="setup", reason=reason)
                for n in request.nodes]
-    return FitOutcome(aggregate=None, clients=clients, secagg={"aborted": reason, "stage": "setup"})
+    return TrainOutcome(aggregate=None, clients=clients, secagg={"aborted": reason, "stage": "setup"})
 
 
-def _aborted(request: FitRequest, exc: SecAggAborted) -> FitOutcome[Any]:
+def _aborted(request: TrainRequest, exc: SecAggAborted) -> TrainOutcome[Any]:
     clients = [ClientRecord(client=str(n), outcome=ClientStatus.DROPPED, stage=exc.stage.value, reason=str(exc))
                for n in request.nodes]
-    return FitOutcome(aggregate=None, clients=clients, secagg={"aborted": str(exc), "stage": exc.stage.value})
+    return TrainOutcome(aggregate=None, clients=clients, secagg={"aborted": str(exc), "stage": exc.stage.value})

@@ -1,6 +1,6 @@
-"""The fit step of a round: send the global model, fold updates as they arrive.
+"""The train step of a round: send the global model, fold updates as they arrive.
 
-A fit workflow (its types are in :mod:`core.fit`) turns (sampled clients,
+A train workflow (its types are in :mod:`core.train`) turns (sampled clients,
 global model) into a running aggregate plus one
 :class:`~core.records.ClientRecord` per sampled client. The plain workflow here
 folds each validated reply into the strategy's monoid the
@@ -21,7 +21,6 @@ from flwr.serverapp import Grid
 from aggregator.collect import collect, push
 from core.compress import Codec
 from core.errors import UpdateRejected
-from core.fit import FitOutcome, FitRequest, accumulate
 from core.instructions import broadcast_of, train_instruction
 from core.layouts import ParamLayout
 from core.outcomes import error_outcome
@@ -29,17 +28,18 @@ from core.records import ClientRecord
 from core.replies import parse_train_reply
 from core.status import ClientStatus
 from core.strategy import Strategy
+from core.train import TrainOutcome, TrainRequest, accumulate
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
 
-__all__ = ["PlainFit"]
+__all__ = ["PlainTrain"]
 
 
 def _label(node: int) -> str:
     return str(node)
 
 
-class PlainFit:
+class PlainTrain:
     """Send ``train`` instructions, validate and fold replies as they arrive.
 
     Parameters
@@ -56,7 +56,7 @@ class PlainFit:
         self.weighting = weighting or WeightPolicy()
         self.max_update_ratio = max_update_ratio
 
-    def __call__(self, grid: Grid, request: FitRequest, strategy: Strategy[Any]) -> FitOutcome[Any]:
+    def __call__(self, grid: Grid, request: TrainRequest, strategy: Strategy[Any]) -> TrainOutcome[Any]:
         """Push the round's train instruction to ``request.nodes`` and fold each reply as it arrives.
 
         A node with no reply within ``request.deadline_s`` is recorded
@@ -66,7 +66,7 @@ class PlainFit:
         content = train_instruction(request.state.params, request.config, request.layout)
         contents = {n: content for n in request.nodes}
         agg = strategy.new_aggregate(request.state.params.size)
-        outcome = FitOutcome(aggregate=agg)
+        outcome = TrainOutcome(aggregate=agg)
         sent = wire_bytes(content)
         outcome.bytes_out = sent * len(request.nodes)
         started = time.monotonic()
@@ -88,7 +88,7 @@ class PlainFit:
         return outcome
 
 
-def _reference(request: FitRequest) -> np.ndarray:
+def _reference(request: TrainRequest) -> np.ndarray:
     """Return the model the clients start from: the global model as the broadcast's precision leaves it.
 
     A full-weight reply is made a delta against it.
@@ -102,8 +102,8 @@ class _FoldEachReply:
     """Per-reply callback: validate, fold, record (one bad client never kills a round)."""
 
     strategy: Strategy[Any]
-    request: FitRequest
-    outcome: FitOutcome[Any]
+    request: TrainRequest
+    outcome: TrainOutcome[Any]
     losses: list[tuple[float, int]]
     started: float
     size: int  # of an update: the model's, plus what the strategy appends (DP's count bit)
