@@ -53,7 +53,6 @@ from core.records import ClientRecord, RoundRecord
 from core.replies import parse_train_reply
 from core.status import ClientStatus, RoundStatus, RunStatus
 from core.strategy import ServerState, Strategy, round_rng
-from core.train import accumulate
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
 from runstore.runlog import RunLog
@@ -166,7 +165,7 @@ class BufferedLoop:
             bytes_in += nbytes
             if delta is not None and record.metrics is not None:
                 discounted = (delta * np.float32(record.metrics["discount"])).astype(np.float32, copy=False)
-                agg = accumulate(self.strategy, agg, discounted, float(record.metrics["weight"]))
+                agg = self.strategy.accumulate(agg, discounted, float(record.metrics["weight"]), checked=True)
                 futile = 0
             else:
                 futile += 1

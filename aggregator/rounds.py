@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 from aggregator.evaluation import EvalSummary, ServerEvaluator, federated_evaluate, task_round_metrics
 from aggregator.step import advance, train_config
 from core.aggregate import step_problem
+from core.buffer import Marked
 from core.instructions import TrainConfig
 from core.layouts import ParamLayout
 from core.outcomes import FAILED, OK, REJECTED
@@ -36,7 +37,7 @@ from core.strategy import (
     would_exceed_budget,
 )
 from core.strategy import epsilon as spent_epsilon
-from core.train import TrainOutcome, TrainRequest, TrainWorkflow, marked_clients
+from core.train import TrainOutcome, TrainRequest, TrainWorkflow
 from learning.standardize import Standardization
 from runstore.runlog import RunLog
 from scenarios.schema import Scenario
@@ -149,7 +150,7 @@ class RoundLoop:
         task_metrics: dict[str, float] = {}  # the task's own server-side scores: server-mae, server-r2, ...
         fed_metrics: dict[str, float] = {}  # the task's own federated scores: fed-mae, fed-r2, ...
         train_loss = outcome.train_loss
-        clients = marked_clients(outcome)  # what a robust rule did to each update
+        clients = _marked_clients(outcome)  # what a robust rule did to each update
         if server_round % ev.every == 0 or server_round == self.scenario.rounds:
             if ev.federated:
                 ok = [n for n in nodes if any(c.client == str(n) and c.outcome == ClientStatus.OK for c in clients)]
@@ -175,6 +176,29 @@ class RoundLoop:
             bytes_out=outcome.bytes_out, epsilon=epsilon,
             secagg=outcome.secagg,
             metrics={"status": status, **fed_metrics, **task_metrics, **round_metrics(self.strategy, state)})
+
+
+def _marked_clients(outcome: TrainOutcome[Any]) -> list[ClientRecord]:
+    """Return the round's client records with what a robust rule did to each update in their metrics.
+
+    A robust aggregate state (:class:`core.buffer.Marked`) marks updates by
+    arrival index (``{"clipped": 1.0}``, ``{"rejected": 1.0}``,
+    ``{"trimmed": f}``); the n-th ``ok`` record is the n-th update folded,
+    since a workflow records a client as ``ok`` exactly when its update was
+    folded.
+    """
+    marks = outcome.aggregate.marks if isinstance(outcome.aggregate, Marked) else {}
+    if not marks:
+        return list(outcome.clients)
+    records, folded = [], 0
+    for record in outcome.clients:
+        if record.outcome == ClientStatus.OK:
+            mark = marks.get(folded)
+            folded += 1
+            if mark:
+                record = replace(record, metrics={**(record.metrics or {}), **mark})
+        records.append(record)
+    return records
 
 
 def _with_eval(record: ClientRecord, summary: EvalSummary) -> ClientRecord:

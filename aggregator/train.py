@@ -28,7 +28,7 @@ from core.records import ClientRecord
 from core.replies import parse_train_reply
 from core.status import ClientStatus
 from core.strategy import Strategy
-from core.train import TrainOutcome, TrainRequest, accumulate
+from core.train import TrainOutcome, TrainRequest
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
 
@@ -149,15 +149,15 @@ class _FoldEachReply:
         if not self.weighting.streams:
             self.pending.append((node, delta, num_examples))
             return
-        self.outcome.aggregate = accumulate(self.strategy, self.outcome.aggregate, delta,
-                                            self.weighting.weight(num_examples))
+        self.outcome.aggregate = self.strategy.accumulate(self.outcome.aggregate, delta,
+                                                          self.weighting.weight(num_examples), checked=True)
 
     def flush(self) -> None:
         """Fold the updates kept back, weighted now that the round's counts are all known."""
         weights = self.weighting.weights([n for _, _, n in self.pending])
         for (node, delta, _), weight in zip(self.pending, weights, strict=True):
             try:
-                self.outcome.aggregate = accumulate(self.strategy, self.outcome.aggregate, delta, weight)
+                self.outcome.aggregate = self.strategy.accumulate(self.outcome.aggregate, delta, weight, checked=True)
             except UpdateRejected as exc:
                 self.outcome.clients = [replace(c, outcome=ClientStatus.REJECTED, stage="train", reason=str(exc))
                                         if c.client == _label(node) else c for c in self.outcome.clients]

@@ -9,12 +9,11 @@ type says so (memory O(clients x model), unlike the mean's O(model)).
 Both kinds of robust state carry ``marks``: per arrival index (the n-th update
 folded), what the rule did to that client's update (``{"clipped": 1.0}``,
 ``{"rejected": 1.0}``, ``{"trimmed": 0.4}``), which the round loop copies into
-the client records (see :func:`core.train.marked_clients`).
+the client records (``aggregator.rounds``, ``_marked_clients``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -22,7 +21,7 @@ import numpy as np
 
 from core.aggregate import check_update
 
-__all__ = ["UpdateBuffer", "Marked", "empty_buffer", "buffer_add", "buffer_merge", "client_marks"]
+__all__ = ["UpdateBuffer", "Marked", "empty_buffer", "buffer_add", "buffer_merge"]
 
 
 @runtime_checkable
@@ -87,7 +86,3 @@ def buffer_merge(a: UpdateBuffer, b: UpdateBuffer) -> UpdateBuffer:
     a.weights.extend(b.weights)
     return UpdateBuffer(a.size, a.updates, a.weights, a.marks)
 
-
-def client_marks(aggregate: object) -> Mapping[int, Mapping[str, float]]:
-    """Return the marks an aggregate state recorded (none for the plain mean)."""
-    return aggregate.marks if isinstance(aggregate, Marked) else {}

@@ -10,20 +10,17 @@ workflow (``aggregator.train``) and the secure-aggregation workflow
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-import numpy as np
 from flwr.serverapp import Grid
 
-from core.buffer import client_marks
 from core.instructions import TrainConfig
 from core.layouts import ParamLayout
 from core.records import ClientRecord
-from core.status import ClientStatus
 from core.strategy import ServerState, Strategy
 
-__all__ = ["TrainRequest", "TrainOutcome", "TrainWorkflow", "accumulate", "marked_clients"]
+__all__ = ["TrainRequest", "TrainOutcome", "TrainWorkflow"]
 
 #: The strategy's running aggregate type (:class:`core.strategy.Strategy`'s parameter).
 A = TypeVar("A")
@@ -62,30 +59,3 @@ class TrainWorkflow(Protocol):
     def __call__(self, grid: Grid, request: TrainRequest, strategy: Strategy[A]) -> TrainOutcome[A]:
         """Run the train step of ``request`` on ``grid`` under ``strategy``."""
         ...
-
-
-def accumulate(strategy: Strategy[A], agg: A, delta: np.ndarray, num_examples: float) -> A:
-    """Fold one decoded (hence already validated) update."""
-    return strategy.accumulate(agg, delta, num_examples, checked=True)
-
-
-def marked_clients(outcome: TrainOutcome[Any]) -> list[ClientRecord]:
-    """Return the round's client records with what a robust rule did to each update in their metrics.
-
-    A robust aggregate state (:mod:`core.buffer`) marks updates by arrival
-    index (``{"clipped": 1.0}``, ``{"rejected": 1.0}``, ``{"trimmed": f}``);
-    the n-th ``ok`` record is the n-th update folded, since a workflow
-    records a client as ``ok`` exactly when its update was folded.
-    """
-    marks = client_marks(outcome.aggregate)
-    if not marks:
-        return list(outcome.clients)
-    records, folded = [], 0
-    for record in outcome.clients:
-        if record.outcome == ClientStatus.OK:
-            mark = marks.get(folded)
-            folded += 1
-            if mark:
-                record = replace(record, metrics={**(record.metrics or {}), **mark})
-        records.append(record)
-    return records

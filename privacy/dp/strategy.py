@@ -56,9 +56,9 @@ from core.strategy import PrivateStrategy, ServerState, Strategy, describe
 from privacy.dp import adaptive as adapt
 from privacy.dp.accountant import RoundEvent, Sampling, epsilon_of
 from privacy.dp.bounding import CentredTerms, bounded_sum, fold_private_term
-from privacy.dp.discrete import CryptoStream
 from privacy.dp.errors import DPConfigError, DPStateError
-from privacy.dp.mechanisms import ClientDPConfig, Placement, gaussian_noise
+from privacy.dp.mechanisms import ClientDPConfig, Placement
+from privacy.dp.noise import NoiseMechanism, mechanism_named
 from privacy.dp.rng import secure_rng
 from privacy.dp.sampling import sample_clients
 from privacy.dp.state import STATE_KEY, DPState
@@ -125,12 +125,8 @@ class DPFedAvg(PrivateStrategy[aggregate.MeanState]):
             raise DPConfigError("clip_norm", self.clip_norm, "must be a positive number")
         if self.placement not in ("central", "distributed"):
             raise DPConfigError("placement", self.placement, "must be 'central' or 'distributed'")
-        if self.mechanism not in ("gaussian", "discrete_gaussian"):
-            raise DPConfigError("mechanism", self.mechanism, "must be 'gaussian' or 'discrete_gaussian'")
-        if self.discrete and (self.placement != "distributed" or self.adaptive is not None
-                              or not self.noise_multiplier > 0):
-            raise DPConfigError("mechanism", self.mechanism, "the discrete Gaussian needs the distributed "
-                                "placement, a fixed clip norm and a noise multiplier above 0")
+        self.noise.check(placement=self.placement, adaptive=self.adaptive is not None,
+                         noise_multiplier=self.noise_multiplier)
         if self.target_epsilon is not None and not self.target_epsilon > 0:
             raise DPConfigError("target_epsilon", self.target_epsilon, "must be > 0")
         if not 0 < self.delta < 1:
@@ -142,9 +138,14 @@ class DPFedAvg(PrivateStrategy[aggregate.MeanState]):
     # ------------------------------------------------------------ derived figures
 
     @property
+    def noise(self) -> NoiseMechanism:
+        """Return the noise mechanism ``mechanism`` names (:data:`privacy.dp.noise.MECHANISMS`)."""
+        return mechanism_named(self.mechanism)
+
+    @property
     def discrete(self) -> bool:
-        """Whether the clients' shares are the distributed discrete Gaussian."""
-        return self.mechanism == "discrete_gaussian"
+        """Whether the clients' shares are added on secure aggregation's grid (the distributed discrete Gaussian)."""
+        return self.noise.on_grid
 
     @property
     def rate(self) -> float:
@@ -309,10 +310,7 @@ class DPFedAvg(PrivateStrategy[aggregate.MeanState]):
         size = agg.size - self.tail
         out = np.append(agg.total, np.float32(agg.count)).astype(np.float32, copy=False)
         std = self.update_noise_multiplier * self.clip_norm * math.sqrt(share)
-        if self.discrete and std > 0:  # the missing shares' variance, from a cryptographic stream
-            out[:size] += CryptoStream().normal(size, std).astype(np.float32)
-        else:
-            out[:size] += gaussian_noise(size, std, rng)
+        out[:size] += self.noise.server_noise(size, std, rng)
         out[:-1] /= np.float32(self.expected_clients)
         if self.adaptive is not None:
             count = float(agg.total[size]) + self.count_noise_std * math.sqrt(share) * float(rng.standard_normal())

@@ -41,7 +41,6 @@ from core import aggregate
 from core.compress import Codec, with_feedback
 from core.instructions import TrainConfig, client_seed
 from core.strategy import ServerState, Strategy, round_rng, sample_clients
-from core.train import accumulate
 from learning.datasets import ArrayDataset, Federation
 from learning.models import get_flat, set_flat
 from learning.training import TrainResult, train
@@ -181,7 +180,7 @@ def local_updates(model: nn.Module, fed: Federation, strategy: Strategy[Any], st
         result = _train_client(model, fed.clients[node - 1].train, config, seed, local_steps, dp)
         update = _compressed(node, _privatize(get_flat(model) - state.params, config), config, residuals)
         duration = time.monotonic() - started
-        agg = accumulate(strategy, agg, update, result.num_examples)
+        agg = strategy.accumulate(agg, update, result.num_examples, checked=True)
         runs.append(ClientRun(node, result.num_examples, float(result.loss), duration))
     return agg, runs
 

@@ -7,12 +7,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from aggregator.rounds import _marked_clients as marked_clients
 from aggregator.strategies import BufferedStrategy, CenteredClipping, FedMedian, FedTrimmedMean, Krum
 from aggregator.strategies.centered_clipping import CCState
 from core.buffer import UpdateBuffer, buffer_merge
 from core.records import ClientRecord
 from core.strategy import ServerState
-from core.train import TrainOutcome, marked_clients
+from core.train import TrainOutcome
 from privacy.dp.mechanisms import gaussian_noise
 from privacy.dp.strategy import DPFedAvg
 
