@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from core.headline import Headline
@@ -154,13 +154,13 @@ def rounds_csv(request: Request, run_id: str) -> Response:
 
 
 @router.get("/runs/{run_id}/checkpoint", summary="A model checkpoint (safetensors; default the last round)",
-            response_class=FileResponse,
+            response_class=Response,
             responses={200: {"content": {"application/octet-stream": {}}}, **NOT_FOUND})
 def checkpoint(request: Request, run_id: str,
-               server_round: Annotated[int | None, Query(alias="round", ge=1, le=MAX_INT)] = None) -> FileResponse:
-    number, path = _found(reader_of(request).checkpoint(run_id, server_round), "checkpoint file for that round")
-    return FileResponse(path, media_type="application/octet-stream",
-                        filename=f"{run_id}-round-{number:05d}.safetensors")
+               server_round: Annotated[int | None, Query(alias="round", ge=1, le=MAX_INT)] = None) -> Response:
+    number, blob = _found(reader_of(request).checkpoint(run_id, server_round), "checkpoint file for that round")
+    return Response(blob, media_type="application/octet-stream", headers={
+        "content-disposition": f'attachment; filename="{run_id}-round-{number:05d}.safetensors"'})
 
 
 @router.get("/clients", response_model=list[ClientSummaryOut], summary="Every client's participation, one page")

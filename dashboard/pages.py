@@ -91,7 +91,7 @@ def run_page(request: Request, run_id: str) -> HTMLResponse:
         has_dp=any(r["epsilon"] is not None for r in rounds),
         has_secagg=any(r["secagg"] for r in rounds), scenario=scenario_text(row.scenario or {}),
         description=(row.scenario or {}).get("description", ""), info=row.info or {},
-        events=reader.events(run_id), has_checkpoint=reader.checkpoint(run_id) is not None,
+        events=reader.events(run_id), has_checkpoint=reader.store.has_checkpoint(run_id),
         chart_data={"run": run, "rounds": rounds})
 
 
@@ -122,7 +122,7 @@ def round_page(request: Request, run_id: str, number: RoundPath) -> HTMLResponse
                    names=device_names(stored),
                    dp_sgd_epsilon=fmt_num(max(sgd_eps), 3) if sgd_eps else None,
                    has_prev=number > 1, has_next=number < run["rounds_done"],
-                   has_checkpoint=reader.checkpoint(run_id, number) is not None)
+                   has_checkpoint=reader.store.has_checkpoint(run_id, number))
 
 
 def device_names(stored: Any) -> dict[str, str]:

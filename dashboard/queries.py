@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select
@@ -213,20 +212,14 @@ class Reader:
             query = select(Event).where(Event.run_id == run_id).order_by(Event.id.desc()).limit(limit)
             return list(reversed(s.scalars(query).all()))
 
-    def checkpoint(self, run_id: str, number: int | None = None) -> tuple[int, Path] | None:
-        """Return the round number and file of a round's checkpoint (default: the last round).
+    def checkpoint(self, run_id: str, number: int | None = None) -> tuple[int, bytes] | None:
+        """Return the round number and safetensors bytes of a round's checkpoint (default: the last round).
 
-        None when that round has no checkpoint or its file is not found.
+        From wherever the store keeps them (a folder, the database, an object
+        store: ``runstore.checkpoints``). None when that round has no
+        checkpoint or it is gone.
         """
-        with self._session() as s:
-            query = select(Round.round, Round.checkpoint).where(Round.run_id == run_id)
-            if number is not None:
-                query = query.where(Round.round == number)
-            row = s.execute(query.order_by(Round.round.desc()).limit(1)).first()
-        if row is None or not row.checkpoint:
-            return None
-        path = _existing_checkpoint(Path(row.checkpoint), self.store.checkpoint_dir / run_id)
-        return None if path is None else (row.round, path)
+        return self.store.checkpoint_blob(run_id, number)
 
     # -- clients ------------------------------------------------------------
     def clients(self, runs: str | Sequence[str] | None = None, limit: int | None = None,
@@ -381,16 +374,3 @@ def _client_recent(runs: list[str] | None, clients: list[str] | None, public: bo
     sub = _public(inner, public).subquery()
     return select(sub).where(sub.c.rank <= RECENT).order_by(sub.c.client, sub.c.id.desc())
 
-
-def _existing_checkpoint(recorded: Path, run_folder: Path) -> Path | None:
-    """Return the recorded path, or the same file name in the store's checkpoint folder.
-
-    None when neither is an existing ``.safetensors`` file.
-
-    A relative path was recorded against the aggregator's working directory,
-    which may not be the dashboard's.
-    """
-    for candidate in (recorded, run_folder / recorded.name):
-        if candidate.suffix == ".safetensors" and candidate.is_file():
-            return candidate
-    return None

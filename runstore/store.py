@@ -2,15 +2,17 @@
 
 SQLite (a file, WAL mode so the dashboard reads while the aggregator writes) by
 default, any SQLAlchemy URL for a shared deployment. Model checkpoints are
-``safetensors`` files beside the database; a round row, its client results and
-its checkpoint reference are committed in one transaction, after the
-checkpoint file has been written and renamed into place, so a crash leaves
-either the whole round or none of it.
+``safetensors`` blobs kept where ``runstore.checkpoints`` says (a folder beside
+a SQLite store, the database itself for a server store, or an fsspec URL); a
+round row, its client results and its checkpoint reference are committed in
+one transaction, after a checkpoint file has been written and renamed into
+place or with the checkpoint's own rows, so a crash leaves either the whole
+round or none of it.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -18,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
 from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, insert, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import Mapped, Session, mapped_column
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql import ColumnElement, and_, or_, update
 
@@ -30,16 +31,25 @@ from core.records import ClientRecord, RoundRecord
 from core.replies import MAX_EXAMPLES, clean_metrics
 from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState
+from runstore.base import Base
+from runstore.checkpoints import (
+    Checkpoints,
+    FolderCheckpoints,
+    blob_exists,
+    checkpoints_at,
+    decode_state,
+    encode_state,
+    read_blob,
+)
 from runstore.lease import INTERRUPTED, lease_expired, lease_seconds
 from runstore.schema import make_engine, upgrade
 from runstore.store_url import default_db_url
 
-__all__ = ["RunStore", "Run", "Round", "ClientResult", "Event", "RoundRecord", "ClientRecord",
+#: The environment variable naming where checkpoints go (``runstore.checkpoints.checkpoints_at``).
+CHECKPOINTS_ENV = "QUORUM_CHECKPOINTS"
+
+__all__ = ["CHECKPOINTS_ENV", "RunStore", "Run", "Round", "ClientResult", "Event", "RoundRecord", "ClientRecord",
            "default_db_url", "status_is", "as_shown"]
-
-
-class Base(DeclarativeBase):
-    pass
 
 
 class Run(Base):
@@ -151,21 +161,26 @@ def as_shown(run: Run, now: float) -> Run:
 
 
 class RunStore:
-    """Read and write runs; checkpoints live in ``checkpoint_dir``.
+    """Read and write runs; checkpoints go where ``checkpoints`` says (:func:`runstore.checkpoints.checkpoints_at`).
 
-    ``clock`` (seconds since the epoch) dates leases and decides which have
-    expired: tests pass their own instead of waiting.
+    ``checkpoints`` defaults to ``$QUORUM_CHECKPOINTS`` (every process of a
+    deployment reads it, as it reads ``$QUORUM_DB``), else the store's own
+    default; ``checkpoint_dir`` is a folder for them (the same as
+    ``checkpoints`` naming one). ``clock`` (seconds since the epoch) dates leases and decides which
+    have expired: tests pass their own instead of waiting.
     """
 
     def __init__(self, url: str, checkpoint_dir: str | Path | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, checkpoints: str | None = None) -> None:
         self.url, self.clock = url, clock
         self.engine = make_engine(url)
         upgrade(self.engine, Base.metadata)  # the schema's alembic revisions (runstore/schema.py)
-        if checkpoint_dir is None:
-            base = Path(url.removeprefix("sqlite:///")).parent if url.startswith("sqlite:///") else Path("runs")
-            checkpoint_dir = base / "checkpoints"
-        self.checkpoint_dir = Path(checkpoint_dir)
+        where = checkpoints if checkpoints is not None else os.environ.get(CHECKPOINTS_ENV) or None
+        self.checkpoints: Checkpoints = (FolderCheckpoints(Path(checkpoint_dir)) if checkpoint_dir is not None
+                                         else checkpoints_at(where, url))
+        beside = checkpoints_at(None, url)  # a reader's folder for files recorded elsewhere (a store moved)
+        self.checkpoint_dir = (self.checkpoints.folder if isinstance(self.checkpoints, FolderCheckpoints)
+                               else beside.folder if isinstance(beside, FolderCheckpoints) else None)
 
     def session(self) -> Session:
         """Open a session on the store (objects stay readable after a commit)."""
@@ -259,14 +274,15 @@ class RunStore:
     # -- rounds -----------------------------------------------------------
     def commit_round(self, run_id: str, record: RoundRecord, state: ServerState) -> None:
         """Write the checkpoint, then the round and its client results atomically."""
-        path = self._write_checkpoint(run_id, record.round, state)
+        blob = encode_state(state, f"round {record.round} of run {run_id}")
         with self.session() as s, s.begin():
             run = s.get(Run, run_id)
             if run is None:
                 raise RunNotFound(f"no run {run_id!r} in {self.url}")
             if s.get(Round, (run_id, record.round)) is not None:
                 raise StoreError(f"run {run_id} already has round {record.round} committed")
-            s.add(_round_row(run_id, record, str(path), Headline.from_info(run.info)))
+            reference = self.checkpoints.write(s, run_id, record.round, blob)
+            s.add(_round_row(run_id, record, reference, Headline.from_info(run.info)))
             rows = list(_client_rows(run_id, record))
             if rows:  # one executemany (10,000 clients x 100 rounds), not an ORM object per row
                 s.execute(insert(ClientResult), rows)
@@ -291,21 +307,6 @@ class RunStore:
             return list(s.scalars(select(Event).where(Event.run_id == run_id).order_by(Event.id)).all())
 
     # -- checkpoints ------------------------------------------------------
-    def _write_checkpoint(self, run_id: str, server_round: int, state: ServerState) -> Path:
-        folder = self.checkpoint_dir / run_id
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"round-{server_round:05d}.safetensors"
-        tmp = path.with_suffix(".tmp")
-        tensors = {"params": state.params, **{f"slot.{k}": v for k, v in state.slots.items()}}
-        bad = [k for k, v in tensors.items() if not np.isfinite(v).all()]
-        if bad:  # the round loop refuses such a step; this keeps any other writer honest
-            raise StoreError(f"refusing to save round {server_round} of run {run_id}: "
-                             f"{', '.join(bad)} hold NaN or Inf values")
-        meta = {"round": str(state.round), "extra": json.dumps(state.wrapper_state)}  # "extra": the stored name, kept
-        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata=meta)
-        tmp.replace(path)
-        return path
-
     def load_state(self, run_id: str, server_round: int | None = None) -> ServerState | None:
         """Load the server state committed with ``server_round`` (default: the last one)."""
         with self.session() as s:
@@ -313,24 +314,46 @@ class RunStore:
             if server_round is not None:
                 query = query.where(Round.round == server_round)
             row = s.scalars(query.order_by(Round.round.desc()).limit(1)).first()
-        if row is None:
-            return None
-        return read_checkpoint(row.checkpoint)
+            if row is None:
+                return None
+            blob = read_blob(s, row.checkpoint, self.checkpoint_dir)
+        if blob is None:
+            raise StoreError(f"the checkpoint of round {row.round} of run {run_id} is gone from "
+                             f"{self.checkpoints.describe()} ({row.checkpoint})")
+        return decode_state(blob, row.checkpoint)
+
+    def has_checkpoint(self, run_id: str, server_round: int | None = None) -> bool:
+        """Whether a round (default: the last) has a checkpoint that is still there, without reading it."""
+        with self.session() as s:
+            query = select(Round.checkpoint).where(Round.run_id == run_id)
+            if server_round is not None:
+                query = query.where(Round.round == server_round)
+            reference = s.scalars(query.order_by(Round.round.desc()).limit(1)).first()
+            return bool(reference) and blob_exists(s, str(reference), self.checkpoint_dir)
+
+    def checkpoint_blob(self, run_id: str, server_round: int | None = None) -> tuple[int, bytes] | None:
+        """Return the round number and safetensors bytes of a round's checkpoint (default: the last round).
+
+        ``None`` when that round has no checkpoint, or it is gone.
+        """
+        with self.session() as s:
+            query = select(Round.round, Round.checkpoint).where(Round.run_id == run_id)
+            if server_round is not None:
+                query = query.where(Round.round == server_round)
+            row = s.execute(query.order_by(Round.round.desc()).limit(1)).first()
+            if row is None or not row.checkpoint:
+                return None
+            blob = read_blob(s, row.checkpoint, self.checkpoint_dir)
+        return None if blob is None else (row.round, blob)
 
 
 def read_checkpoint(path: str | Path) -> ServerState:
-    """Load a ``ServerState`` from a safetensors checkpoint."""
-    from safetensors import SafetensorError, safe_open
-
+    """Load a ``ServerState`` from a safetensors checkpoint file."""
     try:
-        tensors = load_file(str(path))
-        with safe_open(str(path), framework="numpy") as handle:
-            meta = handle.metadata() or {}
-    except (OSError, ValueError, SafetensorError) as exc:
+        data = Path(path).read_bytes()
+    except OSError as exc:
         raise StoreError(f"cannot read checkpoint {path}: {exc}") from None
-    slots = {k.removeprefix("slot."): v for k, v in tensors.items() if k.startswith("slot.")}
-    return ServerState(params=tensors["params"], slots=slots, round=int(meta.get("round", 0)),
-                       wrapper_state=json.loads(meta.get("extra", "{}")))
+    return decode_state(data, str(path))
 
 
 def _unique_match(text: str, ids: list[str], url: str) -> str:

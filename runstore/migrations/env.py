@@ -12,8 +12,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
+import runstore.store  # noqa: F401  (maps the run tables on Base: its metadata then holds every table)
+from runstore.base import Base
 from runstore.schema import make_engine
-from runstore.store import Base
 from runstore.store_url import default_db_url
 
 

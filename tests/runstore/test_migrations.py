@@ -154,7 +154,7 @@ def test_a_store_from_a_newer_quorum_is_refused_by_its_revision(tmp_path: Path) 
     with sqlite3.connect(path) as db:
         db.execute("UPDATE alembic_version SET version_num = '0099'")
 
-    with pytest.raises(StoreError, match=r"schema revision 0099, newer than this Quorum knows \(up to 0002\)"):
+    with pytest.raises(StoreError, match=rf"schema revision 0099, newer than this Quorum knows \(up to {HEAD}\)"):
         RunStore(f"sqlite:///{path}")
 
 
@@ -166,7 +166,7 @@ def test_an_old_store_that_cannot_be_written_says_so_and_is_left_as_it_was(tmp_p
     engine = create_engine("sqlite://", creator=lambda: sqlite3.connect(f"file:{path}?mode=ro", uri=True))
 
     # Execute / Assert: a clear refusal, nothing changed
-    with pytest.raises(StoreError, match=r"is at schema revision none, this Quorum needs 0002, and it cannot be "
+    with pytest.raises(StoreError, match=rf"is at schema revision none, this Quorum needs {HEAD}, and it cannot be "
                                          r"upgraded: .*readonly.*; open it once with write access"):
         upgrade(engine, Base.metadata)
     with engine.connect() as connection:

@@ -1,0 +1,275 @@
+"""Where a run's checkpoints live: a folder, the database itself, or an fsspec URL, chosen by one setting.
+
+A checkpoint is one ``safetensors`` blob per committed round: the global model
+(``params``), the server optimiser's slots (``slot.<name>``) and, in its
+metadata, the round and the wrappers' state. Where it is kept decides who
+can read it:
+
+* a **folder** (``/path``, or ``file:///path``): the default beside a SQLite
+  store; written to a temporary name and renamed, then the round row is
+  committed, so a crash leaves the whole round or none of it;
+* the **database** (``db``): the default for a server store (PostgreSQL), so
+  a standby aggregator or a dashboard on another host reads every
+  checkpoint through the same URL as the runs. The blob is written in chunks
+  of :data:`CHUNK_BYTES` rows of the ``checkpoint_chunks`` table, in the
+  same transaction as its round;
+* any other **fsspec URL** (``s3://bucket/prefix``, ``memory://``): an object
+  store, written like the folder.
+
+``Round.checkpoint`` holds where the blob went: a path, ``db:<run>/<round>``,
+or the URL; a reader finds it from that alone (:func:`read_blob`), whatever
+its own store would write to.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load, save
+from sqlalchemy import LargeBinary, String, delete, select
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from core.errors import StoreError
+from core.strategy import ServerState
+from runstore.base import Base
+
+__all__ = ["CheckpointChunk", "Checkpoints", "FolderCheckpoints", "DatabaseCheckpoints", "UrlCheckpoints",
+           "checkpoints_at", "read_blob", "blob_exists", "encode_state", "decode_state", "CHUNK_BYTES", "DB_PREFIX"]
+
+#: The largest piece of a blob in one database row (PostgreSQL's ``bytea`` holds up to 1 GB; 8 MiB stays cheap).
+CHUNK_BYTES = 8 * 2**20
+#: How a checkpoint kept in the database is named in ``Round.checkpoint``.
+DB_PREFIX = "db:"
+
+
+class CheckpointChunk(Base):
+    """One piece of a checkpoint kept in the database: run, round, its place in the blob, its bytes."""
+
+    __tablename__ = "checkpoint_chunks"
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    round: Mapped[int] = mapped_column(primary_key=True)
+    seq: Mapped[int] = mapped_column(primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+def encode_state(state: ServerState, where: str) -> bytes:
+    """Return ``state`` as one safetensors blob.
+
+    Raises
+    ------
+    StoreError
+        A tensor holds NaN or Inf values (the round loop refuses such a step; this keeps any other writer honest).
+    """
+    tensors = {"params": state.params, **{f"slot.{k}": v for k, v in state.slots.items()}}
+    bad = [k for k, v in tensors.items() if not np.isfinite(v).all()]
+    if bad:
+        raise StoreError(f"refusing to save {where}: {', '.join(bad)} hold NaN or Inf values")
+    meta = {"round": str(state.round), "extra": json.dumps(state.wrapper_state)}  # "extra": the stored name, kept
+    return save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata=meta)
+
+
+def decode_state(data: bytes, where: str) -> ServerState:
+    """Return the ``ServerState`` of a safetensors blob.
+
+    Raises
+    ------
+    StoreError
+        The blob is not a readable checkpoint, naming ``where`` it came from.
+    """
+    try:
+        tensors = load(data)
+        (length,) = struct.unpack("<Q", data[:8])
+        meta = json.loads(data[8:8 + length]).get("__metadata__") or {}
+        state = ServerState(params=tensors["params"],
+                            slots={k.removeprefix("slot."): v for k, v in tensors.items() if k.startswith("slot.")},
+                            round=int(meta.get("round", 0)), wrapper_state=json.loads(meta.get("extra", "{}")))
+    except (SafetensorError, struct.error, ValueError, KeyError, TypeError) as exc:
+        raise StoreError(f"cannot read checkpoint {where}: {exc}") from None
+    return state
+
+
+class Checkpoints(ABC):
+    """Where one store keeps its checkpoints."""
+
+    @abstractmethod
+    def write(self, session: Session, run_id: str, server_round: int, blob: bytes) -> str:
+        """Keep ``blob`` as the checkpoint of ``server_round``; return what ``Round.checkpoint`` records.
+
+        ``session`` is the transaction that commits the round: a backend that
+        writes elsewhere has already made the blob durable when it returns.
+        """
+
+    @abstractmethod
+    def read(self, session: Session, reference: str) -> bytes | None:
+        """Return the blob ``reference`` names, or ``None`` when it is gone."""
+
+    def describe(self) -> str:
+        """Name where the checkpoints go, for messages."""
+        return type(self).__name__
+
+
+@dataclass(frozen=True)
+class FolderCheckpoints(Checkpoints):
+    """One file per round under ``folder/<run>/``, renamed into place before its round commits."""
+
+    folder: Path
+
+    def write(self, session: Session, run_id: str, server_round: int, blob: bytes) -> str:
+        """Write ``round-NNNNN.safetensors`` through a temporary file and a rename."""
+        del session
+        path = self.folder / run_id / f"round-{server_round:05d}.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(blob)
+        tmp.replace(path)
+        return str(path)
+
+    def read(self, session: Session, reference: str) -> bytes | None:
+        """Read the recorded path, or the same file name in this folder (a store moved, a relative path)."""
+        del session
+        recorded = Path(reference)
+        for candidate in (recorded, self.folder / recorded.parent.name / recorded.name):
+            if candidate.suffix == ".safetensors" and candidate.is_file():
+                return candidate.read_bytes()
+        return None
+
+    def describe(self) -> str:
+        """Return the folder."""
+        return str(self.folder)
+
+
+@dataclass(frozen=True)
+class DatabaseCheckpoints(Checkpoints):
+    """Chunks of :data:`CHUNK_BYTES` in the store's own ``checkpoint_chunks`` table, in the round's transaction."""
+
+    def write(self, session: Session, run_id: str, server_round: int, blob: bytes) -> str:
+        """Add the chunks to the round's transaction (a round written again replaces its chunks)."""
+        session.execute(delete(CheckpointChunk).where(CheckpointChunk.run_id == run_id,
+                                                      CheckpointChunk.round == server_round))
+        for seq, start in enumerate(range(0, max(len(blob), 1), CHUNK_BYTES)):
+            session.add(CheckpointChunk(run_id=run_id, round=server_round, seq=seq,
+                                        data=blob[start:start + CHUNK_BYTES]))
+        return f"{DB_PREFIX}{run_id}/{server_round}"
+
+    def read(self, session: Session, reference: str) -> bytes | None:
+        """Join the chunks in order; ``None`` when the round has none."""
+        run_id, _, number = reference.removeprefix(DB_PREFIX).rpartition("/")
+        if not number.isdigit():
+            return None
+        rows = session.scalars(select(CheckpointChunk.data).where(
+            CheckpointChunk.run_id == run_id, CheckpointChunk.round == int(number)).order_by(CheckpointChunk.seq))
+        pieces = list(rows)
+        return b"".join(pieces) if pieces else None
+
+    def describe(self) -> str:
+        """Return ``the database``."""
+        return "the database"
+
+
+@dataclass(frozen=True)
+class UrlCheckpoints(Checkpoints):
+    """One object per round under an fsspec URL (``s3://bucket/prefix``, ``memory://``), like the folder."""
+
+    url: str
+
+    def _fs(self) -> tuple[Any, str]:
+        import fsspec  # an object store's own package (s3fs, ...) loads only when a store is configured so
+
+        fs, root = fsspec.core.url_to_fs(self.url)
+        return fs, str(root).rstrip("/")
+
+    def write(self, session: Session, run_id: str, server_round: int, blob: bytes) -> str:
+        """Write the object through a temporary name, then move it into place."""
+        del session
+        fs, root = self._fs()
+        path = f"{root}/{run_id}/round-{server_round:05d}.safetensors"
+        fs.makedirs(f"{root}/{run_id}", exist_ok=True)
+        with fs.open(path + ".tmp", "wb") as out:
+            out.write(blob)
+        fs.mv(path + ".tmp", path)
+        return fs.unstrip_protocol(path)  # type: ignore[no-any-return]
+
+    def read(self, session: Session, reference: str) -> bytes | None:
+        """Read the object the reference names; ``None`` when it is gone."""
+        del session
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(reference)
+        try:
+            with fs.open(path, "rb") as handle:
+                return bytes(handle.read())
+        except FileNotFoundError:
+            return None
+
+    def describe(self) -> str:
+        """Return the URL."""
+        return self.url
+
+
+def checkpoints_at(where: str | Path | None, store_url: str) -> Checkpoints:
+    """Return the checkpoints ``where`` names for the store at ``store_url``.
+
+    ``None``: a folder ``checkpoints/`` beside a SQLite store, the database
+    itself for any other (a server store is shared: so are its checkpoints).
+    ``"db"``: the database. A ``scheme://`` URL: fsspec (``file://`` is a
+    folder). Anything else: a folder.
+
+    Raises
+    ------
+    StoreError
+        An empty setting.
+    """
+    if where is None:
+        if store_url.startswith("sqlite:///"):
+            return FolderCheckpoints(Path(store_url.removeprefix("sqlite:///")).parent / "checkpoints")
+        return DatabaseCheckpoints()
+    text = str(where).strip()
+    if not text:
+        raise StoreError("checkpoints: an empty setting; give a folder, \"db\" or a URL (s3://bucket/prefix)")
+    if text == "db":
+        return DatabaseCheckpoints()
+    if text.startswith("file://"):
+        return FolderCheckpoints(Path(text.removeprefix("file://")))
+    if "://" in text:
+        return UrlCheckpoints(text)
+    return FolderCheckpoints(Path(text))
+
+
+def read_blob(session: Session, reference: str, folder: Path | None = None) -> bytes | None:
+    """Return the checkpoint ``reference`` (a ``Round.checkpoint``) names, wherever it was written.
+
+    ``folder``: where this reader's store keeps checkpoint files, tried with
+    the recorded file name when the recorded path does not exist (a store
+    moved, a path relative to the aggregator's working directory). ``None``
+    when the checkpoint is gone.
+    """
+    if reference.startswith(DB_PREFIX):
+        return DatabaseCheckpoints().read(session, reference)
+    if "://" in reference:
+        return UrlCheckpoints(reference).read(session, reference)
+    recorded = Path(reference)
+    return FolderCheckpoints(folder if folder is not None else recorded.parent.parent).read(session, reference)
+
+
+def blob_exists(session: Session, reference: str, folder: Path | None = None) -> bool:
+    """Whether the checkpoint ``reference`` names is there, without reading it (a run page asks on every view)."""
+    if reference.startswith(DB_PREFIX):
+        run_id, _, number = reference.removeprefix(DB_PREFIX).rpartition("/")
+        return number.isdigit() and session.scalar(select(CheckpointChunk.seq).where(
+            CheckpointChunk.run_id == run_id, CheckpointChunk.round == int(number)).limit(1)) is not None
+    if "://" in reference:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(reference)
+        return bool(fs.exists(path))
+    recorded = Path(reference)
+    base = folder if folder is not None else recorded.parent.parent
+    candidates = (recorded, base / recorded.parent.name / recorded.name)
+    return any(c.suffix == ".safetensors" and c.is_file() for c in candidates)
