@@ -68,12 +68,11 @@ class Setting(Generic[T]):
         kind: type[Any] = self.kind
         out: object = None
         if kind is list:
-            if isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                               for v in value):
+            if isinstance(value, list) and all(_finite_number(v) for v in value):
                 out = [float(v) for v in value]
         elif kind is float:
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
-                out = float(value)
+            if _finite_number(value):
+                out = float(value)  # type: ignore[arg-type]  # checked: an int or a float
         elif isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
             out = value
         if out is not None:
@@ -82,8 +81,18 @@ class Setting(Generic[T]):
                          f"(set by {self.owner})")
 
 
-_KIND_NAMES: dict[type[Any], str] = {float: "number", int: "integer", bool: "boolean", str: "string",
-                                     bytes: "byte string", list: "list of numbers"}
+_KIND_NAMES: dict[type[Any], str] = {float: "finite number", int: "integer", bool: "boolean", str: "string",
+                                     bytes: "byte string", list: "list of finite numbers"}
+
+
+def _finite_number(value: object) -> bool:
+    """Whether ``value`` is an int or a float (not a bool) whose float is finite (not NaN, not +-inf, not huge)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an int beyond float's range
+        return False
 
 
 def _shown(value: object) -> str:

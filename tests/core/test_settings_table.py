@@ -42,6 +42,8 @@ def test_settings_read_back_typed_through_the_wire() -> None:
     ({"dp-clp": 1.0}, "x.dp-clp"),                 # a misspelt key: not one of Quorum's settings
     ({"dp-clip": "1.0"}, "x.dp-clip"),             # a string for a number
     ({"dp-clip": float("nan")}, "x.dp-clip"),      # NaN is no clip norm
+    ({"dp-noise-std": float("inf")}, "x.dp-noise-std"),  # nor is infinity a noise level
+    ({"std-limit": 10**400}, "x.std-limit"),       # an integer beyond float's range
     ({"dl-bits": True}, "x.dl-bits"),              # a boolean is not an integer
     ({"dl-bits": 16.0}, "x.dl-bits"),              # nor is a float
     ({"dp-adaptive": 1}, "x.dp-adaptive"),         # nor an integer a boolean
@@ -83,9 +85,9 @@ def test_any_value_a_server_sends_reads_as_its_settings_type_or_is_refused(key: 
     kind = SETTINGS[key].kind
     assert isinstance(got, kind) and (kind is bool or not isinstance(got, bool))
     if kind is float:
-        assert not math.isnan(got)  # type: ignore[arg-type]
+        assert math.isfinite(got)  # type: ignore[arg-type]
     if kind is list:
-        assert all(isinstance(v, float) for v in got)  # type: ignore[union-attr]
+        assert all(isinstance(v, float) and math.isfinite(v) for v in got)  # type: ignore[union-attr]
 
 
 def test_no_product_module_but_core_instructions_spells_a_setting_key() -> None:
