@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import csv
 import io
+import pathlib
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from core.headline import Headline
@@ -158,9 +159,14 @@ def rounds_csv(request: Request, run_id: str) -> Response:
             responses={200: {"content": {"application/octet-stream": {}}}, **NOT_FOUND})
 def checkpoint(request: Request, run_id: str,
                server_round: Annotated[int | None, Query(alias="round", ge=1, le=MAX_INT)] = None) -> Response:
-    number, blob = _found(reader_of(request).checkpoint(run_id, server_round), "checkpoint file for that round")
-    return Response(blob, media_type="application/octet-stream", headers={
-        "content-disposition": f'attachment; filename="{run_id}-round-{number:05d}.safetensors"'})
+    number, source = _found(reader_of(request).checkpoint(run_id, server_round), "checkpoint file for that round")
+    name = f"{run_id}-round-{number:05d}.safetensors"
+    if isinstance(source, pathlib.Path):  # a file: streamed from disk
+        return FileResponse(source, media_type="application/octet-stream", filename=name)
+    headers = {"content-disposition": f'attachment; filename="{name}"'}
+    if isinstance(source, bytes):
+        return Response(source, media_type="application/octet-stream", headers=headers)
+    return StreamingResponse(source, media_type="application/octet-stream", headers=headers)  # database chunks
 
 
 @router.get("/clients", response_model=list[ClientSummaryOut], summary="Every client's participation, one page")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select
@@ -212,14 +213,15 @@ class Reader:
             query = select(Event).where(Event.run_id == run_id).order_by(Event.id.desc()).limit(limit)
             return list(reversed(s.scalars(query).all()))
 
-    def checkpoint(self, run_id: str, number: int | None = None) -> tuple[int, bytes] | None:
-        """Return the round number and safetensors bytes of a round's checkpoint (default: the last round).
+    def checkpoint(self, run_id: str,
+                   number: int | None = None) -> tuple[int, Path | Iterator[bytes] | bytes] | None:
+        """Return the round number and a round's checkpoint (default: the last round), as it is best served.
 
-        From wherever the store keeps them (a folder, the database, an object
-        store: ``runstore.checkpoints``). None when that round has no
-        checkpoint or it is gone.
+        From wherever the store keeps them (``runstore.checkpoints``): a file,
+        the database's chunks one at a time, or an object's bytes. None when
+        that round has no checkpoint or it is gone.
         """
-        return self.store.checkpoint_blob(run_id, number)
+        return self.store.checkpoint_source(run_id, number)
 
     # -- clients ------------------------------------------------------------
     def clients(self, runs: str | Sequence[str] | None = None, limit: int | None = None,

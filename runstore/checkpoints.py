@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import struct
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,8 @@ from core.strategy import ServerState
 from runstore.base import Base
 
 __all__ = ["CheckpointChunk", "Checkpoints", "FolderCheckpoints", "DatabaseCheckpoints", "UrlCheckpoints",
-           "checkpoints_at", "read_blob", "blob_exists", "encode_state", "decode_state", "CHUNK_BYTES", "DB_PREFIX"]
+           "checkpoints_at", "read_blob", "blob_exists", "blob_file", "blob_chunks", "encode_state", "decode_state",
+           "CHUNK_BYTES", "DB_PREFIX"]
 
 #: The largest piece of a blob in one database row (PostgreSQL's ``bytea`` holds up to 1 GB; 8 MiB stays cheap).
 CHUNK_BYTES = 8 * 2**20
@@ -273,3 +275,29 @@ def blob_exists(session: Session, reference: str, folder: Path | None = None) ->
     base = folder if folder is not None else recorded.parent.parent
     candidates = (recorded, base / recorded.parent.name / recorded.name)
     return any(c.suffix == ".safetensors" and c.is_file() for c in candidates)
+
+
+def blob_file(reference: str, folder: Path | None = None) -> Path | None:
+    """Return the file a folder checkpoint is in (to stream it from disk), or ``None`` for any other kind."""
+    if reference.startswith(DB_PREFIX) or "://" in reference:
+        return None
+    recorded = Path(reference)
+    base = folder if folder is not None else recorded.parent.parent
+    for candidate in (recorded, base / recorded.parent.name / recorded.name):
+        if candidate.suffix == ".safetensors" and candidate.is_file():
+            return candidate
+    return None
+
+
+def blob_chunks(session_factory: Callable[[], Session], reference: str) -> Iterator[bytes]:
+    """Yield a database checkpoint's chunks in order, one row at a time (a served model is never whole in memory)."""
+    run_id, _, number = reference.removeprefix(DB_PREFIX).rpartition("/")
+    with session_factory() as s:
+        seqs = list(s.scalars(select(CheckpointChunk.seq).where(
+            CheckpointChunk.run_id == run_id, CheckpointChunk.round == int(number)).order_by(CheckpointChunk.seq)))
+    for seq in seqs:
+        with session_factory() as s:
+            piece = s.get(CheckpointChunk, (run_id, int(number), seq))
+            if piece is None:
+                raise StoreError(f"checkpoint {reference}: chunk {seq} went while it was read")
+            yield piece.data

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,12 @@ from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState
 from runstore.base import Base
 from runstore.checkpoints import (
+    DB_PREFIX,
     Checkpoints,
     FolderCheckpoints,
+    blob_chunks,
     blob_exists,
+    blob_file,
     checkpoints_at,
     decode_state,
     encode_state,
@@ -330,6 +333,30 @@ class RunStore:
                 query = query.where(Round.round == server_round)
             reference = s.scalars(query.order_by(Round.round.desc()).limit(1)).first()
             return bool(reference) and blob_exists(s, str(reference), self.checkpoint_dir)
+
+    def checkpoint_source(self, run_id: str,
+                          server_round: int | None = None) -> tuple[int, Path | Iterator[bytes] | bytes] | None:
+        """Return a round's checkpoint (default: the last round) as it is best served.
+
+        Its file (a folder store: streamed from disk), its chunks one at a
+        time (the database), or its bytes (an object store); ``None`` when
+        that round has no checkpoint, or it is gone.
+        """
+        with self.session() as s:
+            query = select(Round.round, Round.checkpoint).where(Round.run_id == run_id)
+            if server_round is not None:
+                query = query.where(Round.round == server_round)
+            row = s.execute(query.order_by(Round.round.desc()).limit(1)).first()
+            if row is None or not row.checkpoint or not blob_exists(s, row.checkpoint, self.checkpoint_dir):
+                return None
+        reference = str(row.checkpoint)
+        if reference.startswith(DB_PREFIX):
+            return row.round, blob_chunks(self.session, reference)
+        found = blob_file(reference, self.checkpoint_dir)
+        if found is not None:
+            return row.round, found
+        blob = self.checkpoint_blob(run_id, row.round)
+        return None if blob is None else (row.round, blob[1])
 
     def checkpoint_blob(self, run_id: str, server_round: int | None = None) -> tuple[int, bytes] | None:
         """Return the round number and safetensors bytes of a round's checkpoint (default: the last round).

@@ -6,10 +6,12 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from core.records import RoundRecord
 from core.strategy import ServerState
 from dashboard.app import create_app
+from runstore import checkpoints
 from runstore.checkpoints import decode_state
 from runstore.store import RunStore
 
@@ -18,12 +20,14 @@ with warnings.catch_warnings():  # starlette's import-time deprecations, not our
     from fastapi.testclient import TestClient
 
 
-def test_a_checkpoint_in_the_database_is_served_by_a_dashboard_with_no_checkpoint_folder(tmp_path: Path) -> None:
-    # Prepare: the aggregator writes round 1's checkpoint into the database
+def test_a_checkpoint_in_the_database_is_served_by_a_dashboard_with_no_checkpoint_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: the aggregator writes round 1's checkpoint into the database, in chunks of 64 bytes (streamed)
+    monkeypatch.setattr(checkpoints, "CHUNK_BYTES", 64)
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     store = RunStore(url, checkpoints="db")
     run_id = store.create_run(name="db", scenario={"name": "db"}, seed=0, strategy="fedavg", rounds=1)
-    params = np.arange(12, dtype=np.float32) / 7
+    params = np.arange(300, dtype=np.float32) / 7  # about 1.3 kB: twenty-odd chunks
     store.commit_round(run_id, RoundRecord(round=1, started_at=0.0, duration_s=1.0, sampled=1, clients=[]),
                        ServerState(params=params, round=1))
 
