@@ -68,7 +68,7 @@ def standardize_mod(message: Message, context: Context, call_next: ClientAppCall
         The instruction's standardisation is malformed (the reason says how).
     """
     context.state.pop(DATA_VIEW_KEY, None)
-    config = quorum_settings(message.content) if message.has_content() else None
+    config = quorum_settings(message.content) if message.has_content() else None  # UpdateRejected: a bad setting
     try:
         found = None if config is None else Standardization.from_config(config)
     except ValueError as exc:

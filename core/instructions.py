@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
@@ -188,9 +189,11 @@ class TrainConfig:
             setting = SETTINGS.get(key)
             if setting is None:
                 shown = key if isinstance(key, str) and key.isprintable() and len(key) <= 60 else _shown(key)
-                raise ValueError(f"instruction setting x.{shown} is not one of Quorum's settings")
+                raise ValueError(f"instruction setting x.{shown} is not one of this Quorum's settings: the "
+                                 "aggregator may run a newer Quorum (upgrade this device), and a feature's "
+                                 "setting is never ignored")
             checked[key] = setting.parse(value)
-        object.__setattr__(self, "settings", checked)
+        object.__setattr__(self, "settings", MappingProxyType(checked))  # read-only: checked once, kept so
 
     def get(self, setting: Setting[T]) -> T | None:
         """Return the value of ``setting`` this config carries, or ``None``."""
@@ -203,7 +206,8 @@ class TrainConfig:
 
     def to_record(self) -> ConfigRecord:
         """Encode these settings as the instruction's ``config`` record, with the names a Flower client reads."""
-        data: dict[str, Any] = {k: v for k, v in asdict(self).items() if k not in ("settings", "app")}
+        data: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)
+                                if f.name not in ("settings", "app")}
         data.update({f"x.{k}": v for k, v in self.settings.items()})
         # the marker of Quorum's layout, and the names a Flower client reads (Flower's FedAvg, quickstart)
         data.update({QUORUM_WIRE: 2, **{alias: data[key] for alias, key in _FLOWER_ALIASES.items()}})
@@ -342,11 +346,20 @@ def quorum_settings(content: RecordDict) -> TrainConfig | None:
 
     What a ClientApp mod needs to know of the round (its ``settings``: DP, compression) before the
     handler trains. A stock Flower server's instruction carries none of Quorum's settings.
+
+    Raises
+    ------
+    UpdateRejected
+        A setting this client does not know (an aggregator running a newer Quorum) or of the wrong type,
+        named: a feature's setting is never ignored.
     """
     settings = content.get("config") if isinstance(content, RecordDict) else None
     if not isinstance(settings, ConfigRecord) or QUORUM_WIRE not in settings:
         return None
-    return TrainConfig.from_record(settings)
+    try:
+        return TrainConfig.from_record(settings)
+    except (TypeError, ValueError) as exc:  # a stray or mistyped setting: the task fails with the reason
+        raise UpdateRejected(str(exc)) from None
 
 
 def parse_instruction(content: RecordDict) -> tuple[np.ndarray, TrainConfig]:

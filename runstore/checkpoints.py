@@ -24,6 +24,7 @@ its own store would write to.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load, save
 from sqlalchemy import LargeBinary, String, delete, select
+from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from core.errors import StoreError
@@ -42,8 +44,8 @@ from core.strategy import ServerState
 from runstore.base import Base
 
 __all__ = ["CheckpointChunk", "Checkpoints", "FolderCheckpoints", "DatabaseCheckpoints", "UrlCheckpoints",
-           "checkpoints_at", "read_blob", "blob_exists", "blob_file", "blob_chunks", "encode_state", "decode_state",
-           "CHUNK_BYTES", "DB_PREFIX"]
+           "checkpoints_at", "checked_reference", "read_blob", "blob_exists", "blob_file", "blob_chunks",
+           "encode_state", "decode_state", "CHUNK_BYTES", "DB_PREFIX"]
 
 #: The largest piece of a blob in one database row (PostgreSQL's ``bytea`` holds up to 1 GB; 8 MiB stays cheap).
 CHUNK_BYTES = 8 * 2**20
@@ -58,7 +60,7 @@ class CheckpointChunk(Base):
     run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     round: Mapped[int] = mapped_column(primary_key=True)
     seq: Mapped[int] = mapped_column(primary_key=True)
-    data: Mapped[bytes] = mapped_column(LargeBinary)
+    data: Mapped[bytes] = mapped_column(LargeBinary().with_variant(mysql.LONGBLOB(), "mysql"))  # BLOB: 64 KiB
 
 
 def encode_state(state: ServerState, where: str) -> bytes:
@@ -162,13 +164,12 @@ class DatabaseCheckpoints(Checkpoints):
 
     def read(self, session: Session, reference: str) -> bytes | None:
         """Join the chunks in order; ``None`` when the round has none."""
-        run_id, _, number = reference.removeprefix(DB_PREFIX).rpartition("/")
-        if not number.isdigit():
+        if not _chunk_seqs(session, reference):
             return None
+        run_id, _, number = reference.removeprefix(DB_PREFIX).rpartition("/")
         rows = session.scalars(select(CheckpointChunk.data).where(
             CheckpointChunk.run_id == run_id, CheckpointChunk.round == int(number)).order_by(CheckpointChunk.seq))
-        pieces = list(rows)
-        return b"".join(pieces) if pieces else None
+        return b"".join(rows)
 
     def describe(self) -> str:
         """Return ``the database``."""
@@ -199,16 +200,8 @@ class UrlCheckpoints(Checkpoints):
         return fs.unstrip_protocol(path)  # type: ignore[no-any-return]
 
     def read(self, session: Session, reference: str) -> bytes | None:
-        """Read the object the reference names; ``None`` when it is gone."""
-        del session
-        import fsspec
-
-        fs, path = fsspec.core.url_to_fs(reference)
-        try:
-            with fs.open(path, "rb") as handle:
-                return bytes(handle.read())
-        except FileNotFoundError:
-            return None
+        """Read the object the reference names, when it lies under this URL; ``None`` when it is gone."""
+        return read_blob(session, reference, url_root=self.url)
 
     def describe(self) -> str:
         """Return the URL."""
@@ -244,37 +237,92 @@ def checkpoints_at(where: str | Path | None, store_url: str) -> Checkpoints:
     return FolderCheckpoints(Path(text))
 
 
-def read_blob(session: Session, reference: str, folder: Path | None = None) -> bytes | None:
-    """Return the checkpoint ``reference`` (a ``Round.checkpoint``) names, wherever it was written.
+def checked_reference(reference: str, run_id: str, server_round: int) -> str:
+    """Return ``reference`` when it has a shape this module writes for round ``server_round`` of ``run_id``.
+
+    ``db:<run>/<round>``, or a path or URL ending in ``<run>/round-NNNNN.safetensors`` with no ``..``:
+    a row that names anything else (``/etc/passwd``, another run's file) is refused, so a reader never
+    opens what a round did not write.
+
+    Raises
+    ------
+    StoreError
+        Any other reference, named.
+    """
+    tail = f"/{run_id}/round-{server_round:05d}.safetensors"
+    if reference == f"{DB_PREFIX}{run_id}/{server_round}":
+        return reference
+    if ("/" + reference).endswith(tail) and ".." not in reference.split("/") and not reference.startswith(DB_PREFIX):
+        return reference
+    raise StoreError(f"round {server_round} of run {run_id} names its checkpoint {reference[:120]!r}, which is "
+                     "not where a checkpoint of that round is written; refused")
+
+
+def _url_inside(reference: str, url_root: str | None) -> tuple[Any, str]:
+    """Return the filesystem and path of ``reference`` when it lies under this reader's ``url_root``.
+
+    Raises
+    ------
+    StoreError
+        No URL configured here, another scheme or root, or fsspec cannot open the scheme.
+    """
+    import fsspec
+
+    if url_root is None:
+        raise StoreError(f"checkpoint {reference[:120]} is in an object store: set QUORUM_CHECKPOINTS to its URL "
+                         "to read it here")
+    try:
+        fs, path = fsspec.core.url_to_fs(reference)
+        root_fs, root = fsspec.core.url_to_fs(url_root)
+    except (ImportError, ValueError, OSError) as exc:
+        raise StoreError(f"cannot open checkpoint {reference[:120]}: {exc}") from None
+    if fs.protocol != root_fs.protocol or not str(path).startswith(str(root).rstrip("/") + "/"):
+        raise StoreError(f"checkpoint {reference[:120]} is not under this store's checkpoints ({url_root}); refused")
+    return fs, str(path)
+
+
+def read_blob(session: Session, reference: str, folder: Path | None = None,
+              url_root: str | None = None) -> bytes | None:
+    """Return the checkpoint ``reference`` (checked by :func:`checked_reference`) names, wherever it was written.
 
     ``folder``: where this reader's store keeps checkpoint files, tried with
     the recorded file name when the recorded path does not exist (a store
-    moved, a path relative to the aggregator's working directory). ``None``
-    when the checkpoint is gone.
+    moved, a path relative to the aggregator's working directory);
+    ``url_root``: the object store this reader may read (its
+    ``QUORUM_CHECKPOINTS``). ``None`` when the checkpoint is gone.
+
+    Raises
+    ------
+    StoreError
+        The checkpoint cannot be read (a URL outside ``url_root``, a backend error), named.
     """
-    if reference.startswith(DB_PREFIX):
-        return DatabaseCheckpoints().read(session, reference)
-    if "://" in reference:
-        return UrlCheckpoints(reference).read(session, reference)
-    recorded = Path(reference)
-    return FolderCheckpoints(folder if folder is not None else recorded.parent.parent).read(session, reference)
+    try:
+        if reference.startswith(DB_PREFIX):
+            return DatabaseCheckpoints().read(session, reference)
+        if "://" in reference:
+            fs, path = _url_inside(reference, url_root)
+            try:
+                with fs.open(path, "rb") as handle:
+                    return bytes(handle.read())
+            except FileNotFoundError:
+                return None
+        found = blob_file(reference, folder)
+        return None if found is None else found.read_bytes()
+    except (OSError, ValueError, ImportError) as exc:
+        raise StoreError(f"cannot read checkpoint {reference[:120]}: {exc}") from None
 
 
-def blob_exists(session: Session, reference: str, folder: Path | None = None) -> bool:
-    """Whether the checkpoint ``reference`` names is there, without reading it (a run page asks on every view)."""
-    if reference.startswith(DB_PREFIX):
-        run_id, _, number = reference.removeprefix(DB_PREFIX).rpartition("/")
-        return number.isdigit() and session.scalar(select(CheckpointChunk.seq).where(
-            CheckpointChunk.run_id == run_id, CheckpointChunk.round == int(number)).limit(1)) is not None
-    if "://" in reference:
-        import fsspec
-
-        fs, path = fsspec.core.url_to_fs(reference)
-        return bool(fs.exists(path))
-    recorded = Path(reference)
-    base = folder if folder is not None else recorded.parent.parent
-    candidates = (recorded, base / recorded.parent.name / recorded.name)
-    return any(c.suffix == ".safetensors" and c.is_file() for c in candidates)
+def blob_exists(session: Session, reference: str, folder: Path | None = None, url_root: str | None = None) -> bool:
+    """Whether the checkpoint ``reference`` names is there, without reading it; False when it cannot be read."""
+    try:
+        if reference.startswith(DB_PREFIX):
+            return bool(_chunk_seqs(session, reference))
+        if "://" in reference:
+            fs, path = _url_inside(reference, url_root)
+            return bool(fs.exists(path))
+        return blob_file(reference, folder) is not None
+    except (StoreError, OSError, ValueError, ImportError):
+        return False
 
 
 def blob_file(reference: str, folder: Path | None = None) -> Path | None:
@@ -289,15 +337,36 @@ def blob_file(reference: str, folder: Path | None = None) -> Path | None:
     return None
 
 
+def _chunk_seqs(session: Session, reference: str) -> list[int]:
+    """Return the chunk numbers a database checkpoint holds, in order; all of them or none (``[]``)."""
+    match = re.fullmatch(r"db:(.+)/([0-9]{1,9})", reference, re.ASCII)
+    if match is None:
+        raise StoreError(f"malformed checkpoint reference {reference[:120]!r}")
+    seqs = list(session.scalars(select(CheckpointChunk.seq).where(
+        CheckpointChunk.run_id == match[1], CheckpointChunk.round == int(match[2])).order_by(CheckpointChunk.seq)))
+    if seqs and seqs != list(range(len(seqs))):
+        raise StoreError(f"checkpoint {reference}: chunks {seqs[:5]}... are not all there")
+    return seqs
+
+
 def blob_chunks(session_factory: Callable[[], Session], reference: str) -> Iterator[bytes]:
-    """Yield a database checkpoint's chunks in order, one row at a time (a served model is never whole in memory)."""
+    """Yield a database checkpoint's chunks in order, one row at a time (a served model is never whole in memory).
+
+    Raises
+    ------
+    StoreError
+        Before the first chunk: the checkpoint is malformed or incomplete.
+    """
     run_id, _, number = reference.removeprefix(DB_PREFIX).rpartition("/")
     with session_factory() as s:
-        seqs = list(s.scalars(select(CheckpointChunk.seq).where(
-            CheckpointChunk.run_id == run_id, CheckpointChunk.round == int(number)).order_by(CheckpointChunk.seq)))
-    for seq in seqs:
-        with session_factory() as s:
-            piece = s.get(CheckpointChunk, (run_id, int(number), seq))
-            if piece is None:
-                raise StoreError(f"checkpoint {reference}: chunk {seq} went while it was read")
-            yield piece.data
+        seqs = _chunk_seqs(s, reference)  # checked here, before anything is sent
+
+    def chunks() -> Iterator[bytes]:
+        for seq in seqs:
+            with session_factory() as s:
+                piece = s.get(CheckpointChunk, (run_id, int(number), seq))
+                if piece is None:  # there is no way to delete a run's checkpoints: this would be a crash
+                    raise StoreError(f"checkpoint {reference}: chunk {seq} went while it was read")
+                yield piece.data
+
+    return chunks()

@@ -36,9 +36,11 @@ from runstore.checkpoints import (
     DB_PREFIX,
     Checkpoints,
     FolderCheckpoints,
+    UrlCheckpoints,
     blob_chunks,
     blob_exists,
     blob_file,
+    checked_reference,
     checkpoints_at,
     decode_state,
     encode_state,
@@ -184,6 +186,8 @@ class RunStore:
         beside = checkpoints_at(None, url)  # a reader's folder for files recorded elsewhere (a store moved)
         self.checkpoint_dir = (self.checkpoints.folder if isinstance(self.checkpoints, FolderCheckpoints)
                                else beside.folder if isinstance(beside, FolderCheckpoints) else None)
+        # the object store this reader may read checkpoints from (never a URL a row alone names)
+        self.checkpoint_url = self.checkpoints.url if isinstance(self.checkpoints, UrlCheckpoints) else None
 
     def session(self) -> Session:
         """Open a session on the store (objects stay readable after a commit)."""
@@ -319,7 +323,8 @@ class RunStore:
             row = s.scalars(query.order_by(Round.round.desc()).limit(1)).first()
             if row is None:
                 return None
-            blob = read_blob(s, row.checkpoint, self.checkpoint_dir)
+            reference = checked_reference(row.checkpoint, run_id, row.round)
+            blob = read_blob(s, reference, self.checkpoint_dir, self.checkpoint_url)
         if blob is None:
             raise StoreError(f"the checkpoint of round {row.round} of run {run_id} is gone from "
                              f"{self.checkpoints.describe()} ({row.checkpoint})")
@@ -331,8 +336,14 @@ class RunStore:
             query = select(Round.checkpoint).where(Round.run_id == run_id)
             if server_round is not None:
                 query = query.where(Round.round == server_round)
-            reference = s.scalars(query.order_by(Round.round.desc()).limit(1)).first()
-            return bool(reference) and blob_exists(s, str(reference), self.checkpoint_dir)
+            row = s.execute(query.add_columns(Round.round).order_by(Round.round.desc()).limit(1)).first()
+            if row is None or not row.checkpoint:
+                return False
+            try:
+                reference = checked_reference(row.checkpoint, run_id, row.round)
+            except StoreError:
+                return False
+            return blob_exists(s, reference, self.checkpoint_dir, self.checkpoint_url)
 
     def checkpoint_source(self, run_id: str,
                           server_round: int | None = None) -> tuple[int, Path | Iterator[bytes] | bytes] | None:
@@ -347,11 +358,19 @@ class RunStore:
             if server_round is not None:
                 query = query.where(Round.round == server_round)
             row = s.execute(query.order_by(Round.round.desc()).limit(1)).first()
-            if row is None or not row.checkpoint or not blob_exists(s, row.checkpoint, self.checkpoint_dir):
+            if row is None or not row.checkpoint:
                 return None
-        reference = str(row.checkpoint)
+            try:
+                reference = checked_reference(row.checkpoint, run_id, row.round)
+            except StoreError:
+                return None
+            if not blob_exists(s, reference, self.checkpoint_dir, self.checkpoint_url):
+                return None
         if reference.startswith(DB_PREFIX):
-            return row.round, blob_chunks(self.session, reference)
+            try:
+                return row.round, blob_chunks(self.session, reference)
+            except StoreError:
+                return None
         found = blob_file(reference, self.checkpoint_dir)
         if found is not None:
             return row.round, found
@@ -370,7 +389,11 @@ class RunStore:
             row = s.execute(query.order_by(Round.round.desc()).limit(1)).first()
             if row is None or not row.checkpoint:
                 return None
-            blob = read_blob(s, row.checkpoint, self.checkpoint_dir)
+            try:
+                reference = checked_reference(row.checkpoint, run_id, row.round)
+                blob = read_blob(s, reference, self.checkpoint_dir, self.checkpoint_url)
+            except StoreError:
+                return None
         return None if blob is None else (row.round, blob)
 
 

@@ -6,6 +6,7 @@ import ast
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -26,6 +27,23 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("core", "runstore", "scenarios", "learning", "privacy", "aggregator", "clients", "runtimes", "deploy",
            "dashboard", "quorum")
 BASE = TrainConfig(round=1, epochs=1, batch_size=8, lr=0.1, seed=0)
+
+
+def test_a_config_s_settings_cannot_be_changed_after_they_were_checked() -> None:
+    config = BASE.with_settings({DP_CLIP: 1.0})
+    with pytest.raises(TypeError):
+        config.settings["dp-clip"] = "x"  # type: ignore[index]
+    assert config.get(DP_CLIP) == 1.0
+
+
+def test_a_newer_aggregators_setting_fails_the_task_naming_it_never_ignored() -> None:
+    from core.errors import UpdateRejected
+    from core.instructions import quorum_settings, train_instruction
+
+    content = train_instruction(np.zeros(3, np.float32), BASE)
+    content["config"]["x.dp-new-feature"] = 1.0
+    with pytest.raises(UpdateRejected, match=r"x\.dp-new-feature .*newer Quorum"):
+        quorum_settings(content)
 
 
 def test_settings_read_back_typed_through_the_wire() -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from core.errors import StoreError
 from core.records import RoundRecord
@@ -24,7 +24,7 @@ from runstore.checkpoints import (
     decode_state,
     encode_state,
 )
-from runstore.store import RunStore
+from runstore.store import Round, RunStore
 
 
 def _state(size: int, server_round: int) -> ServerState:
@@ -105,8 +105,10 @@ def test_checkpoints_at_an_fsspec_url_and_a_missing_one_named(tmp_path: Path) ->
     store.commit_round(run_id, _record(1), state)
     reference = store.rounds(run_id)[0].checkpoint
     assert reference.startswith("memory://") and reference.endswith(f"/{run_id}/round-00001.safetensors")
-    loaded = RunStore(f"sqlite:///{tmp_path / 'runs.db'}").load_state(run_id)  # read from the reference alone
+    loaded = RunStore(f"sqlite:///{tmp_path / 'runs.db'}", checkpoints=bucket).load_state(run_id)  # another reader
     assert loaded is not None and _same(loaded, state)
+    with pytest.raises(StoreError, match="set QUORUM_CHECKPOINTS to its URL"):  # a reader not told of the bucket
+        RunStore(f"sqlite:///{tmp_path / 'runs.db'}").load_state(run_id)
     import fsspec
 
     fsspec.filesystem("memory").rm(reference.removeprefix("memory://"))
@@ -178,3 +180,22 @@ def test_whether_a_checkpoint_is_there_is_answered_without_reading_it(tmp_path: 
     assert not store.has_checkpoint(run_id)  # no round yet
     store.commit_round(run_id, _record(1), _state(20, 1))
     assert store.has_checkpoint(run_id) and store.has_checkpoint(run_id, 1) and not store.has_checkpoint(run_id, 2)
+
+
+@pytest.mark.parametrize("forged", ["/etc/passwd", "file:///etc/passwd", "db:x/\u00b2", "db:other-run/1",
+                                    "memory://elsewhere/RUN/round-00001.safetensors",
+                                    "runs/checkpoints/RUN/../../../etc/RUN/round-00001.safetensors",
+                                    "runs/checkpoints/other-run/round-00001.safetensors"])
+def test_a_forged_checkpoint_reference_is_never_opened(tmp_path: Path, forged: str) -> None:
+    # Prepare: a round whose row names something a round never writes (another run's, a system file, another bucket)
+    store = RunStore(f"sqlite:///{tmp_path / 'runs.db'}", checkpoints=f"memory://q-{uuid.uuid4().hex}")
+    run_id = _run(store)
+    store.commit_round(run_id, _record(1), _state(10, 1))
+    with store.session() as s, s.begin():
+        s.execute(update(Round).where(Round.run_id == run_id).values(checkpoint=forged.replace("RUN", run_id)))
+
+    # Execute / Assert: refused by name when loading; no checkpoint to show or serve
+    with pytest.raises(StoreError, match="refused|not under this store|malformed"):
+        store.load_state(run_id)
+    assert not store.has_checkpoint(run_id) and store.checkpoint_source(run_id) is None
+    assert store.checkpoint_blob(run_id) is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import mysql
 
 revision = "0003"
 down_revision = "0002"
@@ -29,7 +30,7 @@ def upgrade() -> None:
         sa.Column("run_id", sa.String(length=64), nullable=False),
         sa.Column("round", sa.Integer(), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=False),
-        sa.Column("data", sa.LargeBinary(), nullable=False),
+        sa.Column("data", sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql"), nullable=False),  # 8 MiB chunks
         sa.PrimaryKeyConstraint("run_id", "round", "seq"),
     )
 
