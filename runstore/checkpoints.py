@@ -44,7 +44,7 @@ from core.strategy import ServerState
 from runstore.base import Base
 
 __all__ = ["CheckpointChunk", "Checkpoints", "FolderCheckpoints", "DatabaseCheckpoints", "UrlCheckpoints",
-           "checkpoints_at", "checked_reference", "read_blob", "blob_exists", "blob_file", "blob_chunks",
+           "checkpoints_at", "checked_reference", "read_blob", "blob_exists", "blob_file", "blob_chunks", "url_chunks",
            "encode_state", "decode_state", "CHUNK_BYTES", "DB_PREFIX"]
 
 #: The largest piece of a blob in one database row (PostgreSQL's ``bytea`` holds up to 1 GB; 8 MiB stays cheap).
@@ -370,3 +370,25 @@ def blob_chunks(session_factory: Callable[[], Session], reference: str) -> Itera
                 yield piece.data
 
     return chunks()
+
+
+def url_chunks(reference: str, url_root: str | None) -> Iterator[bytes]:
+    """Yield an object-store checkpoint in pieces of :data:`CHUNK_BYTES` (a served model is never whole in memory).
+
+    Raises
+    ------
+    StoreError
+        Before the first piece: the object is outside ``url_root`` or cannot be opened.
+    """
+    fs, path = _url_inside(reference, url_root)
+    try:
+        handle = fs.open(path, "rb")
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"cannot read checkpoint {reference[:120]}: {exc}") from None
+
+    def pieces() -> Iterator[bytes]:
+        with handle:
+            while piece := handle.read(CHUNK_BYTES):
+                yield bytes(piece)
+
+    return pieces()

@@ -45,6 +45,7 @@ from runstore.checkpoints import (
     decode_state,
     encode_state,
     read_blob,
+    url_chunks,
 )
 from runstore.lease import INTERRUPTED, lease_expired, lease_seconds
 from runstore.schema import make_engine, upgrade
@@ -349,9 +350,9 @@ class RunStore:
                           server_round: int | None = None) -> tuple[int, Path | Iterator[bytes] | bytes] | None:
         """Return a round's checkpoint (default: the last round) as it is best served.
 
-        Its file (a folder store: streamed from disk), its chunks one at a
-        time (the database), or its bytes (an object store); ``None`` when
-        that round has no checkpoint, or it is gone.
+        Its file (a folder store: streamed from disk), or its pieces one at a
+        time (the database's chunks, an object's reads); ``None`` when that
+        round has no checkpoint, or it is gone.
         """
         with self.session() as s:
             query = select(Round.round, Round.checkpoint).where(Round.run_id == run_id)
@@ -374,8 +375,10 @@ class RunStore:
         found = blob_file(reference, self.checkpoint_dir)
         if found is not None:
             return row.round, found
-        blob = self.checkpoint_blob(run_id, row.round)
-        return None if blob is None else (row.round, blob[1])
+        try:
+            return row.round, url_chunks(reference, self.checkpoint_url)
+        except StoreError:
+            return None
 
     def checkpoint_blob(self, run_id: str, server_round: int | None = None) -> tuple[int, bytes] | None:
         """Return the round number and safetensors bytes of a round's checkpoint (default: the last round).

@@ -44,3 +44,29 @@ def test_a_checkpoint_in_the_database_is_served_by_a_dashboard_with_no_checkpoin
     assert page.status_code == 200 and f"/api/runs/{run_id}/checkpoint" in page.text
     assert missing.status_code == 404
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_an_object_store_checkpoint_is_served_in_pieces_to_a_dashboard_told_of_the_bucket(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: checkpoints in an object store (fsspec's memory://), read back in 100-byte pieces
+    bucket = f"memory://quorum-{tmp_path.name}/ckpt"
+    monkeypatch.setattr(checkpoints, "CHUNK_BYTES", 100)
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    store = RunStore(url, checkpoints=bucket)
+    run_id = store.create_run(name="s3", scenario={"name": "s3"}, seed=0, strategy="fedavg", rounds=1)
+    params = np.arange(200, dtype=np.float32) / 3
+    store.commit_round(run_id, RoundRecord(round=1, started_at=0.0, duration_s=1.0, sampled=1, clients=[]),
+                       ServerState(params=params, round=1))
+
+    # Execute: one dashboard with the bucket in QUORUM_CHECKPOINTS, one without
+    monkeypatch.setenv("QUORUM_CHECKPOINTS", bucket)
+    with TestClient(create_app(url), base_url="http://127.0.0.1") as client:
+        served = client.get(f"/api/runs/{run_id}/checkpoint")
+    monkeypatch.delenv("QUORUM_CHECKPOINTS")
+    with TestClient(create_app(url), base_url="http://127.0.0.1") as client:
+        untold = client.get(f"/api/runs/{run_id}/checkpoint")
+
+    # Assert: the exact model; a dashboard not told of the bucket opens nothing and says there is none
+    assert served.status_code == 200
+    np.testing.assert_array_equal(decode_state(served.content, "served").params, params)
+    assert untold.status_code == 404
