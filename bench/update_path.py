@@ -41,6 +41,48 @@ def _on_a_client(frame: FrameType | None) -> bool:
     return False
 
 
+class _PathRecorder:
+    """A profile hook: the product files the server calls between the first reply and the round's commit."""
+
+    def __init__(self, root: Path) -> None:
+        self.prefix = str(root.resolve()) + "/"
+        self.order: list[str] = []
+        self.edges: set[tuple[str, str]] = set()
+        self.round_trips: set[tuple[str, str, str]] = set()
+        self.on = self.done = False
+
+    def _rel(self, frame: FrameType | None) -> str | None:
+        if frame is None or not frame.f_code.co_filename.startswith(self.prefix):
+            return None
+        path = frame.f_code.co_filename[len(self.prefix):]
+        return path if path.split("/", 1)[0] in PACKAGES else None
+
+    def __call__(self, frame: FrameType, event: str, _arg: object) -> None:
+        """Record one call (``sys.setprofile``'s signature)."""
+        here = self._rel(frame) if event in ("call", "return") and not self.done else None
+        if here is None:
+            return
+        function = frame.f_code.co_name
+        if event == "call" and here == "core/replies.py" and function == "train_reply":
+            self.on = True
+        if event == "return" and here.endswith("/store.py") and function == "commit_round":  # aggregator/ before
+            self.done = True
+        if self.on and event == "call" and not _on_a_client(frame):
+            self._call(frame, here)
+
+    def _call(self, frame: FrameType, here: str) -> None:
+        if here not in self.order:
+            self.order.append(here)
+        caller = self._rel(frame.f_back)
+        if caller is None or caller.split("/")[0] == here.split("/")[0]:
+            return
+        self.edges.add((caller, here))
+        above = self._rel(frame.f_back.f_back) if frame.f_back is not None else None
+        if above is not None and (above.split("/")[0], caller.split("/")[0], here.split("/")[0]) == \
+                ("aggregator", "core", "aggregator"):
+            self.round_trips.add((above, caller, here))
+
+
 def measure(root: Path) -> dict[str, Any]:
     """Run one round in the checkout at ``root``; return the files and hops of its updates' path."""
     sys.path.insert(0, str(root))
@@ -55,53 +97,16 @@ def measure(root: Path) -> dict[str, Any]:
         "training": {"local_epochs": 1, "batch_size": 16, "lr": 0.1},
         "evaluation": {"federated": False, "server": False},
     }, source="bench")
-    prefix = str(root.resolve()) + "/"
-    order: list[str] = []
-    edges: set[tuple[str, str]] = set()
-    round_trips: set[tuple[str, str, str]] = set()
-    state = {"on": False, "done": False}
-
-    def rel(frame: FrameType | None) -> str | None:
-        if frame is None:
-            return None
-        name = frame.f_code.co_filename
-        if not name.startswith(prefix):
-            return None
-        path = name[len(prefix):]
-        return path if path.split("/", 1)[0] in PACKAGES else None
-
-    def hook(frame: FrameType, event: str, _arg: object) -> None:
-        if event not in ("call", "return") or state["done"]:
-            return
-        here = rel(frame)
-        if here is None:
-            return
-        function = frame.f_code.co_name
-        if event == "call" and not state["on"] and here == "core/replies.py" and function == "train_reply":
-            state["on"] = True
-        if event == "return" and here.endswith("/store.py") and function == "commit_round":  # aggregator/ before
-            state["done"] = True
-        if not state["on"] or event != "call" or _on_a_client(frame):
-            return
-        if here not in order:
-            order.append(here)
-        caller = rel(frame.f_back)
-        if caller is not None and caller.split("/")[0] != here.split("/")[0]:
-            edges.add((caller, here))
-            above = rel(frame.f_back.f_back) if frame.f_back is not None else None
-            if above is not None and (above.split("/")[0], caller.split("/")[0], here.split("/")[0]) == \
-                    ("aggregator", "core", "aggregator"):
-                round_trips.add((above, caller, here))
-
+    recorder = _PathRecorder(root)
     with tempfile.TemporaryDirectory() as tmp:
-        threading.setprofile(hook)
-        sys.setprofile(hook)
+        threading.setprofile(recorder)
+        sys.setprofile(recorder)
         try:
             simulate(scenario, db_url=f"sqlite:///{tmp}/runs.db", workers=1)
         finally:
             sys.setprofile(None)
             threading.setprofile(None)  # type: ignore[arg-type]
-    return {"files": order, "edges": sorted(edges), "round_trips": sorted(round_trips)}
+    return {"files": recorder.order, "edges": sorted(recorder.edges), "round_trips": sorted(recorder.round_trips)}
 
 
 def main() -> None:

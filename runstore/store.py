@@ -316,35 +316,29 @@ class RunStore:
 
     # -- checkpoints ------------------------------------------------------
     def load_state(self, run_id: str, server_round: int | None = None) -> ServerState | None:
-        """Load the server state committed with ``server_round`` (default: the last one)."""
+        """Load the server state committed with ``server_round`` (default: the last one).
+
+        Raises
+        ------
+        StoreError
+            The round's checkpoint is gone, cannot be read, or its reference is not where that round writes.
+        """
         with self.session() as s:
-            query = select(Round).where(Round.run_id == run_id)
-            if server_round is not None:
-                query = query.where(Round.round == server_round)
-            row = s.scalars(query.order_by(Round.round.desc()).limit(1)).first()
-            if row is None:
+            found = _round_checkpoint(s, run_id, server_round)
+            if found is None:
                 return None
-            reference = checked_reference(row.checkpoint, run_id, row.round)
+            number, reference = found
             blob = read_blob(s, reference, self.checkpoint_dir, self.checkpoint_url)
         if blob is None:
-            raise StoreError(f"the checkpoint of round {row.round} of run {run_id} is gone from "
-                             f"{self.checkpoints.describe()} ({row.checkpoint})")
-        return decode_state(blob, row.checkpoint)
+            raise StoreError(f"the checkpoint of round {number} of run {run_id} is gone from "
+                             f"{self.checkpoints.describe()} ({reference})")
+        return decode_state(blob, reference)
 
     def has_checkpoint(self, run_id: str, server_round: int | None = None) -> bool:
         """Whether a round (default: the last) has a checkpoint that is still there, without reading it."""
         with self.session() as s:
-            query = select(Round.checkpoint).where(Round.run_id == run_id)
-            if server_round is not None:
-                query = query.where(Round.round == server_round)
-            row = s.execute(query.add_columns(Round.round).order_by(Round.round.desc()).limit(1)).first()
-            if row is None or not row.checkpoint:
-                return False
-            try:
-                reference = checked_reference(row.checkpoint, run_id, row.round)
-            except StoreError:
-                return False
-            return blob_exists(s, reference, self.checkpoint_dir, self.checkpoint_url)
+            found = _readable_checkpoint(s, run_id, server_round)
+            return found is not None and blob_exists(s, found[1], self.checkpoint_dir, self.checkpoint_url)
 
     def checkpoint_source(self, run_id: str,
                           server_round: int | None = None) -> tuple[int, Path | Iterator[bytes] | bytes] | None:
@@ -355,30 +349,19 @@ class RunStore:
         round has no checkpoint, or it is gone.
         """
         with self.session() as s:
-            query = select(Round.round, Round.checkpoint).where(Round.run_id == run_id)
-            if server_round is not None:
-                query = query.where(Round.round == server_round)
-            row = s.execute(query.order_by(Round.round.desc()).limit(1)).first()
-            if row is None or not row.checkpoint:
+            found = _readable_checkpoint(s, run_id, server_round)
+            if found is None or not blob_exists(s, found[1], self.checkpoint_dir, self.checkpoint_url):
                 return None
-            try:
-                reference = checked_reference(row.checkpoint, run_id, row.round)
-            except StoreError:
-                return None
-            if not blob_exists(s, reference, self.checkpoint_dir, self.checkpoint_url):
-                return None
-        if reference.startswith(DB_PREFIX):
-            try:
-                return row.round, blob_chunks(self.session, reference)
-            except StoreError:
-                return None
-        found = blob_file(reference, self.checkpoint_dir)
-        if found is not None:
-            return row.round, found
+        number, reference = found
+        file = blob_file(reference, self.checkpoint_dir)
+        if file is not None:
+            return number, file
         try:
-            return row.round, url_chunks(reference, self.checkpoint_url)
+            pieces = (blob_chunks(self.session, reference) if reference.startswith(DB_PREFIX)
+                      else url_chunks(reference, self.checkpoint_url))
         except StoreError:
             return None
+        return number, pieces
 
     def checkpoint_blob(self, run_id: str, server_round: int | None = None) -> tuple[int, bytes] | None:
         """Return the round number and safetensors bytes of a round's checkpoint (default: the last round).
@@ -386,18 +369,39 @@ class RunStore:
         ``None`` when that round has no checkpoint, or it is gone.
         """
         with self.session() as s:
-            query = select(Round.round, Round.checkpoint).where(Round.run_id == run_id)
-            if server_round is not None:
-                query = query.where(Round.round == server_round)
-            row = s.execute(query.order_by(Round.round.desc()).limit(1)).first()
-            if row is None or not row.checkpoint:
+            found = _readable_checkpoint(s, run_id, server_round)
+            if found is None:
                 return None
             try:
-                reference = checked_reference(row.checkpoint, run_id, row.round)
-                blob = read_blob(s, reference, self.checkpoint_dir, self.checkpoint_url)
+                blob = read_blob(s, found[1], self.checkpoint_dir, self.checkpoint_url)
             except StoreError:
                 return None
-        return None if blob is None else (row.round, blob)
+        return None if blob is None else (found[0], blob)
+
+
+def _round_checkpoint(s: Session, run_id: str, server_round: int | None) -> tuple[int, str] | None:
+    """Return a round's number and checked checkpoint reference (default: the last round); ``None``: no round.
+
+    Raises
+    ------
+    StoreError
+        The reference is not where that round writes (:func:`runstore.checkpoints.checked_reference`).
+    """
+    query = select(Round.round, Round.checkpoint).where(Round.run_id == run_id)
+    if server_round is not None:
+        query = query.where(Round.round == server_round)
+    row = s.execute(query.order_by(Round.round.desc()).limit(1)).first()
+    if row is None:
+        return None
+    return row.round, checked_reference(row.checkpoint or "", run_id, row.round)
+
+
+def _readable_checkpoint(s: Session, run_id: str, server_round: int | None) -> tuple[int, str] | None:
+    """:func:`_round_checkpoint`, with a refused or empty reference read as no checkpoint (what pages show)."""
+    try:
+        return _round_checkpoint(s, run_id, server_round)
+    except StoreError:
+        return None
 
 
 def read_checkpoint(path: str | Path) -> ServerState:

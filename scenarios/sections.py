@@ -192,6 +192,53 @@ class TrainingSpec:
 SHARED_STRATEGY_KEYS = ("name", "server_lr")
 
 
+def _own_table(raw: Mapping[str, Any], key: str, name: str) -> Mapping[str, Any]:
+    """Return the sub-table ``[strategy.<name>]`` (empty when absent), refusing anything but a table."""
+    table = raw.get(name, {})
+    if not isinstance(table, Mapping):
+        raise Bad(f"{key}.{name}", table, f"must be a table (the settings of strategy {name!r})")
+    return table
+
+
+def _check_own_table(table: Mapping[str, Any], key: str, name: str) -> None:
+    """Refuse a key of ``[strategy.<name>]`` that the strategy does not read, naming it."""
+    chosen = setting_names(name)
+    for k, value in table.items():
+        if k not in chosen:
+            why = (f"is read by every strategy: set it under [{key}]" if k in SHARED_STRATEGY_KEYS else
+                   f"is not a setting of strategy {name!r} ({_settings_hint(key, name)})")
+            raise Bad(f"{key}.{name}.{k}", value, why)
+
+
+def _flat_settings(raw: Mapping[str, Any], key: str, name: str, table: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the strategy's keys written flat under ``[strategy]`` (the form before the sub-tables).
+
+    Another strategy's sub-table, a key set both flat and in the table,
+    another strategy's key at a value other than its default, and an unknown
+    key are refused, each named where it was written.
+    """
+    chosen, flat = setting_names(name), {}
+    for k, value in raw.items():
+        if k in SHARED_STRATEGY_KEYS or k == name:
+            continue
+        if k in STRATEGY_SETTINGS:
+            raise Bad(f"{key}.{k}", value, f"are the settings of strategy {k!r}, and {key}.name = {name!r} "
+                      f"would ignore them; {_settings_hint(key, name)}")
+        if k in chosen and k in table:
+            raise Bad(f"{key}.{k}", value, f"is set in [{key}.{name}] too ({k} = {show(table[k])}); keep the one "
+                      "in the table")
+        if k in chosen:
+            flat[k] = value
+        elif k in LEGACY_DEFAULTS:
+            if legacy_value(k, value, key + ".") != LEGACY_DEFAULTS[k]:
+                raise Bad(f"{key}.{k}", value, f"is not a setting of strategy {name!r}, which would ignore it "
+                          f"({_settings_hint(key, name)}; docs/strategies.md)")
+        else:
+            raise Bad(f"{key}.{k}", value, f"unknown key; allowed: {', '.join(SHARED_STRATEGY_KEYS)} and the "
+                      f"table [{key}.{name}] ({_settings_hint(key, name)})")
+    return flat
+
+
 @dataclass(frozen=True)
 class StrategySpec:
     """``[strategy]``: the server's update rule, its learning rate and the rule's own settings (docs/strategies.md).
@@ -237,34 +284,10 @@ class StrategySpec:
         if not isinstance(raw, Mapping):
             raise Bad(key, raw, "must be a table")
         spec: StrategySpec = build(cls, {k: v for k, v in raw.items() if k in SHARED_STRATEGY_KEYS}, key + ".")
-        name, chosen = spec.name, setting_names(spec.name)
-        table = raw.get(name, {})
-        if not isinstance(table, Mapping):
-            raise Bad(f"{key}.{name}", table, f"must be a table (the settings of strategy {name!r})")
-        flat: dict[str, Any] = {}
-        for k, value in raw.items():
-            if k in SHARED_STRATEGY_KEYS or k == name:
-                continue
-            if k in STRATEGY_SETTINGS:
-                raise Bad(f"{key}.{k}", value, f"are the settings of strategy {k!r}, and {key}.name = {name!r} "
-                          f"would ignore them; {_settings_hint(key, name)}")
-            if k in chosen and k in table:
-                raise Bad(f"{key}.{k}", value, f"is set in [{key}.{name}] too ({k} = {show(table[k])}); keep the one "
-                          "in the table")
-            if k in chosen:
-                flat[k] = value
-            elif k in LEGACY_DEFAULTS:
-                if legacy_value(k, value, key + ".") != LEGACY_DEFAULTS[k]:
-                    raise Bad(f"{key}.{k}", value, f"is not a setting of strategy {name!r}, which would ignore it "
-                              f"({_settings_hint(key, name)}; docs/strategies.md)")
-            else:
-                raise Bad(f"{key}.{k}", value, f"unknown key; allowed: {', '.join(SHARED_STRATEGY_KEYS)} and the "
-                          f"table [{key}.{name}] ({_settings_hint(key, name)})")
-        for k, value in table.items():
-            if k not in chosen:
-                why = (f"is read by every strategy: set it under [{key}]" if k in SHARED_STRATEGY_KEYS else
-                       f"is not a setting of strategy {name!r} ({_settings_hint(key, name)})")
-                raise Bad(f"{key}.{name}.{k}", value, why)
+        name = spec.name
+        table = _own_table(raw, key, name)
+        flat = _flat_settings(raw, key, name, table)
+        _check_own_table(table, key, name)
         try:
             settings = build(STRATEGY_SETTINGS[name], {**flat, **table}, "")
         except Bad as bad:  # named where it was written: flat (a file of before the sub-tables) or in the table
