@@ -127,7 +127,7 @@ def one_torch_thread() -> Iterator[None]:
 def fed(tmp_path_factory: pytest.TempPathFactory, one_torch_thread: None) -> Iterator[Fed]:
     work = tmp_path_factory.mktemp("federation")
     procs = Processes(work)
-    lb = LoopbackFederation(work, procs)
+    lb = LoopbackFederation(work, procs, poll_s=0.5)  # idle SuperNodes poll twice a second: CPU for the other tests
     try:
         fed = Fed(lb, {}, make_node_key(work / "stranger.key", "stranger").private)
         paths = write_device_data(fed.scenario("data"), work / "data")

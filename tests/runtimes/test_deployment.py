@@ -5,7 +5,7 @@ The repository root is the Flower App (``[tool.flwr.app]`` in pyproject.toml);
 ServerApp (``aggregator.serverapp:app``) and each SuperNode's SuperExec starts
 a ``flwr-clientapp`` process per message. A round over a SuperLink
 costs seconds, most of it Flower's polling and one fresh ClientApp process per
-message; the SuperNodes here poll every 0.2 s when idle (Flower's own SuperNode
+message; the SuperNodes here poll every 0.5 s when idle (Flower's own SuperNode
 through the agent's launcher, ``deploy.agent supernode --poll-s``), not 3 s.
 
 The same SuperLink and SuperNodes then run Flower's official quickstart-pytorch
@@ -15,15 +15,17 @@ scenario at all: the model, the learning rate and the rounds are the app's own
 (issue 33), its run lands in the fleet's ``QUORUM_DB``, and ``flwr run --stream``
 shows Quorum's round lines.
 
-The module's SuperLinks and SuperNodes are started once, all at the same time,
-and shared by its tests (``fleet``): each test has federations of its own
-(their node configs differ), runs in a store of its own, and the fleet is
-stopped by PID at the module's end, where nothing of it may outlive it.
+The module's SuperLinks and SuperNodes are shared by its tests (``fleet``):
+each federation (its node configs differ) is started when the first test that
+needs it runs and stopped by PID once the last one has run, where nothing of it
+may outlive it; each test runs in a store of its own. An idle federation is not
+free: a SuperLink and two SuperNodes polling each other every 0.2 s kept 18 %
+of a core busy (8 % at 0.5 s), which the e2e tier, CPU-bound on two cores,
+takes from every other test.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -73,28 +75,35 @@ server = true
 every = 2                        # federated evaluation in the last round only: one message less
 """
 
+#: How often the fleet's SuperNodes and SuperExecs poll when idle: each message waits up to this long to be
+#: pulled (Flower's default is 3 s), and an idle federation costs CPU in proportion (see the module's docstring).
+POLL_S = 0.5
 FLOWER_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",  # SuperExec looks for new tasks every 0.2 s, not 1 s
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(POLL_S),  # SuperExec looks for new tasks every 0.5 s, not 1 s
 }
 # Flower's own SuperNode (``flower-supernode``'s entry point, its default subprocess isolation: a fresh
-# ``flwr-clientapp`` per message), run by the agent's launcher with the idle poll at 0.2 s instead of the
+# ``flwr-clientapp`` per message), run by the agent's launcher with the idle poll at POLL_S instead of the
 # hard-coded 3 s. Each message otherwise waited up to 3 s to be pulled and up to 3 s more for its reply
 # to be pushed: 20-30 s of this module's sleeping, and not what it tests.
-SUPERNODE = (sys.executable, "-m", "deploy.agent", "supernode", "--poll-s", "0.2", "--")
+SUPERNODE = (sys.executable, "-m", "deploy.agent", "supernode", "--poll-s", str(POLL_S), "--")
 START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 240.0
 STOCK_APP = REPO / "tests" / "runtimes" / "flower_quickstart"
 EXAMPLES = REPO / "tests" / "flower_examples"  # Flower's official examples, their data loading local
 PYTORCH_EXAMPLE = EXAMPLES / "quickstart-pytorch"
 SLOW_APP = REPO / "tests" / "runtimes" / "slow_app"  # Quorum's ClientApp; `delay-s` in a node's config slows it
-SLOW_DELAY_S = 8.0
+# The slow node's reply comes D s after a fast one's, t after its task (t: a ClientApp process's start and
+# training, 3 s alone, 10 s under the e2e tier's load). Step k folds the first two replies after step k-1, so
+# the slow reply is in one of the first three steps whenever t + D < 3t, i.e. t > D / 2. With D = 8 and two
+# steps it needed t > 8 s: it passed under load and failed alone.
+SLOW_DELAY_S = 4.0
 
 # The module's fleet: the SuperNodes' node configs of each federation (None: a simulation SuperLink, Ray)
 FLEET: dict[str, tuple[str, ...] | None] = {
     "sync_federation": ("partition-id=0 num-partitions=2", "partition-id=1 num-partitions=2"),
-    "async_federation": tuple(f"partition-id={i} num-partitions=3 delay-s={d}"   # the third 8 s slower (issue 15)
+    "async_federation": tuple(f"partition-id={i} num-partitions=3 delay-s={d}"   # the third SLOW_DELAY_S slower (issue 15)
                               for i, d in enumerate((0.0, 0.0, SLOW_DELAY_S))),
     "simulation_link": None,
 }
@@ -102,7 +111,7 @@ FLEET: dict[str, tuple[str, ...] | None] = {
 ASYNC_SCENARIO = """
 name = "deployment-async"
 seed = 5
-rounds = 2                       # server steps: two fast replies, then the slow one and a fast one
+rounds = 3                       # server steps of two replies: the slow one is in one of them
 [data]
 dataset = "digits"
 partition = "iid"
@@ -258,7 +267,7 @@ def test_a_stock_flower_clientapp_runs_on_flowers_ray_simulation_under_quorums_s
 
 def test_fedbuff_in_wall_time_on_a_superlink_steps_past_a_slow_supernode(
         processes: Processes, fleet: Fleet, async_federation: Federation, tmp_path: Path) -> None:
-    # Prepare: three SuperNodes, the third 8 s slower to train (issue 15; the fleet's async federation)
+    # Prepare: three SuperNodes, the third SLOW_DELAY_S slower to train (issue 15; the fleet's async federation)
     scenario = tmp_path / "scenario.toml"
     scenario.write_text(ASYNC_SCENARIO)
     slow_id = re.search(r"SuperNode ID: (\d+)", async_federation.nodes[2].text())[1]
@@ -267,9 +276,9 @@ def test_fedbuff_in_wall_time_on_a_superlink_steps_past_a_slow_supernode(
     store, stored = _flwr_run(processes, "flwr-run-async", SLOW_APP, scenario, tmp_path / "async.db",
                               async_federation.env, _logs(processes, fleet))
 
-    # Assert: two steps of two replies in wall time; a step was applied while the slow node trained,
+    # Assert: three steps of two replies in wall time; a step was applied while the slow node trained,
     # and its reply, when it came, was folded in stale with the weight 1 / sqrt(1 + staleness)
-    assert (stored.status, stored.rounds_done) == ("finished", 2), f"{stored.status}: {stored.error}"
+    assert (stored.status, stored.rounds_done) == ("finished", 3), f"{stored.status}: {stored.error}"
     rows = store.rounds(stored.id)
     folded = [(r.round, c) for r in rows for c in store.client_results(stored.id, r.round) if c.outcome == "ok"]
     assert all(sum(r.metrics["staleness-counts"]) == 2 for r in rows)
@@ -289,6 +298,7 @@ def test_fedbuff_in_wall_time_on_a_superlink_steps_past_a_slow_supernode(
 class Federation:
     """One SuperLink of the fleet and its SuperNodes; ``env`` is what ``flwr run`` against it needs."""
 
+    procs: Processes
     link: Started
     port: int
     env: dict[str, str]
@@ -297,62 +307,77 @@ class Federation:
 
 @dataclass
 class Fleet:
-    """The module's SuperLinks and SuperNodes: started once, all at the same time, stopped at its end."""
+    """The module's SuperLinks and SuperNodes: each federation started for its first test, stopped after its last.
 
-    procs: Processes
+    ``last_user`` names, per federation, the last test of this session's selection that needs it.
+    """
+
+    workdir: Path
+    last_user: dict[str, str]
     federations: dict[str, Federation] = field(default_factory=dict)
 
     def logs(self) -> str:
-        return self.procs.logs()
-
-    def launch(self, names: list[str]) -> None:
-        """Start the named federations' SuperLinks together, then each one's SuperNodes once it is healthy."""
-        names = [n for n in names if n not in self.federations]
-        ports = iter(free_ports(sum(1 + len(FLEET[n] or ()) for n in names)))
-        for name in names:
-            port = next(ports)
-            env = {**FLOWER_ENV, "FLWR_HOME": str(_flower_home(self.procs.workdir / name, port)),
-                   # the store of a stock Flower app's run (its run config has no `db` key to pass one)
-                   "QUORUM_DB": f"sqlite:///{self.procs.workdir / name / 'flower-apps.db'}"}
-            mode = ["--simulation"] if FLEET[name] is None else []
-            if FLEET[name] is None:
-                env["RAY_USAGE_STATS_ENABLED"] = "0"
-            link = self.procs.start(f"superlink-{name}", [
-                str(VENV_BIN / "flower-superlink"), *mode, "--insecure", "--host", "127.0.0.1", "--port", str(port),
-                "--disable-runtime-dependency-installation"], env)
-            self.federations[name] = Federation(link, port, env)
-        for name in names:
-            fed = self.federations[name]
-            _wait_healthy(fed.link, fed.port, self.logs)
-            fed.nodes.extend(self.procs.start(f"supernode-{name}-{i}", [
-                *SUPERNODE, "--insecure", "--superlink", f"127.0.0.1:{fed.port}",
-                "--port", str(next(ports)), "--node-config", config], fed.env)
-                for i, config in enumerate(FLEET[name] or ()))
+        return "\n\n".join(fed.procs.logs() for fed in self.federations.values())
 
     def ready(self, name: str) -> Federation:
-        """The federation once its SuperLink is healthy and every SuperNode has its id."""
-        self.launch([name])
+        """The federation once its SuperLink is healthy and every SuperNode has its id (started if need be)."""
+        if name not in self.federations:
+            self.federations[name] = self._start(name)
         fed = self.federations[name]
         for node in fed.nodes:
             _wait_for_log(node, "SuperNode ID:", self.logs)
         return fed
 
+    def _start(self, name: str) -> Federation:
+        procs = Processes(workdir=self.workdir / name)
+        procs.workdir.mkdir(parents=True)
+        port, *node_ports = free_ports(1 + len(FLEET[name] or ()))
+        env = {**FLOWER_ENV, "FLWR_HOME": str(_flower_home(procs.workdir, port)),
+               # the store of a stock Flower app's run (its run config has no `db` key to pass one)
+               "QUORUM_DB": f"sqlite:///{procs.workdir / 'flower-apps.db'}"}
+        mode = ["--simulation"] if FLEET[name] is None else []
+        if FLEET[name] is None:
+            env["RAY_USAGE_STATS_ENABLED"] = "0"
+        link = procs.start(f"superlink-{name}", [
+            str(VENV_BIN / "flower-superlink"), *mode, "--insecure", "--host", "127.0.0.1", "--port", str(port),
+            "--disable-runtime-dependency-installation"], env)
+        fed = Federation(procs, link, port, env)
+        _wait_healthy(link, port, procs.logs)
+        fed.nodes.extend(procs.start(f"supernode-{name}-{i}", [
+            *SUPERNODE, "--insecure", "--superlink", f"127.0.0.1:{port}", "--port", str(node_port),
+            "--node-config", config], env) for i, (config, node_port) in enumerate(zip(FLEET[name] or (), node_ports,
+                                                                                       strict=True)))
+        return fed
+
+    def done_with(self, test: str) -> None:
+        """Stop, by PID, every federation whose last test was ``test``."""
+        for name in [n for n, last in self.last_user.items() if last == test and n in self.federations]:
+            self.stop(name)
+
+    def stop(self, name: str) -> None:
+        procs = self.federations.pop(name).procs
+        procs.stop_all()
+        left = procs.alive()
+        assert not left, f"processes outlived the {name} federation:\n{describe(left)}"
+
 
 @pytest.fixture(scope="module")
 def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """Every federation a selected test of this module asks for, started at once; nothing outlives it."""
-    wanted = {name for item in request.session.items if getattr(item, "module", None) is request.module
-              for name in getattr(item, "fixturenames", ()) if name in FLEET}
-    if importlib.util.find_spec("ray") is None:
-        wanted.discard("simulation_link")
-    the_fleet = Fleet(Processes(workdir=tmp_path_factory.mktemp("fleet")))
+    """The federations the selected tests of this module ask for, each for as long as a test needs it."""
+    last_user = {name: item.nodeid for item in request.session.items if getattr(item, "module", None) is request.module
+                 for name in getattr(item, "fixturenames", ()) if name in FLEET}
+    the_fleet = Fleet(tmp_path_factory.mktemp("fleet"), last_user)
     try:
-        the_fleet.launch([name for name in FLEET if name in wanted])
         yield the_fleet
     finally:
-        the_fleet.procs.stop_all()
-        left = the_fleet.procs.alive()
-        assert not left, f"processes outlived the module's fleet:\n{describe(left)}"
+        for name in list(the_fleet.federations):
+            the_fleet.stop(name)
+
+
+@pytest.fixture(autouse=True)
+def _stop_what_no_later_test_needs(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
+    yield
+    fleet.done_with(request.node.nodeid)
 
 
 @pytest.fixture(scope="module")
