@@ -29,7 +29,7 @@ import pytest
 # SuperNode's ClientApp during the deployment tests against 0.5 ms on one thread (docs/testing.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from scenarios.schema import Scenario, scenario_from_dict  # noqa: E402
+from scenarios.schema import Scenario, scenario_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 

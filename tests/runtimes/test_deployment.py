@@ -103,7 +103,8 @@ SLOW_DELAY_S = 4.0
 # The module's fleet: the SuperNodes' node configs of each federation (None: a simulation SuperLink, Ray)
 FLEET: dict[str, tuple[str, ...] | None] = {
     "sync_federation": ("partition-id=0 num-partitions=2", "partition-id=1 num-partitions=2"),
-    "async_federation": tuple(f"partition-id={i} num-partitions=3 delay-s={d}"   # the third SLOW_DELAY_S slower (issue 15)
+    # the third node SLOW_DELAY_S slower (issue 15)
+    "async_federation": tuple(f"partition-id={i} num-partitions=3 delay-s={d}"
                               for i, d in enumerate((0.0, 0.0, SLOW_DELAY_S))),
     "simulation_link": None,
 }
