@@ -99,6 +99,7 @@ def _listening() -> set[tuple[str, int]]:
 
 
 def pytest_configure() -> None:
+    _build_font_cache()
     popen_init, listen = subprocess.Popen.__init__, socket.socket.listen
 
     def recording_popen(self: subprocess.Popen[bytes], args: Any, *rest: Any, **kwargs: Any) -> None:
@@ -111,6 +112,15 @@ def pytest_configure() -> None:
 
     subprocess.Popen.__init__ = recording_popen  # type: ignore[method-assign]
     socket.socket.listen = recording_listen  # type: ignore[method-assign]
+
+
+def _build_font_cache() -> None:
+    """Let matplotlib build its font cache now, before the guard is installed and outside any test.
+
+    On its first use in a fresh home (a new CI machine) matplotlib runs ``fc-list`` to list the system's fonts:
+    inside a fast-tier test that draws a chart, the guard would fail the test for starting a program.
+    """
+    import matplotlib.font_manager  # noqa: F401 (imported for the cache it writes)
 
 
 def _guarded(item: pytest.Item) -> bool:
