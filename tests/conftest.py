@@ -15,6 +15,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,11 +26,17 @@ import pytest
 # One torch (OpenMP) thread per process, set before anything imports torch; every program a test starts
 # inherits it. The suite runs two workers on two cores, and most e2e tests run several training processes at
 # once (SuperNodes' ClientApps, agents, torchrun ranks): with torch's default of a thread per core, each small
-# step spin-waits for threads the others hold. Measured: a 2NN's step on a batch of 32 took 82 ms of CPU in a
-# SuperNode's ClientApp during the deployment tests against 0.5 ms on one thread (docs/testing.md).
+# step spin-waits for threads the others hold. Measured with the other core busy: a 2NN's step on a batch of 32
+# took 1.95 ms of CPU (1.51 ms wall) on two threads, 0.40 ms on one (docs/testing.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Bytecode is written, whatever the caller's environment says (this machine sets PYTHONDONTWRITEBYTECODE=1; the
+# Makefile unexports it, a bare `pytest` would not): the setup compiles nothing ahead, so without .pyc files every
+# process the e2e tier starts compiled torch, Flower and the rest from source again, and the tier took 16 min 26 s
+# instead of 8 min 33 s (the same tests, the same machine).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
-from scenarios.schema import Scenario, scenario_from_dict
+from scenarios.schema import Scenario, scenario_from_dict  # noqa: E402 (after the environment above)
 
 REPO = Path(__file__).resolve().parents[1]
 
