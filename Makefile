@@ -55,8 +55,20 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	MYPY_CACHE_DIR=$(CACHE)/mypy $(VENV)/bin/mypy
 
-# Both tiers, the fast one first: CI runs this, nothing is skipped.
-test: setup system lint
+# What the tests import, imported once for its bytecode while the linters run. Setup compiles nothing ahead
+# (above), so in a fresh clone both workers of the fast tier compiled torch, Flower and the rest at the same
+# moment: 2 min 21 s for the tier, 1 min 52 s after this warm-up (22 s on one core, beside the linters).
+WARM_IMPORTS := torch, flwr.serverapp, flwr.clientapp, flwr.supernode.cli, sklearn, scipy.stats, sqlalchemy, \
+	alembic, fastapi, uvicorn, httpx, hypothesis, schemathesis, matplotlib.pyplot, ray, transformers, peft, \
+	safetensors, dp_accounting, cryptography, plotly, typer, rich, psutil, playwright.sync_api, pytest, xdist, \
+	aggregator.serverapp, clients.clientapp, dashboard.app, runtimes.simulation, deploy.agent, quorum.cli
+
+# Both tiers, the fast one first: CI runs this, nothing is skipped. The linters run beside the warm-up; either
+# failing fails the target.
+test: setup system
+	@$(PY) -c "import $(WARM_IMPORTS)" & warm=$$!; \
+	  $(MAKE) --no-print-directory lint; linted=$$?; wait $$warm; warmed=$$?; \
+	  [ $$linted -eq 0 ] || exit $$linted; [ $$warmed -eq 0 ] || { echo "the warm-up imports failed"; exit $$warmed; }
 	$(FAST_TIER)
 	$(E2E_TIER)
 
