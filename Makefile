@@ -43,11 +43,12 @@ setup-llm: setup
 demo: setup
 	$(VENV)/bin/quorum demo --port $(PORT)
 
-# Debian's chromium for the real-browser dashboard test (Playwright drives it), and
-# nginx-light: the TLS front door of a deployed aggregator (tests/deploy).
+# Debian's chromium for the real-browser dashboard test (Playwright drives it), nginx-light: the TLS front
+# door of a deployed aggregator (tests/deploy), and PostgreSQL: the shared run store (tests/runstore).
 system:
-	@command -v chromium >/dev/null 2>&1 && command -v nginx >/dev/null 2>&1 || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium nginx-light >/dev/null; }
+	@command -v chromium >/dev/null 2>&1 && command -v nginx >/dev/null 2>&1 && \
+	  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium nginx-light postgresql >/dev/null; }
 
 # The layers contract, the linters, then the suite.
 lint: setup

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,7 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
     token : str, optional
         When given, every page and API call must carry it (bearer header, cookie, or ``?token=``).
     """
-    app = FastAPI(title="Quorum dashboard", description=DESCRIPTION, version="1",
+    app = FastAPI(title="Quorum dashboard", description=DESCRIPTION, version="1", lifespan=_lifespan,
                   docs_url=None, redoc_url=None)  # Swagger UI and ReDoc load from a CDN: offline here
     app.state.reader = Reader(db_url)
     app.state.registry = make_registry(app.state.reader)
@@ -64,6 +66,13 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
         app.add_middleware(LoopbackHostGuard)
     app.add_middleware(SecurityHeaders)
     return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Close the store's pooled connections (a PostgreSQL server's) when the dashboard shuts down."""
+    yield
+    app.state.reader.store.close()
 
 
 def plotly_dir() -> Path | None:

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, insert, select
@@ -193,6 +193,18 @@ class RunStore:
     def session(self) -> Session:
         """Open a session on the store (objects stay readable after a commit)."""
         return Session(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        """Close the store's pooled connections (a database server's); the store opens new ones if used again."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        """Return the store, closed (:meth:`close`) when the block ends."""
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        """Close the store's connections (:meth:`close`), whatever ended the block."""
+        self.close()
 
     # -- runs -------------------------------------------------------------
     def create_run(self, *, name: str, scenario: dict[str, Any], seed: int, strategy: str, rounds: int,

@@ -73,20 +73,20 @@ def simulate(scenario: Scenario, *, db_url: str, engine: str = "inprocess",
     if scenario.asynchronous.enabled and scenario.asynchronous.clock == "virtual" and engine != "inprocess":
         raise ScenarioError(f"{scenario.name}: async.clock = \"virtual\" simulates device speeds on the in-process "
                             f"engine only, not engine {engine!r}; set async.clock = \"wall\" to run in real time")
-    store = RunStore(db_url)
-    if engine == "ray":
-        from runtimes.ray_engine import RayOptions, run_on_ray
+    with RunStore(db_url) as store:  # its connections closed at the end: a database server's too
+        if engine == "ray":
+            from runtimes.ray_engine import RayOptions, run_on_ray
 
-        run_id = run_on_ray(scenario, db_url, resume_id=resume_id, on_start=on_start, on_round=on_round,
-                            options=RayOptions(address=ray_address))
-    elif engine == "inprocess":
-        if workers is not None and workers < 1:
-            raise ScenarioError(f"workers must be at least 1, got {workers}")
-        pool = _Pool(default_workers() if workers is None else workers, threads)
-        run_id = _run_inprocess(scenario, store, resume_id, on_round, on_start, pool)
-    else:
-        raise ValueError(f"engine must be 'inprocess' or 'ray', got {engine!r}")
-    return summarize(store, run_id, time.monotonic() - started)
+            run_id = run_on_ray(scenario, db_url, resume_id=resume_id, on_start=on_start, on_round=on_round,
+                                options=RayOptions(address=ray_address))
+        elif engine == "inprocess":
+            if workers is not None and workers < 1:
+                raise ScenarioError(f"workers must be at least 1, got {workers}")
+            pool = _Pool(default_workers() if workers is None else workers, threads)
+            run_id = _run_inprocess(scenario, store, resume_id, on_round, on_start, pool)
+        else:
+            raise ValueError(f"engine must be 'inprocess' or 'ray', got {engine!r}")
+        return summarize(store, run_id, time.monotonic() - started)
 
 
 @dataclass(frozen=True)
