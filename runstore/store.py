@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
-from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, insert, select
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, insert, select, true
 from sqlalchemy.orm import Mapped, Session, mapped_column
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql import ColumnElement, and_, or_, update
@@ -55,7 +55,11 @@ from runstore.store_url import default_db_url
 CHECKPOINTS_ENV = "QUORUM_CHECKPOINTS"
 
 __all__ = ["CHECKPOINTS_ENV", "RunStore", "Run", "Round", "ClientResult", "Event", "RoundRecord", "ClientRecord",
-           "default_db_url", "status_is", "as_shown"]
+           "LeaseLost", "default_db_url", "status_is", "as_shown"]
+
+
+class LeaseLost(StoreError):
+    """Another process took over this run; this one must stop writing."""
 
 
 class Run(Base):
@@ -81,6 +85,8 @@ class Run(Base):
     # the run counts as alive; a running run past ``lease_until`` reads ``interrupted``.
     heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     lease_until: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The process that drives the run (runstore/takeover.py): only it may commit a round or change the status.
+    holder: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
 
 class Round(Base):
@@ -173,8 +179,12 @@ class RunStore:
     deployment reads it, as it reads ``$QUORUM_DB``), else the store's own
     default; ``checkpoint_dir`` is a folder for them (the same as
     ``checkpoints`` naming one). ``clock`` (seconds since the epoch) dates leases and decides which
-    have expired: tests pass their own instead of waiting.
+    have expired: tests pass their own instead of waiting. ``holder``, when set, names the process this
+    store writes for: it commits rounds, renews leases and sets statuses only of runs that this holder
+    holds or that nobody took (:class:`runstore.takeover.TakenRunStore`).
     """
+
+    holder: str | None = None
 
     def __init__(self, url: str, checkpoint_dir: str | Path | None = None,
                  clock: Callable[[], float] = time.time, checkpoints: str | None = None) -> None:
@@ -256,12 +266,24 @@ class RunStore:
                 query = query.where(status_is(status, now))
             return [as_shown(run, now) for run in s.scalars(query).all()]
 
+    def _run_to_write(self, s: Session, run_id: str) -> Run:
+        """Return the run's row, locked until the transaction ends, once this store may write it.
+
+        A store with a :attr:`holder` writes only a run it holds (or one no process took): the check and the
+        write are one transaction on the locked row, so a process that took the run meanwhile is either
+        seen here or waited for, never overwritten.
+        """
+        run = s.get(Run, run_id, with_for_update=True)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r} in {self.url}")
+        if self.holder is not None and run.holder not in (None, self.holder):
+            raise LeaseLost(f"run {run_id} is now driven by {run.holder}; this process ({self.holder}) stops")
+        return run
+
     def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
         """Change a run's status; ``running`` grants a fresh lease, any other ends it."""
         with self.session() as s, s.begin():
-            run = s.get(Run, run_id)
-            if run is None:
-                raise RunNotFound(f"no run {run_id!r} in {self.url}")
+            run = self._run_to_write(s, run_id)
             run.status, run.error, run.updated_at = status, error, time.time()
             run.finished_at = time.time() if status != RunStatus.RUNNING else None
             run.heartbeat_at = now = self.clock()
@@ -274,14 +296,15 @@ class RunStore:
         left alone: nothing a page shows has changed.
         """
         now = self.clock()
+        held = Run.holder.is_(None) | (Run.holder == self.holder) if self.holder is not None else true()
         with self.session() as s, s.begin():
-            s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING)
+            s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING, held)
                       .values(heartbeat_at=now, lease_until=now + lease_s))
 
     def update_info(self, run_id: str, **info: Any) -> None:
         """Merge ``info`` into the run's recorded ``info``, key by key."""
         with self.session() as s, s.begin():
-            run = s.get(Run, run_id)
+            run = s.get(Run, run_id, with_for_update=True)  # locked: of two merges at once, both keys stay
             if run is None:
                 raise RunNotFound(f"no run {run_id!r} in {self.url}")
             run.info = {**(run.info or {}), **info}
@@ -296,9 +319,7 @@ class RunStore:
         """Write the checkpoint, then the round and its client results atomically."""
         blob = encode_state(state, f"round {record.round} of run {run_id}")
         with self.session() as s, s.begin():
-            run = s.get(Run, run_id)
-            if run is None:
-                raise RunNotFound(f"no run {run_id!r} in {self.url}")
+            run = self._run_to_write(s, run_id)
             if s.get(Round, (run_id, record.round)) is not None:
                 raise StoreError(f"run {run_id} already has round {record.round} committed")
             reference = self.checkpoints.write(s, run_id, record.round, blob)

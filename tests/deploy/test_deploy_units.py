@@ -34,6 +34,7 @@ from deploy.config import ConfigError, load_config
 from deploy.pki import ensure_tls, fingerprint, load_public_key, make_node_key, public_key_fingerprint
 from deploy.proxy import FLEET_RPCS, ProxySpec, render_nginx_conf
 from deploy.supervisor import resumable_runs
+from runstore.store import RunStore
 from runstore.takeover import LeaseLost, TakenRunStore
 from tests.conftest import wait_for
 
@@ -285,9 +286,16 @@ def test_a_serverapp_that_lost_the_lease_can_neither_commit_nor_change_status(db
         old.commit_round(run_id, record, _state(1))
     with pytest.raises(LeaseLost):
         old.set_status(run_id, "failed", "SystemExit: 1")
+    lease = new.get_run(run_id).lease_until
+    old.renew_lease(run_id, 1e6)  # refused without a word: the lease is not the old process's to extend
+    assert new.get_run(run_id).lease_until == lease
     new.commit_round(run_id, record, _state(1))
     assert [r.round for r in new.rounds(run_id)] == [1]
     assert new.get_run(run_id).status == "running"
+    new.renew_lease(run_id, 1e6)
+    assert new.get_run(run_id).lease_until > new.clock() + 1e5
+    # a plain store (no holder: a reader, or a Quorum before take-over) is not fenced out of a run
+    assert RunStore(db_url).get_run(run_id).holder == new.holder
 
 
 def test_runs_a_crash_interrupted_are_resumed_and_others_are_not(db_url: str) -> None:
