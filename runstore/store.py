@@ -172,6 +172,12 @@ def as_shown(run: Run, now: float) -> Run:
     return run
 
 
+def _lock_row(s: Session, run_id: str, where: ColumnElement[bool]) -> None:
+    """Lock the run's row for the rest of the transaction (if ``where`` holds for it), changing nothing."""
+    s.execute(update(Run).where(Run.id == run_id, where).values(holder=Run.holder)
+              .execution_options(synchronize_session=False))
+
+
 class RunStore:
     """Read and write runs; checkpoints go where ``checkpoints`` says (:func:`runstore.checkpoints.checkpoints_at`).
 
@@ -269,16 +275,23 @@ class RunStore:
     def _run_to_write(self, s: Session, run_id: str) -> Run:
         """Return the run's row, locked until the transaction ends, once this store may write it.
 
-        A store with a :attr:`holder` writes only a run it holds (or one no process took): the check and the
-        write are one transaction on the locked row, so a process that took the run meanwhile is either
-        seen here or waited for, never overwritten.
+        A store with a :attr:`holder` writes only a run it holds (or one no process took). The check is the
+        transaction's first statement, an UPDATE guarded by it: it takes SQLite's write lock and
+        PostgreSQL's row lock, so a process that took the run meanwhile is either seen here or waited for,
+        never overwritten (a SELECT first would hold no lock on SQLite, whose driver begins a transaction
+        only at the first write).
         """
-        run = s.get(Run, run_id, with_for_update=True)
+        _lock_row(s, run_id, self._held())
+        run = s.get(Run, run_id)
         if run is None:
             raise RunNotFound(f"no run {run_id!r} in {self.url}")
         if self.holder is not None and run.holder not in (None, self.holder):
             raise LeaseLost(f"run {run_id} is now driven by {run.holder}; this process ({self.holder}) stops")
         return run
+
+    def _held(self) -> ColumnElement[bool]:
+        """Select the runs this store may write: any, or (with a :attr:`holder`) those it holds or nobody took."""
+        return Run.holder.is_(None) | (Run.holder == self.holder) if self.holder is not None else true()
 
     def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
         """Change a run's status; ``running`` grants a fresh lease, any other ends it."""
@@ -296,15 +309,15 @@ class RunStore:
         left alone: nothing a page shows has changed.
         """
         now = self.clock()
-        held = Run.holder.is_(None) | (Run.holder == self.holder) if self.holder is not None else true()
         with self.session() as s, s.begin():
-            s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING, held)
+            s.execute(update(Run).where(Run.id == run_id, Run.status == RunStatus.RUNNING, self._held())
                       .values(heartbeat_at=now, lease_until=now + lease_s))
 
     def update_info(self, run_id: str, **info: Any) -> None:
         """Merge ``info`` into the run's recorded ``info``, key by key."""
         with self.session() as s, s.begin():
-            run = s.get(Run, run_id, with_for_update=True)  # locked: of two merges at once, both keys stay
+            _lock_row(s, run_id, true())  # of two merges at once, both keys stay
+            run = s.get(Run, run_id)
             if run is None:
                 raise RunNotFound(f"no run {run_id!r} in {self.url}")
             run.info = {**(run.info or {}), **info}

@@ -4,8 +4,9 @@ An aggregator killed mid-run leaves a ServerApp that takes a moment to notice;
 the restarted one takes the run, and the old one can no longer commit a round,
 renew the lease or change the run's status, so no round is ever counted twice.
 The run's ``holder`` column names its driver; every write of a driver checks it
-on the run's row, locked, in the write's own transaction, so a take-over in
-flight is waited for, never overwritten (``tests/runstore/test_postgres_store.py``
+in the write's own transaction, whose first statement (an UPDATE guarded by
+the holder) locks the run's row on PostgreSQL and the database on SQLite, so
+a take-over in flight is waited for, never overwritten (``tests/runstore/test_postgres_store.py``
 interleaves the two on a real PostgreSQL). (The lease of ``runstore/lease.py``
 is the other half: how a reader tells that a run's driver died.)
 """

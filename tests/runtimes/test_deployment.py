@@ -340,6 +340,14 @@ class Fleet:
         mode = ["--simulation"] if FLEET[name] is None else []
         if FLEET[name] is None:
             env["RAY_USAGE_STATS_ENABLED"] = "0"
+        try:
+            return self._start_processes(name, procs, port, node_ports, mode, env)
+        except BaseException:  # a SuperLink that never became healthy, a SuperNode that would not start
+            procs.stop_all()
+            raise
+
+    def _start_processes(self, name: str, procs: Processes, port: int, node_ports: list[int], mode: list[str],
+                         env: dict[str, str]) -> Federation:
         link = procs.start(f"superlink-{name}", [
             str(VENV_BIN / "flower-superlink"), *mode, "--insecure", "--host", "127.0.0.1", "--port", str(port),
             "--disable-runtime-dependency-installation"], env)
