@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from core.errors import QuorumError
 from core.status import RunStatus
@@ -27,7 +28,7 @@ __all__ = ["app", "ConfigOption"]
 
 app = typer.Typer(help="The aggregator host: SuperLink behind a TLS front door, run store, dashboard.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, markup=False, highlight=False)  # every text printed as it is
 
 ConfigOption = Annotated[Path | None, typer.Option(
     "--config", "-c", help="federation.toml (default: all defaults, state in ./federation).",
@@ -35,7 +36,7 @@ ConfigOption = Annotated[Path | None, typer.Option(
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -59,42 +60,57 @@ def start(
     detach: Annotated[bool, typer.Option(
         "--detach", help="Run in the background: return once ready (output in STATE_DIR/logs/aggregator.log); "
                          "stop it with `quorum aggregator stop`.")] = False,
+    standby: Annotated[bool, typer.Option(
+        "--standby", help="Wait while another aggregator leads this federation (same name, same PostgreSQL "
+                          "aggregator.database), then take over: start here and resume its runs. See "
+                          "docs/deploy.md, 'Two aggregators'.")] = False,
 ) -> None:
-    """Start the SuperLink, its TLS front door and the dashboard; print what devices need."""
+    """Start the SuperLink, its TLS front door and the dashboard; print what devices need.
+
+    On a PostgreSQL run store only one aggregator of a federation leads: a second start is refused unless it
+    is a --standby, which waits and takes over when the leader stops or dies. Exit 1 when this aggregator
+    loses the lead (its database connection), 2 on a bad setting or a failed start.
+    """
     from deploy.supervisor import Supervisor
 
     # --insecure also pulls the listener onto loopback; an address beyond it is refused by the config check
     cfg = _load(config, insecure=insecure, port=port, listen="127.0.0.1" if insecure else None)
     if detach:
-        _detach(cfg.state.logs / "aggregator.log")
+        _detach(cfg.state.logs / "aggregator.log", ready_s=None if standby else 180.0)
         return
-    sup = Supervisor(cfg, say=lambda m: console.print(m), resume=resume)
+    sup = Supervisor(cfg, say=lambda m: console.print(m), resume=resume, standby=standby)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sup.stopping.set())
     try:
-        sup.start()
-        _announce(sup)
-        if resume:
-            sup.resume_interrupted()
-        sup.watch()
+        if sup.start():
+            _announce(sup)
+            if resume:
+                sup.resume_interrupted()
+            sup.watch()
     except QuorumError as exc:
         sup.stop()
         _fail(str(exc))
     finally:
         sup.stop()
+    if sup.lost_lead:
+        console.print(Text.assemble(("aggregator stopped:", "bold red"), f" it lost the lead ({sup.lost_lead})"))
+        raise typer.Exit(1)
     console.print("aggregator stopped")
 
 
 #: The last line :func:`_announce` prints: a detached start is ready once its log holds it.
 READY_LAST_LINE = "enroll a device:"
+#: How a waiting standby's first line starts (``Supervisor._lead``): a detached standby returns there.
+STANDBY_LINE = "standby: "
 
 
-def _detach(log: Path, ready_s: float = 180.0) -> None:
+def _detach(log: Path, ready_s: float | None = 180.0) -> None:
     """Start this same command without ``--detach`` in its own session; return once it is ready.
 
     Its output goes to ``log``; what it printed on the way up is shown here.
     An aggregator that exits first (or is not ready in ``ready_s``) is an
-    error quoting the log's end.
+    error quoting the log's end. ``ready_s=None`` (a standby): return once it
+    waits for the lead, or is ready.
     """
     import subprocess
 
@@ -105,10 +121,10 @@ def _detach(log: Path, ready_s: float = 180.0) -> None:
         offset = out.tell()
         child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
-    deadline = time.monotonic() + ready_s
+    deadline = time.monotonic() + (ready_s if ready_s is not None else 180.0)
     while True:
         text = log.read_bytes()[offset:].decode("utf-8", errors="replace")
-        if READY_LAST_LINE in text:
+        if READY_LAST_LINE in text or (ready_s is None and STANDBY_LINE in text):
             print(text.rstrip(), flush=True)
             print(f"running in the background (pid {child.pid}); log: {log}; stop: quorum aggregator stop",
                   flush=True)

@@ -31,15 +31,18 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from deploy.config import DeployConfig
 from deploy.errors import EnrollError
-from deploy.flower import register_key, unregister_node
+from deploy.flower import node_infos, register_key, unregister_node
 from deploy.pki import load_public_key, make_node_key, public_key_fingerprint
 from privacy.secagg.identity import IdentityDirectory, write_identity
+from runstore.devices import DeviceRow, save_devices
+from runstore.store import RunStore
 
-__all__ = ["Device", "Enrolled", "enroll", "revoke", "load_registry", "device_names", "directory_path",
-           "revoked_devices"]
+__all__ = ["Device", "Enrolled", "enroll", "revoke", "load_registry", "save_registry", "device_names",
+           "directory_path", "revoked_entries", "write_revoked", "revoked_devices", "publish_devices"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -75,12 +78,22 @@ def _revoked_path(config: DeployConfig) -> Path:
     return config.state.registry.parent / "revoked.json"
 
 
-def revoked_devices(config: DeployConfig) -> dict[int, str]:
-    """Node id -> name of each device revoked here (the SuperLink lists their nodes as ``unregistered``)."""
+def revoked_entries(config: DeployConfig) -> dict[int, dict[str, Any]]:
+    """Node id -> ``{"name", "revoked_at"}`` of each device revoked here (``devices/revoked.json``)."""
     path = _revoked_path(config)
     if not path.exists():
         return {}
-    return {int(node): str(entry["name"]) for node, entry in json.loads(path.read_text()).items()}
+    return {int(node): dict(entry) for node, entry in json.loads(path.read_text()).items()}
+
+
+def write_revoked(config: DeployConfig, entries: dict[int, dict[str, Any]]) -> None:
+    """Write ``devices/revoked.json`` (atomically) with ``entries`` (:func:`revoked_entries`' form)."""
+    _replace(_revoked_path(config), json.dumps({str(k): v for k, v in sorted(entries.items())}, indent=2))
+
+
+def revoked_devices(config: DeployConfig) -> dict[int, str]:
+    """Node id -> name of each device revoked here (the SuperLink lists their nodes as ``unregistered``)."""
+    return {node: str(entry["name"]) for node, entry in revoked_entries(config).items()}
 
 
 def load_registry(config: DeployConfig) -> dict[str, Device]:
@@ -91,7 +104,7 @@ def load_registry(config: DeployConfig) -> dict[str, Device]:
     return {name: Device(**entry) for name, entry in json.loads(path.read_text()).items()}
 
 
-def _save(config: DeployConfig, devices: dict[str, Device]) -> None:
+def save_registry(config: DeployConfig, devices: dict[str, Device]) -> None:
     """Write the registry, then the directory of the devices' secure-aggregation identities, each atomically."""
     path = config.state.registry
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,7 +172,8 @@ def enroll(config: DeployConfig, name: str, public_key: Path | None = None,
     device = Device(name=name, node_id=node_id, fingerprint=public_key_fingerprint(text), public_key=text,
                     enrolled_at=time.time(), key_made_here=private is not None, secagg_public_key=secagg_public)
     devices[name] = device
-    _save(config, devices)
+    save_registry(config, devices)
+    publish_devices(config)
     return Enrolled(device, private, secagg_private)
 
 
@@ -172,12 +186,39 @@ def revoke(config: DeployConfig, name: str) -> Device:
         raise EnrollError(f"no enrolled device {name!r} (enrolled: {known})")
     unregister_node(config, device.node_id)
     del devices[name]
-    _save(config, devices)
-    path = _revoked_path(config)
-    revoked: dict[str, dict[str, object]] = json.loads(path.read_text()) if path.exists() else {}
-    revoked[str(device.node_id)] = {"name": name, "revoked_at": time.time()}
-    _replace(path, json.dumps(revoked, indent=2))
+    save_registry(config, devices)
+    revoked = revoked_entries(config)
+    revoked[device.node_id] = {"name": name, "revoked_at": time.time()}
+    write_revoked(config, revoked)
+    publish_devices(config)
     for path in (config.state.keys / f"{name}.key", config.state.keys / f"{name}.key.pub",
                  config.state.keys / f"{name}.secagg.key"):
         path.unlink(missing_ok=True)
     return device
+
+
+_NODE_FIELDS = ("node_id", "owner_aid", "owner_name", "status", "registered_at", "last_activated_at",
+                "last_deactivated_at", "unregistered_at", "heartbeat_interval", "location", "name")
+
+
+def publish_devices(config: DeployConfig) -> int:
+    """Copy this host's enrolled and revoked devices into the run store (``runstore/devices.py``); return how many.
+
+    Each row carries the registry's record and the SuperLink's node record
+    (Control API ``ListNodes``, the public key in hex), which is what a standby
+    aggregator needs to let the device in without a new enrolment
+    (``deploy/failover.py``). Needs the SuperLink running; a device it does not
+    list is written without a node record.
+    """
+    nodes = {}
+    for info in node_infos(config):
+        record = {f: getattr(info, f) for f in _NODE_FIELDS}
+        nodes[int(info.node_id)] = {**record, "public_key": bytes(info.public_key).hex()}
+    rows = [DeviceRow(node_id=str(d.node_id), name=d.name, record=asdict(d), node=nodes.get(d.node_id, {}),
+                      revoked_at=None) for d in load_registry(config).values()]
+    rows += [DeviceRow(node_id=str(node), name=str(entry["name"]), record={"name": entry["name"]},
+                       node=nodes.get(node, {}), revoked_at=float(entry.get("revoked_at") or time.time()))
+             for node, entry in revoked_entries(config).items()]
+    with RunStore(config.db_url) as store:
+        save_devices(store, rows, replace=True)
+    return len(rows)

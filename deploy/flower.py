@@ -22,10 +22,11 @@ from deploy.errors import DeployError
 from deploy.pki import TlsFiles
 
 if TYPE_CHECKING:
+    from flwr.proto.node_pb2 import NodeInfo
     from flwr.supercore.control import ControlHttpClient
 
 __all__ = ["CONNECTION", "flower_env", "write_flower_home", "superlink_command", "write_app", "stop_run",
-           "control", "register_key", "unregister_node", "list_nodes", "submit_run", "bin_path"]
+           "control", "register_key", "unregister_node", "node_infos", "list_nodes", "submit_run", "bin_path"]
 
 CONNECTION = "quorum-local"
 REPO_ROOT = Path(deploy.__file__).resolve().parent.parent
@@ -192,13 +193,17 @@ def stop_run(config: DeployConfig, flower_run_id: int) -> bool:
         return False
 
 
-def list_nodes(config: DeployConfig) -> list[dict[str, Any]]:
-    """``flwr supernode list --format json``'s rows: ``node-id``, ``owner-name``, ``status``."""
+def node_infos(config: DeployConfig) -> list[NodeInfo]:
+    """Return the SuperLink's records of its nodes (Control API ``ListNodes``: id, owner, status, public key)."""
     from flwr.proto.control_pb2 import ListNodesRequest
 
     with control(config) as api, _refusal("cannot list nodes"):
-        nodes = api.ListNodes(ListNodesRequest()).nodes_info
-    return [{"node-id": n.node_id, "owner-name": n.owner_name, "status": n.status} for n in nodes]
+        return list(api.ListNodes(ListNodesRequest()).nodes_info)
+
+
+def list_nodes(config: DeployConfig) -> list[dict[str, Any]]:
+    """``flwr supernode list --format json``'s rows: ``node-id``, ``owner-name``, ``status``."""
+    return [{"node-id": n.node_id, "owner-name": n.owner_name, "status": n.status} for n in node_infos(config)]
 
 
 def submit_run(config: DeployConfig, run_config: Mapping[str, str | float | int]) -> int:

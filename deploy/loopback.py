@@ -172,6 +172,7 @@ class LoopbackFederation:
     dashboard_port: int = 0
     insecure: bool = False
     poll_s: float = 0.2
+    database: str = ""  # the run store's URL (PostgreSQL for a standby); "" for SQLite in the state folder
     aggregator: Started | None = None
     agents: dict[str, Started] = field(default_factory=dict)
 
@@ -179,13 +180,35 @@ class LoopbackFederation:
         """Pick free ports unless given, write ``workdir/federation.toml`` and load it as ``deploy``."""
         if not self.port:
             self.port, self.internal_port, self.dashboard_port = free_ports(3)
-        self.config = self.workdir / "federation.toml"
-        self.config.write_text(
-            f'[aggregator]\nname = "loopback"\naddress = "127.0.0.1"\nlisten = "127.0.0.1"\nport = {self.port}\n'
-            f'internal_port = {self.internal_port}\nstate_dir = "state"\ninsecure = {str(self.insecure).lower()}\n'
-            f'wait_clients_s = 60.0\n\n[dashboard]\nport = {self.dashboard_port}\n')
-
+        self.config = self._write_config("federation.toml", "state", self.internal_port)
         self.deploy = load_config(self.config)
+
+    def _write_config(self, file: str, state_dir: str, internal_port: int) -> Path:
+        path = self.workdir / file
+        database = f'database = "{self.database}"\n' if self.database else ""
+        path.write_text(
+            f'[aggregator]\nname = "loopback"\naddress = "127.0.0.1"\nlisten = "127.0.0.1"\nport = {self.port}\n'
+            f'internal_port = {internal_port}\nstate_dir = "{state_dir}"\ninsecure = {str(self.insecure).lower()}\n'
+            f'wait_clients_s = 60.0\n{database}\n[dashboard]\nport = {self.dashboard_port}\n')
+        return path
+
+    def second_host(self, state_dir: str = "state-b") -> Path:
+        """Write the config of a second aggregator of this federation; return its path.
+
+        The same name, front door and dashboard port and run store (a standby
+        takes them over), its own state folder with a copy of this one's TLS
+        files (as docs/deploy.md has them copied to the second host), and its
+        own SuperLink port: a ServerApp the dead leader left behind must not
+        reach the new SuperLink.
+        """
+        import shutil
+
+        second = self._write_config(f"{state_dir}.toml", state_dir, free_ports(1)[0])
+        tls = self.deploy.state.tls
+        if tls.exists():
+            target = load_config(second).state.tls
+            shutil.copytree(tls, target, dirs_exist_ok=True)
+        return second
 
     @property
     def address(self) -> str:
@@ -200,17 +223,22 @@ class LoopbackFederation:
         return subprocess.run([*_CLI, *args], capture_output=True, text=True, env=env, timeout=timeout_s,
                               cwd=self.workdir, stdin=subprocess.DEVNULL, check=False)
 
-    def start_aggregator(self, timeout_s: float = 90.0) -> Started:
-        """Start ``aggregator start`` and wait until it logs ``aggregator ready``.
+    def start_aggregator(self, timeout_s: float = 90.0, config: Path | None = None, standby: bool = False) -> Started:
+        """Start ``aggregator start`` (on ``config``, default this federation's) and wait until it is up.
+
+        Up: it logs ``aggregator ready``, or with ``standby`` (``--standby``)
+        that it waits for the lead (or took it). The last started is
+        :attr:`aggregator`.
 
         Raises
         ------
         ProcessFailed
-            The aggregator exited or was not ready within ``timeout_s``.
+            The aggregator exited or was not up within ``timeout_s``.
         """
         n = sum(1 for s in self.procs.started if s.name.startswith("aggregator"))
-        self.aggregator = self.procs.start(f"aggregator-{n}", [*_CLI, "aggregator", "start", "-c", str(self.config)])
-        _wait_for(self.aggregator, "aggregator ready", timeout_s)
+        argv = [*_CLI, "aggregator", "start", "-c", str(config or self.config), *(["--standby"] if standby else [])]
+        self.aggregator = self.procs.start(f"aggregator-{n}", argv)
+        _wait_for(self.aggregator, "standby:" if standby else "aggregator ready", timeout_s)
         return self.aggregator
 
     def enroll(self, name: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from core.status import RunStatus
 from deploy.config import DeployConfig
@@ -153,7 +154,8 @@ def _alive(pid: int) -> bool:
 
 
 def _current_run(config: DeployConfig) -> dict[str, Any] | None:
-    runs = [r for r in RunStore(config.db_url).list_runs() if r.engine == "deployment"]
+    with RunStore(config.db_url) as store:
+        runs = [r for r in store.list_runs() if r.engine == "deployment"]
     if not runs:
         return None
     run = next((r for r in runs if r.status == RunStatus.RUNNING), runs[0])
@@ -190,13 +192,13 @@ def _node(node_id: int, status: str, names: dict[int, str], revoked: dict[int, s
 
 def render_status(info: dict[str, Any]) -> None:
     """Print :func:`collect_status`'s dict for a terminal: the aggregator, a table of clients, the current run."""
-    out = Console(highlight=False)
+    out = Console(markup=False, highlight=False)  # names, addresses and errors as they are
     up = info["aggregator"]
     if up is None:
-        out.print("[bold red]aggregator not running[/]")
+        out.print(Text("aggregator not running", "bold red"))
     else:
-        out.print(f"[bold green]aggregator running[/] (pid {up['pid']}): devices connect to "
-                  f"[bold]{up['device_address']}[/]")
+        out.print(Text.assemble(("aggregator running", "bold green"), f" (pid {up['pid']}): devices connect to ",
+                                (str(up["device_address"]), "bold")))
         if up.get("ca_fingerprint"):
             out.print(f"CA fingerprint SHA256 {up['ca_fingerprint']}")
     table = Table(title=f"clients ({info['connected']} connected)")
@@ -209,5 +211,6 @@ def render_status(info: dict[str, Any]) -> None:
     if run is None:
         out.print("no run yet")
     else:
-        out.print(f"run [bold]{run['id']}[/] ({run['name']}): {run['status']}, "
-                  f"round {run['rounds_done']}/{run['rounds_total']}" + (f" - {run['error']}" if run["error"] else ""))
+        out.print(Text.assemble("run ", (str(run["id"]), "bold"), f" ({run['name']}): {run['status']}, "
+                                f"round {run['rounds_done']}/{run['rounds_total']}"
+                                + (f" - {run['error']}" if run["error"] else "")))

@@ -28,7 +28,8 @@ def submitted_scenario(config: DeployConfig, scenario: Path | None = None, resum
         Neither a scenario file nor ``resume`` was given.
     """
     if resume:
-        stored = RunStore(config.db_url).get_run(resume)
+        with RunStore(config.db_url) as store:
+            stored = store.get_run(resume)
         return scenario_from_dict(stored.scenario, source=f"run {stored.id}")
     if scenario is None:
         raise DeployError("name a scenario file, or --resume RUN_ID")
@@ -43,7 +44,8 @@ def run_config(config: DeployConfig, scenario: Path | None = None, resume: str |
     file. A resumed run continues with its own scenario only.
     """
     if resume:
-        stored = RunStore(config.db_url).get_run(resume)
+        with RunStore(config.db_url) as store:
+            stored = store.get_run(resume)
         _check_resumable(stored, scenario, overrides)
         spec, resume = stored.scenario, stored.id
     elif scenario is not None:

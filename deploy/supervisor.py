@@ -13,6 +13,14 @@ second of the SuperLink)::
 A SuperLink or nginx that exits is restarted (devices reconnect by
 themselves). On start, runs that a crash interrupted are submitted again
 with ``resume`` and continue from their last committed round.
+
+On a PostgreSQL run store the aggregator leads only while it holds the
+federation's advisory lock (``runstore/leader.py``): a second one started with
+``standby`` waits for it, and once the leader dies (its connection closes)
+takes the lock, restores the enrolled devices from the store
+(``deploy/failover.py``), starts its own processes on the same addresses and
+resumes the interrupted runs, each with a ``failover`` event. A leader whose
+lock connection is lost stops its processes and exits.
 """
 
 from __future__ import annotations
@@ -32,13 +40,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.errors import StoreError
 from core.status import RunStatus
 from deploy.config import DeployConfig
+from deploy.enroll import load_registry, publish_devices
 from deploy.errors import DeployError, ProcessFailed
+from deploy.failover import restore_devices
 from deploy.flower import flower_env, stop_run, superlink_command, write_flower_home
 from deploy.pki import TlsFiles, ensure_tls, fingerprint
 from deploy.proxy import ProxySpec, nginx_command
 from deploy.submit import submit
+from runstore.leader import Leadership, supports_leadership
 from runstore.store import RunStore
 
 __all__ = ["Supervisor", "prepare", "health_url", "wait_healthy", "resumable_runs", "stop_leftover_serverapps"]
@@ -106,6 +118,15 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not _port_free(host, port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -141,9 +162,10 @@ def stop_leftover_serverapps(state_root: Path, grace_s: float = 10.0) -> list[in
 
 def resumable_runs(db_url: str) -> list[str]:
     """Deployment runs a crash interrupted: unfinished, and not failed by an error of their own."""
-    store = RunStore(db_url)
+    with RunStore(db_url) as store:
+        runs = store.list_runs()
     found = []
-    for run in store.list_runs():
+    for run in runs:
         if run.engine != "deployment" or run.rounds_done >= run.rounds_total:
             continue
         crashed = run.status == RunStatus.FAILED and (run.error or "").startswith(("SystemExit", "KeyboardInterrupt"))
@@ -164,7 +186,18 @@ class _Child:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.env)
+                                         stdin=subprocess.DEVNULL, env=self.env, preexec_fn=_die_with_parent)
+
+
+def _die_with_parent() -> None:
+    """In a child before exec: have it SIGTERMed when the supervisor dies, even by SIGKILL.
+
+    So no SuperLink or front door outlives the lead it was started under (Linux's ``PR_SET_PDEATHSIG``).
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -174,22 +207,29 @@ class Supervisor:
     config: DeployConfig
     say: Say = print
     resume: bool = True
+    standby: bool = False
     children: dict[str, _Child] = field(default_factory=dict)
     tls: TlsFiles | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
+    leadership: Leadership | None = None
+    took_over: bool = False     # this aggregator waited as a standby, then took the lead
+    lost_lead: str | None = None  # why it stopped leading, when it did
 
     # -- start ------------------------------------------------------------
-    def start(self) -> None:
+    def start(self) -> bool:
         """Start the SuperLink, the nginx front door and the dashboard, and write the pid file.
 
-        The ports must be free; ServerApps a previous aggregator left are
-        stopped, and with ``resume`` the runs they left running are marked
-        ``interrupted`` (:meth:`resume_interrupted` submits them again).
+        On a PostgreSQL store the federation's lock comes first: taken at once,
+        or (``standby``) waited for; False when :meth:`stop` came first. The
+        ports must be free (a standby gives the dead leader's sockets a few
+        seconds); ServerApps a previous aggregator left are stopped, and with
+        ``resume`` the runs they left running are marked ``interrupted``
+        (:meth:`resume_interrupted` submits them again).
 
         Raises
         ------
         DeployError
-            A port is in use.
+            A port is in use, another aggregator leads, or ``standby`` without a PostgreSQL store.
         ProcessFailed
             The SuperLink or nginx exited or did not answer its health check in time.
         """
@@ -197,26 +237,72 @@ class Supervisor:
         if a.insecure:
             self.say("WARNING: --insecure: TLS and device authentication are OFF. Anyone who can reach "
                      f"{cfg.device_address} can join and read models. Loopback only, for trying things out.")
+        if not self._lead():
+            return False
         for host, port, what in ((a.listen, a.port, "aggregator.port"),
                                  ("127.0.0.1", a.internal_port, "aggregator.internal_port")):
-            if not _port_free(host, port):
+            if not _wait_port_free(host, port, 15.0 if self.took_over else 0.0):
                 raise DeployError(f"{what} = {port}: {host}:{port} is in use (another aggregator?)")
         self.tls = prepare(cfg)
         stopped = stop_leftover_serverapps(cfg.state.root)
         if stopped:
             self.say(f"stopped {len(stopped)} ServerApp process(es) left by the previous aggregator: {stopped}")
         if self.resume:  # a ServerApp stopped just now wrote "failed: SystemExit": the run awaits its resume
-
-            for run_id in resumable_runs(cfg.db_url):
-                RunStore(cfg.db_url).set_status(run_id, RunStatus.INTERRUPTED, "the aggregator stopped; resuming")
+            with RunStore(cfg.db_url) as store:
+                for run_id in resumable_runs(cfg.db_url):
+                    if self.took_over:
+                        done = store.get_run(run_id).rounds_done
+                        store.log(run_id, f"failover: {self.leadership.who if self.leadership else 'this host'} "
+                                          f"took over after round {done} (the leading aggregator stopped)",
+                                  "warning")
+                    store.set_status(run_id, RunStatus.INTERRUPTED, "the aggregator stopped; resuming")
         logs = cfg.state.logs
         self._spawn("superlink", superlink_command(cfg, self.tls), flower_env(cfg), logs / "superlink.log")
         ca = self.tls.ca_cert if self.tls else None
         wait_healthy(health_url("localhost", a.internal_port, self.tls is not None), ca,
                      self.children["superlink"].proc, 60.0, "the SuperLink", logs / "superlink.log")
+        self._sync_devices()  # before the front door: no device reaches the SuperLink without its node
         self._start_front(ca)
         self._start_dashboard()
         self._write_pidfile()
+        return True
+
+    def _lead(self) -> bool:
+        """Take the federation's lock (PostgreSQL stores); with ``standby``, wait for it."""
+        cfg = self.config
+        if not supports_leadership(cfg.db_url):
+            if self.standby:
+                raise DeployError("--standby needs a PostgreSQL run store that both aggregators share "
+                                  "(aggregator.database = \"postgresql+psycopg://USER@HOST/DB\"); this one is "
+                                  f"{cfg.db_url.split(':', 1)[0]} ({cfg.db_url})")
+            return True
+        self.leadership = Leadership(cfg.db_url, cfg.aggregator.name)
+        try:
+            if self.leadership.try_acquire():
+                return True
+            if not self.standby:
+                raise DeployError(f"another aggregator leads federation {cfg.aggregator.name!r}: "
+                                  f"{self.leadership.holder() or 'unknown'}. Start this one with --standby to "
+                                  "take over when it stops")
+        except StoreError as exc:
+            raise DeployError(str(exc)) from None
+        if not self.leadership.wait(self.stopping, say=self.say):
+            return False
+        self.took_over = True
+        self.say(f"standby: took the lead of federation {cfg.aggregator.name!r}; starting")
+        return True
+
+    def _sync_devices(self) -> None:
+        """Restore the store's enrolled devices into this host's files and SuperLink, or publish this host's."""
+        cfg = self.config
+        with RunStore(cfg.db_url) as store:
+            devices, nodes = restore_devices(cfg, store, self.say)
+        if devices:
+            if nodes:
+                self.say(f"restored {devices} enrolled device(s) from the run store ({nodes} node(s) "
+                         "given back to this SuperLink)")
+        elif load_registry(cfg):
+            publish_devices(cfg)  # a store from before the devices table: this host's registry fills it
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
         child = _Child(name, argv, env, log)
@@ -259,7 +345,8 @@ class Supervisor:
             # The restarted SuperLink still counts the crashed Flower run as running: a
             # SuperNode caught mid-download of its message would keep waiting for it (about
             # a minute) instead of taking the resumed run's. Stopping it ends that at once.
-            old = (RunStore(self.config.db_url).get_run(run_id).info or {}).get("flower_run_id")
+            with RunStore(self.config.db_url) as store:
+                old = (store.get_run(run_id).info or {}).get("flower_run_id")
             if old is not None:
                 with contextlib.suppress(DeployError):
                     stop_run(self.config, int(old))
@@ -272,9 +359,22 @@ class Supervisor:
             resumed.append(run_id)
         return resumed
 
-    def watch(self, poll_s: float = 0.5) -> None:
-        """Restart children that exit, until :meth:`stop` or a signal."""
+    def watch(self, poll_s: float = 0.5, lead_check_s: float = 2.0) -> None:
+        """Restart children that exit, until :meth:`stop`, a signal, or the loss of the lead.
+
+        The lead (its lock's connection) is checked every ``lead_check_s``:
+        once lost, :attr:`lost_lead` says why and the watch ends (the caller
+        stops the children: the standby leads now).
+        """
+        checked = time.monotonic()
         while not self.stopping.wait(poll_s):
+            if self.leadership is not None and time.monotonic() - checked >= lead_check_s:
+                checked = time.monotonic()
+                if not self.leadership.alive():
+                    self.lost_lead = ("the connection that held the federation's lock in the run store is gone "
+                                      "(database restarted or unreachable): another aggregator may lead now")
+                    self.say(f"lost the lead: {self.lost_lead}; stopping")
+                    return
             for child in self.children.values():
                 if child.proc is not None and child.proc.poll() is not None and not self.stopping.is_set():
                     child.restarts += 1
@@ -301,3 +401,5 @@ class Supervisor:
                 child.proc.wait()
         with contextlib.suppress(FileNotFoundError):
             self.config.state.pidfile.unlink()
+        if self.leadership is not None:  # last: a standby starts only once this host's processes are gone
+            self.leadership.release()

@@ -8,4 +8,4 @@ __all__ = ["Base"]
 
 
 class Base(DeclarativeBase):
-    """The run store's tables: ``runstore.store``'s and ``runstore.checkpoints``' chunks."""
+    """The run store's tables: ``runstore.store``'s, ``runstore.checkpoints``' chunks and ``runstore.devices``."""

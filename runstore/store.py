@@ -47,6 +47,7 @@ from runstore.checkpoints import (
     read_blob,
     url_chunks,
 )
+from runstore.devices import DeviceRow as _DeviceRow  # noqa: F401  (its table is part of the store's schema)
 from runstore.lease import INTERRUPTED, lease_expired, lease_seconds
 from runstore.schema import make_engine, upgrade
 from runstore.store_url import default_db_url

@@ -59,10 +59,14 @@ class Fed:
     data: dict[str, Path]
     stranger_key: Path
     reference: dict[str, object] = field(default_factory=dict)
+    _store: RunStore | None = field(default=None, repr=False)
 
     @property
     def store(self) -> RunStore:
-        return RunStore(self.lb.deploy.db_url)
+        """The federation's run store, opened once (polls would each hold a PostgreSQL connection)."""
+        if self._store is None:
+            self._store = RunStore(self.lb.deploy.db_url)
+        return self._store
 
     def scenario(self, name: str, rounds: int = 3, deadline: float = 40.0, extra: str = "") -> Path:
         path = self.lb.workdir / f"{name}.toml"

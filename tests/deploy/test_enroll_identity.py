@@ -30,6 +30,7 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DeployConfig:
     ids = itertools.count(1001)
     monkeypatch.setattr(enrolling, "register_key", lambda _config, _key, _name: next(ids))
     monkeypatch.setattr(enrolling, "unregister_node", lambda _config, _node: None)
+    monkeypatch.setattr(enrolling, "node_infos", lambda _config: [])  # the SuperLink's records: none here
     return DeployConfig(aggregator=AggregatorSpec(state_dir=str(tmp_path / "federation")))
 
 
