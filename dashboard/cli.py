@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from dashboard.auth import TOKEN_ENV, check_bind, check_tls, is_loopback
 from dashboard.errors import InsecureBind
@@ -13,7 +14,7 @@ from runstore.store_url import default_db_url
 
 __all__ = ["app"]
 
-console = Console(stderr=True)
+console = Console(stderr=True, markup=False, highlight=False)  # every text printed as it is
 
 
 def app(
@@ -52,12 +53,12 @@ def app(
 
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if tls_cert else "http"
-    console.print(f"Quorum dashboard on [bold]{scheme}://{shown}:{port}/[/] (store {shown_db})"
-                  + (", token required" if token else ""), highlight=False)
+    console.print(Text.assemble("Quorum dashboard on ", (f"{scheme}://{shown}:{port}/", "bold"),
+                                f" (store {shown_db})" + (", token required" if token else "")))
     uvicorn.run(create_app(db, token=token or None), host=host, port=port, log_level="warning",
                 timeout_graceful_shutdown=2, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(2)

@@ -7,20 +7,21 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 __all__ = ["app"]
 
 app = typer.Typer(help="Edge devices: enroll/revoke their keys (on the aggregator), start the agent "
                        "(on the device).", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_show_locals=False)
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, markup=False, highlight=False)  # every text printed as it is
 
 ConfigOption = Annotated[Path | None, typer.Option(
     "--config", "-c", help="The aggregator's federation.toml.", envvar="QUORUM_FEDERATION")]
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -154,8 +155,8 @@ def start(
     if not data.exists():
         _fail(f"--data {data}: no such file or folder")
     if insecure:
-        console.print("[bold yellow]WARNING:[/] --insecure: no TLS, no authentication; the model and "
-                      "updates cross the network in clear. Only for a loopback trial.")
+        console.print(Text.assemble(("WARNING:", "bold yellow"), " --insecure: no TLS, no authentication; the model "
+                                    "and updates cross the network in clear. Only for a loopback trial."))
     elif key is None or ca is None:
         _fail("--key and --ca are required (or --insecure for a loopback trial)")
     for path in (key, ca, secagg_identity, secagg_directory):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 import scenarios
 from core.errors import QuorumError
@@ -37,7 +38,7 @@ __all__ = ["app", "main"]
 app = typer.Typer(help="Quorum: federated learning with secure aggregation, differential privacy "
                        "and a live dashboard.", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_show_locals=False)
-console = Console(stderr=True)
+console = Console(stderr=True, markup=False, highlight=False)  # every text printed as it is
 
 DbOption = Annotated[str, typer.Option("--db", help="Run store: an SQLAlchemy URL.", envvar="QUORUM_DB")]
 DEFAULT_DB = default_db_url()  # runs/quorum.db under the working directory
@@ -51,7 +52,7 @@ def _store(db: str) -> RunStore:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)  # one line, unwrapped
+    console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)  # one line, unwrapped
     raise typer.Exit(2)
 
 
@@ -61,7 +62,7 @@ def simulate(
     rounds: Annotated[int | None, typer.Option(help="Override the scenario's number of rounds.")] = None,
     seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
     db: DbOption = DEFAULT_DB,
-    engine: Annotated[str, typer.Option(help="inprocess (default, no Ray) or ray (needs quorum[simulation]).")]
+    engine: Annotated[str, typer.Option(help="inprocess (default, no Ray) or ray (needs quorum\\[simulation]).")]
     = "inprocess",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the live display.")]
     = False,
@@ -118,10 +119,10 @@ def resume(
     workers: Annotated[int | None, typer.Option(
         min=1, max=1024, help="In-process engine: worker processes (default: one per core).")] = None,
 ) -> None:
-    """Continue an interrupted run (its process died) from its last committed round, with its own scenario.
+    r"""Continue an interrupted run (its process died) from its last committed round, with its own scenario.
 
     Another scenario is refused (exit 2), naming what differs; a run that already ended is left untouched
-    (its summary is printed, with its exit code). `quorum resume --from RUN --round N [SCENARIO]` starts a
+    (its summary is printed, with its exit code). `quorum resume --from RUN --round N \[SCENARIO]` starts a
     new run from round N of RUN instead; the new run records its parent.
     """
     from quorum.progress import RoundDisplay
@@ -161,8 +162,9 @@ def _print_summary(summary: RunSummary, json_out: bool) -> None:
         sys.stdout.write(json.dumps({**summary.to_json(), "exit_code": code}) + "\n")
         raise typer.Exit(code)
     colour = {0: "green", 3: "yellow"}.get(code, "red")
-    console.print(f"[bold {colour}]{summary.status}[/]: run [bold]{summary.run_id}[/] ({summary.scenario}, "
-                  f"{summary.rounds} rounds, {_final_metric(summary)}, {summary.wall_s:.1f} s)")
+    console.print(Text.assemble((summary.status, f"bold {colour}"), ": run ", (summary.run_id, "bold"),
+                                f" ({summary.scenario}, {summary.rounds} rounds, {_final_metric(summary)}, "
+                                f"{summary.wall_s:.1f} s)"))
     if summary.error:  # one line, the client's own words unmarked
         console.print(f"  {summary.status}: {summary.error}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"  store:  {summary.db}")
@@ -195,7 +197,7 @@ def runs(
         best = "" if metric["best"] is None else format_value(metric["name"], metric["best"])
         table.add_row(run.id, run.name, _status_text(run), f"{run.rounds_done}/{run.rounds_total}",
                       f"{metric['name']} {best}" if shared is None and best else best, run.strategy)
-    Console().print(table)
+    Console(markup=False).print(table)  # names and scenarios as written
 
 
 def _final_metric(summary: RunSummary) -> str:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 __all__ = ["run_demo"]
 
@@ -36,12 +37,12 @@ def run_demo(scenario: Path, *, db: str, host: str, port: int, keep_serving: boo
 
     spec = load_scenario(scenario)
     thread = _serve(db, host, port)
-    console.print(f"[bold]dashboard:[/] http://{host}:{port}/  (live: open it now)")
+    console.print(Text.assemble(("dashboard:", "bold"), f" http://{host}:{port}/  (live: open it now)"))
     with RoundDisplay(spec) as display:
         summary = simulate(spec, db_url=db, on_round=display.update, on_start=display.start)
     acc = "n/a" if summary.final_accuracy is None else f"{summary.final_accuracy:.2%}"
-    console.print(f"[bold green]{summary.status}[/]: {summary.rounds} rounds, accuracy {acc}, "
-                  f"{summary.wall_s:.1f} s; run page: http://{host}:{port}/runs/{summary.run_id}")
+    console.print(Text.assemble((summary.status, "bold green"), f": {summary.rounds} rounds, accuracy {acc}, "
+                                f"{summary.wall_s:.1f} s; run page: http://{host}:{port}/runs/{summary.run_id}"))
     if keep_serving:
         console.print("dashboard still serving; Ctrl-C to stop")
         try:

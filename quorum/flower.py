@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from core.errors import QuorumError
 from runstore.store_url import default_db_url
@@ -28,7 +29,7 @@ __all__ = ["app"]
 
 app = typer.Typer(help="Run a stock Flower app (its own ClientApp, model and run config) under Quorum's ServerApp.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
-console = Console(stderr=True)
+console = Console(stderr=True, markup=False, highlight=False)  # every text printed as it is
 
 
 @app.command()
@@ -89,5 +90,5 @@ def _rounds_of(app_dir: Path, overrides: dict[str, Any]) -> int:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(2)

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from core.headline import Headline, format_value, round_scores, round_value
 from core.outcomes import count, round_line
@@ -33,9 +34,9 @@ class RoundDisplay:
                  headline: Headline | None = None) -> None:
         self.enabled = enabled
         self.headline = headline or _declared(scenario)
-        self.console = Console(stderr=True)
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=self.console, disable=not enabled)
+        self.console = Console(stderr=True, markup=False, highlight=False)  # names and reasons as they are
+        self.progress = Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, disable=not enabled)
         self.task = self.progress.add_task(f"{scenario.name}", total=scenario.rounds, completed=done)
 
     def __enter__(self) -> RoundDisplay:
@@ -50,7 +51,7 @@ class RoundDisplay:
     def start(self, run_id: str) -> None:
         """Print that run ``run_id`` started (when enabled)."""
         if self.enabled:
-            self.progress.console.print(f"run [bold]{run_id}[/] started")
+            self.progress.console.print(Text.assemble("run ", (run_id, "bold"), " started"))
 
     def update(self, record: RoundRecord) -> None:
         """Print one line for the round (when enabled) and advance the bar by one."""

@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from privacy.dp.errors import DPConfigError
 
@@ -67,7 +68,7 @@ def _or_exit(compute: Callable[[], float]) -> float:
     try:
         return compute()
     except DPConfigError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        Console(stderr=True).print(Text.assemble(("error:", "red"), " ", str(exc)), soft_wrap=True)
         raise typer.Exit(code=2) from None
 
 
@@ -80,5 +81,5 @@ def _show(figures: dict[str, object], answer: str, as_json: bool) -> None:
     table = Table(title="DP-FedAvg plan (RDP)", show_header=False)
     for key, value in figures.items():
         text = f"{value:.4g}" if isinstance(value, float) else str(value)
-        table.add_row(key, f"[bold green]{text}[/bold green]" if key == answer else text)
+        table.add_row(key, Text(text, "bold green") if key == answer else Text(text))
     console.print(table)

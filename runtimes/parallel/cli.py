@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from core.errors import QuorumError
 from runstore.store_url import default_db_url
@@ -38,7 +38,7 @@ def parallel(
     comm_hook: Annotated[CommHook, typer.Option(help="sync: train through torch's DDP with this gradient "
                                                 "compression hook (fp16: half the bytes; powersgd: rank-1 "
                                                 "factors; bf16 needs NCCL) instead of the core's float32 "
-                                                "all-reduce. localsgd compresses with [compression].")]
+                                                "all-reduce. localsgd compresses with \\[compression].")]
     = CommHook.NONE,
     db: Annotated[str, typer.Option("--db", help="Run store: an SQLAlchemy URL.", envvar="QUORUM_DB")]
     = default_db_url(),
@@ -73,16 +73,16 @@ def parallel(
     try:
         summary = launch(spec)
     except (ScenarioError, QuorumError) as exc:
-        _console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        _console.print(Text.assemble(("error:", "bold red"), " ", str(exc)), soft_wrap=True)
         raise typer.Exit(2) from None
     if json_out:
         sys.stdout.write(json.dumps({**summary.to_json(), "engine": "parallel", "mode": mode.value,
                                      "nproc": nproc}) + "\n")
         return
     acc = "n/a" if summary.final_accuracy is None else f"{summary.final_accuracy:.2%}"
-    _console.print(f"[bold green]{summary.status}[/]: run [bold]{summary.run_id}[/] ({summary.scenario}, "
-                   f"{mode.value}, {nproc} workers, {summary.rounds} rounds, accuracy {acc}, "
-                   f"{summary.wall_s:.1f} s)", highlight=False)
+    _console.print(Text.assemble((summary.status, "bold green"), ": run ", (summary.run_id, "bold"),
+                                 f" ({summary.scenario}, {mode.value}, {nproc} workers, {summary.rounds} rounds, "
+                                 f"accuracy {acc}, {summary.wall_s:.1f} s)"))
     _console.print(f"  store:  {summary.db}", highlight=False)
 
 
