@@ -13,13 +13,14 @@ import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable, MutableMapping
 from http.cookies import CookieError, SimpleCookie
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from dashboard.errors import InsecureBind
 
-__all__ = ["is_loopback", "host_is_loopback", "check_bind", "check_tls", "TokenGuard", "LoopbackHostGuard",
-           "COOKIE", "TOKEN_ENV"]
+__all__ = ["is_loopback", "host_is_loopback", "check_bind", "check_tls", "check_token", "TokenGuard",
+           "LoopbackHostGuard", "COOKIE", "TOKEN_ENV"]
 
 COOKIE = "quorum_dashboard"
 TOKEN_ENV = "QUORUM_DASHBOARD_TOKEN"
@@ -59,16 +60,46 @@ def host_is_loopback(header: str) -> bool:
 
 
 def check_tls(cert: str | None, key: str | None) -> None:
-    """Both TLS files or neither.
+    """Both TLS files or neither, and a pair that a TLS server can load.
 
     Raises
     ------
     InsecureBind
-        Only one of ``--tls-cert`` and ``--tls-key`` was given.
+        Only one of ``--tls-cert`` and ``--tls-key`` was given, or they cannot
+        be read, are not PEM, or the key is not the certificate's.
     """
     if bool(cert) != bool(key):
         raise InsecureBind("give both --tls-cert and --tls-key (e.g. the server.pem and server.key that "
                            "`quorum` made for the federation), or neither")
+    if cert and key:
+        import ssl
+
+        for option, path in (("--tls-cert", cert), ("--tls-key", key)):
+            if not Path(path).is_file():
+                raise InsecureBind(f"{option} {path}: no such file")
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as exc:
+            raise InsecureBind(f"--tls-cert {cert} and --tls-key {key} cannot serve TLS ({exc}): give a PEM "
+                               "certificate and the PEM private key that belongs to it") from None
+
+
+def check_token(token: str | None) -> None:
+    """Refuse a token that is blank or has blanks around it (no client would send them).
+
+    Raises
+    ------
+    InsecureBind
+        The token is empty or blank, or has blanks around it.
+    """
+    if token is None:
+        return
+    if not token.strip():
+        raise InsecureBind(f"--token / {TOKEN_ENV} is blank: give a real token (e.g. `openssl rand -hex 16`), "
+                           "or none on loopback")
+    if token != token.strip():
+        raise InsecureBind(f"--token / {TOKEN_ENV} has spaces around it: a browser or curl would not send "
+                           "them; give it without")
 
 
 def check_bind(host: str, token: str | None) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from dashboard.auth import TOKEN_ENV, check_bind, check_tls, is_loopback
+from core.errors import QuorumError
+from dashboard.auth import TOKEN_ENV, check_bind, check_tls, check_token, is_loopback
 from dashboard.errors import InsecureBind
 from runstore.store_url import default_db_url
 
@@ -37,6 +38,7 @@ def app(
     from sqlalchemy.exc import ArgumentError
 
     try:
+        check_token(token)
         check_bind(host, token)
         check_tls(tls_cert, tls_key)
         if not is_loopback(host) and not tls_cert and not plain_http:
@@ -51,14 +53,18 @@ def app(
 
     from dashboard.app import create_app
 
+    try:  # the store opened before the address is announced: a bad one is one line (runstore/opening.py)
+        dashboard = create_app(db, token=token or None)
+    except QuorumError as exc:
+        _fail(str(exc))
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if tls_cert else "http"
     console.print(Text.assemble("Quorum dashboard on ", (f"{scheme}://{shown}:{port}/", "bold"),
                                 f" (store {shown_db})" + (", token required" if token else "")))
-    uvicorn.run(create_app(db, token=token or None), host=host, port=port, log_level="warning",
+    uvicorn.run(dashboard, host=host, port=port, log_level="warning",
                 timeout_graceful_shutdown=2, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(2)

@@ -10,7 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -45,13 +45,19 @@ DEFAULT_DB = default_db_url()  # runs/quorum.db under the working directory
 
 
 def _store(db: str) -> RunStore:
-    """Open the run store at ``db`` (imported here: SQLAlchemy is most of a command's start-up)."""
+    """Open the run store at ``db``, or exit 2 with one line naming it and the fix (``runstore/opening.py``).
+
+    Imported here: SQLAlchemy is most of a command's start-up.
+    """
     from runstore.store import RunStore
 
-    return RunStore(db)
+    try:
+        return RunStore(db)
+    except QuorumError as exc:
+        _fail(str(exc))
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)  # one line, unwrapped
     raise typer.Exit(2)
 
@@ -175,7 +181,7 @@ def _print_summary(summary: RunSummary, json_out: bool) -> None:
 @app.command()
 def runs(
     db: DbOption = DEFAULT_DB,
-    status: Annotated[str | None, typer.Option(help="Only runs with this status.")] = None,
+    status: Annotated[RunStatus | None, typer.Option(help="Only runs with this status.")] = None,
 ) -> None:
     """List the runs in the store, newest first.
 

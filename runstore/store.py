@@ -49,7 +49,7 @@ from runstore.checkpoints import (
 )
 from runstore.devices import DeviceRow as _DeviceRow  # noqa: F401  (its table is part of the store's schema)
 from runstore.lease import INTERRUPTED, lease_expired, lease_seconds
-from runstore.schema import make_engine, upgrade
+from runstore.opening import open_engine
 from runstore.store_url import default_db_url
 
 #: The environment variable naming where checkpoints go (``runstore.checkpoints.checkpoints_at``).
@@ -196,8 +196,8 @@ class RunStore:
     def __init__(self, url: str, checkpoint_dir: str | Path | None = None,
                  clock: Callable[[], float] = time.time, checkpoints: str | None = None) -> None:
         self.url, self.clock = url, clock
-        self.engine = make_engine(url)
-        upgrade(self.engine, Base.metadata)  # the schema's alembic revisions (runstore/schema.py)
+        # one line naming the store and the fix for whatever fails (runstore/opening.py)
+        self.engine = open_engine(url, Base.metadata)  # the schema's alembic revisions applied
         where = checkpoints if checkpoints is not None else os.environ.get(CHECKPOINTS_ENV) or None
         self.checkpoints: Checkpoints = (FolderCheckpoints(Path(checkpoint_dir)) if checkpoint_dir is not None
                                          else checkpoints_at(where, url))

@@ -69,13 +69,55 @@ def _cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[di
     return CliRunner().invoke(app, ["dashboard", *args], env=env), calls
 
 
-def test_cli_passes_the_certificates_to_uvicorn(filled_store: FilledStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    result, calls = _cli(["--db", filled_store.url, "--host", "0.0.0.0", "--token", "T", "--tls-cert", "C.pem",
-                          "--tls-key", "K.pem"], monkeypatch)
+def test_cli_passes_the_certificates_to_uvicorn(filled_store: FilledStore, monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    from deploy.pki import ensure_tls
+
+    files = ensure_tls(tmp_path / "pki", ["127.0.0.1"])
+    cert, key = str(files.server_cert), str(files.server_key)
+    result, calls = _cli(["--db", filled_store.url, "--host", "0.0.0.0", "--token", "T", "--tls-cert", cert,
+                          "--tls-key", key], monkeypatch)
     assert result.exit_code == 0, result.output
     (kw,) = calls
-    assert kw["host"] == "0.0.0.0" and kw["ssl_certfile"] == "C.pem" and kw["ssl_keyfile"] == "K.pem"
+    assert kw["host"] == "0.0.0.0" and kw["ssl_certfile"] == cert and kw["ssl_keyfile"] == key
     assert "https://0.0.0.0:" in result.output
+
+
+def test_cli_refuses_tls_files_it_cannot_serve_before_announcing_anything(
+        filled_store: FilledStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Prepare: a certificate with another pair's key, a file that is not PEM, a missing file
+    from deploy.pki import ensure_tls
+
+    one, other = ensure_tls(tmp_path / "a", ["127.0.0.1"]), ensure_tls(tmp_path / "b", ["127.0.0.1"])
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    cases = [(one.server_cert, other.server_key, "cannot serve TLS"), (junk, one.server_key, "cannot serve TLS"),
+             (tmp_path / "gone.pem", one.server_key, "gone.pem: no such file")]
+    for cert, key, said in cases:
+        # Execute
+        result, calls = _cli(["--db", filled_store.url, "--token", "T", "--tls-cert", str(cert),
+                              "--tls-key", str(key)], monkeypatch)
+        # Assert: one line, exit 2, no server started, no address announced, no traceback
+        assert result.exit_code == 2 and calls == [], result.output
+        assert said in result.output and "Quorum dashboard on" not in result.output
+        assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+
+
+@pytest.mark.parametrize("token", [" ", "", "\t\n", " s3cret", "s3cret "])
+def test_cli_refuses_a_blank_token_or_one_with_blanks_around_it(filled_store: FilledStore,
+                                                               monkeypatch: pytest.MonkeyPatch, token: str) -> None:
+    result, calls = _cli(["--db", filled_store.url, "--token", token], monkeypatch)
+    assert result.exit_code == 2 and calls == [], result.output
+    assert "--token" in result.output and "Traceback" not in result.output
+
+
+def test_cli_names_a_store_it_cannot_open_before_announcing_anything(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    (tmp_path / "notes.db").write_text("these are my notes, not a database\n" * 50)
+    result, calls = _cli(["--db", f"sqlite:///{tmp_path / 'notes.db'}"], monkeypatch)
+    assert result.exit_code == 2 and calls == [], result.output
+    assert "notes.db is not an SQLite database" in result.output and "Quorum dashboard on" not in result.output
+    assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize(("args", "needle"), [

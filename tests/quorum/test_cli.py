@@ -212,3 +212,55 @@ def test_simulate_exits_1_when_the_run_fails(tmp_path: Path) -> None:
 def test_simulate_exits_0_when_every_client_contributed(finished_run: tuple[str, str, Path]) -> None:
     run_id, db, _ = finished_run  # the fixture's cli() call asserted exit 0
     assert RunStore(db).get_run(run_id).status == "finished"
+
+
+def _unopenable_stores(folder: Path) -> list[tuple[str, str]]:
+    """(URL, what the one line must say) for stores that cannot be opened, each made in ``folder``."""
+    (folder / "notes.db").write_text("my notes, not a database\n" * 100)
+    (folder / "a-folder.db").mkdir()
+    (folder / "a-file").write_text("x")
+    return [(f"sqlite:///{folder / 'notes.db'}", "is not an SQLite database"),
+            (f"sqlite:///{folder / 'a-folder.db'}", "is a folder, not a database file"),
+            (f"sqlite:///{folder / 'a-file' / 'under' / 'q.db'}", "cannot be opened"),
+            ("not a url", "give an SQLAlchemy URL"),
+            ("bogusdialect://x/y", "give an SQLAlchemy URL"),
+            ("postgresql+psycopg://nobody@127.0.0.1:1/none", "check that the database server is running")]
+
+
+@pytest.mark.parametrize("command", [["runs"], ["report", "some-run"], ["export", "some-run", "--out", "OUT"],
+                                     ["resume", "some-run"]])
+def test_a_store_that_cannot_be_opened_is_one_line_naming_it_and_exit_2(tmp_path: Path, command: list[str]) -> None:
+    for url, said in _unopenable_stores(tmp_path):
+        # Execute
+        out = cli(*[str(tmp_path / "out") if a == "OUT" else a for a in command], "--db", url, check=False)
+
+        # Assert: one line naming the store (its text) and what is wrong; no traceback
+        assert_clean_exit_2(out)
+        line = out.stderr.strip()
+        assert len(line.splitlines()) == 1 and said in line, (url, out.stderr)
+        assert url.removeprefix("sqlite:///").split("/")[-1] in line or url in line, (url, line)
+
+
+def test_a_store_from_a_newer_quorum_is_one_line_for_runs(tmp_path: Path) -> None:
+    # Prepare: a store whose alembic revision this version does not know
+    import sqlalchemy as sa
+
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    RunStore(db).close()
+    engine = sa.create_engine(db)
+    with engine.begin() as c:
+        c.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+
+    # Execute
+    out = cli("runs", "--db", db, check=False)
+
+    # Assert
+    assert_clean_exit_2(out)
+    assert "revision 9999, newer than this Quorum knows" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_runs_refuses_a_status_that_does_not_exist_and_lists_the_real_ones(tmp_path: Path) -> None:
+    out = cli("runs", "--db", f"sqlite:///{tmp_path / 'r.db'}", "--status", "bogus", check=False)
+    assert out.exit_code == 2
+    assert "'bogus'" in out.stderr and "interrupted" in out.stderr and "finished" in out.stderr
