@@ -33,7 +33,7 @@ from typing import IO
 import numpy as np
 
 from deploy.errors import DeployError
-from learning.datasets import csv_header, read_csv
+from learning.datafiles import csv_header, read_csv, read_npz
 from learning.errors import DataError
 
 __all__ = ["PreflightError", "check_data", "lock_workdir", "agent_running", "free_port", "check_port", "check_ca",
@@ -228,8 +228,10 @@ def check_data(path: Path, label_column: str = "label", sample_rows: int = 2000)
 
     A CSV is read as its task reads it (:func:`learning.datasets.read_csv`), so
     a bad cell is located here exactly as the task's error will locate it (the
-    line as an editor numbers it, the column by name); an NPZ's first
-    ``sample_rows`` examples are looked at. Text (a ``.txt`` file or a folder)
+    line as an editor numbers it, the column by name); an NPZ too
+    (:func:`learning.datafiles.read_npz`: sizes checked against the cap before
+    anything is decompressed or allocated), and its first ``sample_rows``
+    examples are looked at for scale. Text (a ``.txt`` file or a folder)
     is left to its task. Never fatal: a task of the user's own may read other columns.
     """
     suffix = path.suffix.lower()
@@ -237,12 +239,10 @@ def check_data(path: Path, label_column: str = "label", sample_rows: int = 2000)
         return []
     if suffix == ".npz":
         try:
-            with np.load(path, allow_pickle=False) as arrays:
-                if "x" not in arrays or "y" not in arrays:
-                    return [f"--data {path}: an NPZ needs arrays 'x' and 'y' (has: {', '.join(arrays.files)[:80]})"]
-                features = np.asarray(arrays["x"][:sample_rows], dtype=np.float64)
-        except (OSError, ValueError, EOFError) as exc:
-            return [f"--data {path}: cannot be read as NPZ ({str(exc)[:120]})"]
+            x, _ = read_npz(path)  # within the cap and checked, as its task reads it: never np.load
+        except DataError as exc:  # "<path>: example 3, feature 1: 1e+39 is beyond float32's range ..."
+            return [f"--data {exc}"]
+        features = np.asarray(x[:sample_rows], dtype=np.float64)
         return _scale_warning(path, features.reshape(len(features), -1), None)
     names = csv_header(path)
     if names and label_column not in names:

@@ -50,7 +50,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from core.instructions import TrainConfig
-from learning.datasets import load_digits
+from learning.datasets import load_digits, load_file
 from learning.task import Split, Task
 from scenarios.schema import bad_value
 
@@ -112,10 +112,13 @@ class MyTask(Task):
         return Split(train=(x[part[:cut]], y[part[:cut]]), test=(x[part[cut:]], y[part[cut:]]))
 
     def device_data(self, path: str) -> Split:
-        """A real device's own ``.npz`` file with arrays ``x`` and ``y``."""
-        with np.load(path, allow_pickle=False) as archive:
-            x = torch.from_numpy(archive["x"].astype(np.float32).reshape(len(archive["y"]), -1))
-            y = torch.from_numpy(archive["y"].astype(np.int64))
+        """A real device's own ``.npz`` file with arrays ``x`` and ``y`` (or a ``.csv`` with a ``label`` column).
+
+        ``load_file`` reads it within a size cap and checks it (finite float32
+        features, integer labels): a bad value is named by its row and column.
+        """
+        data = load_file(path)
+        x, y = torch.from_numpy(data.x.reshape(len(data), -1)), torch.from_numpy(data.y)
         cut = max(1, int(0.9 * len(y)))
         return Split(train=(x[:cut], y[:cut]), test=(x[cut:], y[cut:]))
 

@@ -56,8 +56,10 @@ CSV_CASES = [
     ("empty", "", "file is empty"),
     ("header only", "a,label\n", "no data rows after the header"),
     ("label only", "label\n1\n", "no feature columns besides 'label'"),
-    ("fractional label", "a,label\n1,0.5\n", "label 0.5 is not a non-negative integer"),
-    ("negative label", "a,label\n1,-1\n", "label -1 is not a non-negative integer"),
+    ("fractional label", "a,label\n1,0.5\n", "line 2, column 'label': label 0.5 is not a non-negative integer; "
+     "number the classes 0, 1, 2, ..."),
+    ("negative label", "a,label\n1,-1\n", "line 2, column 'label': label -1 is not a non-negative integer; "
+     "number the classes 0, 1, 2, ..."),
 ]
 
 
@@ -77,12 +79,15 @@ def _npz(tmp_path: Path, **arrays: np.ndarray) -> Path:
 
 
 NPZ_CASES = [
-    ("missing y", {"x": np.zeros((2, 2))}, "missing array 'y'; found ['x']"),
+    ("missing y", {"x": np.zeros((2, 2))}, "missing array 'y'; found ['x']: an NPZ data file needs arrays 'x' and "
+     "'y' (features and labels: np.savez(path, x=features, y=labels))"),
     ("lengths differ", {"x": np.zeros((3, 2)), "y": np.zeros(2)},
      "x has shape (3, 2) but y has shape (2,); need one label per example"),
-    ("nan", {"x": np.array([[np.nan, 1.0]]), "y": np.zeros(1)}, "x has 1 NaN or infinite values"),
+    ("nan", {"x": np.array([[1.0, 2.0], [3.0, np.nan]]), "y": np.zeros(2)},
+     "example 1, feature 1: value is NaN or infinite; write a finite number there, or remove the example"),
     ("empty", {"x": np.zeros((0, 2)), "y": np.zeros(0)}, "file is empty (no examples)"),
-    ("text x", {"x": np.array([["a"]]), "y": np.zeros(1)}, "array 'x' is not numeric (dtype <U1)"),
+    ("text x", {"x": np.array([["a"]]), "y": np.zeros(1)}, "array 'x' is not numeric (dtype <U1); save numbers "
+     "only: np.savez(path, x=features, y=labels) with arrays of numbers"),
 ]
 
 
@@ -96,7 +101,7 @@ def test_malformed_npz(tmp_path: Path, case: str, arrays: dict, message: str) ->
 
 def test_npz_object_arrays_are_never_unpickled(tmp_path: Path) -> None:
     path = _npz(tmp_path, x=np.array([{"a": 1}], dtype=object), y=np.zeros(1))
-    with pytest.raises(DataError, match="not a valid .npz archive"):
+    with pytest.raises(DataError, match=r"bad\.npz: array 'x' is not numeric \(dtype object\)"):
         load_file(path)
 
 
@@ -134,15 +139,15 @@ def test_load_client_data_rejects_a_bad_fraction(tmp_path: Path) -> None:
 def test_an_npz_that_expands_past_the_cap_is_refused_before_decompressing(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: 4 MiB of zeros compressed to a few KiB (a small zip bomb), under a 1 MiB cap
-    import learning.datasets as datasets
+    import learning.datafiles as datafiles
 
-    monkeypatch.setattr(datasets, "MAX_NPZ_BYTES", 2**20)
+    monkeypatch.setattr(datafiles, "MAX_NPZ_BYTES", 2**20)
     path = tmp_path / "bomb.npz"
     np.savez_compressed(path, x=np.zeros((2**20, 1), np.float32), y=np.zeros(2**20, np.uint8))
     assert path.stat().st_size < 64 * 2**10
     loaded: list[str] = []
     real_load = np.load
-    monkeypatch.setattr(datasets.np, "load", lambda *a, **k: loaded.append("np.load") or real_load(*a, **k))
+    monkeypatch.setattr(datafiles.np, "load", lambda *a, **k: loaded.append("np.load") or real_load(*a, **k))
 
     # Execute / Assert: refused by its declared size (4 MiB + 1 MiB + headers), nothing loaded
     with pytest.raises(DataError, match=r"bomb\.npz: its arrays x and y hold 5 MiB uncompressed, more than the 1 MiB"):
