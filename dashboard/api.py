@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import csv
 import io
-import pathlib
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request
-from fastapi.responses import FileResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 
+from core.errors import StoreError
 from core.headline import Headline
 from dashboard.live import run_events, runs_events
 from dashboard.metrics import CONTENT_TYPE, render_metrics
@@ -44,6 +45,9 @@ MAX_CLIENTS_PAGE = 1000
 #: Error answers, declared in /openapi.json so every status a route can give is documented.
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No such run, round, client or checkpoint."}}
 HIDDEN: dict[int | str, dict[str, Any]] = {403: {"description": "The run keeps its participants private."}}
+DAMAGED: dict[int | str, dict[str, Any]] = {
+    409: {"description": "The checkpoint is damaged or is not a regular file: refused, never served; the detail "
+                         "says why in one line."}}
 
 
 def reader_of(request: Request) -> Reader:
@@ -156,17 +160,23 @@ def rounds_csv(request: Request, run_id: str) -> Response:
 
 @router.get("/runs/{run_id}/checkpoint", summary="A model checkpoint (safetensors; default the last round)",
             response_class=Response,
-            responses={200: {"content": {"application/octet-stream": {}}}, **NOT_FOUND})
+            responses={200: {"content": {"application/octet-stream": {}}}, **NOT_FOUND, **DAMAGED})
 def checkpoint(request: Request, run_id: str,
                server_round: Annotated[int | None, Query(alias="round", ge=1, le=MAX_INT)] = None) -> Response:
-    number, source = _found(reader_of(request).checkpoint(run_id, server_round), "checkpoint file for that round")
+    """Download a round's checkpoint, checked (its safetensors header and length) before the first byte is sent.
+
+    Streamed from what was opened (a file opened without following a symbolic link, the database's chunks, an
+    object); a damaged one, or one that is not a regular file, is a 409 naming why.
+    """
+    try:
+        found = reader_of(request).checkpoint(run_id, server_round)
+    except StoreError as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+    number, blob = _found(found, "checkpoint file for that round")
     name = f"{run_id}-round-{number:05d}.safetensors"
-    if isinstance(source, pathlib.Path):  # a file: streamed from disk
-        return FileResponse(source, media_type="application/octet-stream", filename=name)
-    headers = {"content-disposition": f'attachment; filename="{name}"'}
-    if isinstance(source, bytes):
-        return Response(source, media_type="application/octet-stream", headers=headers)
-    return StreamingResponse(source, media_type="application/octet-stream", headers=headers)  # database chunks
+    headers = {"content-disposition": f'attachment; filename="{name}"', "content-length": str(blob.size)}
+    return StreamingResponse(blob.pieces, media_type="application/octet-stream", headers=headers,
+                             background=BackgroundTask(blob.release))  # released even when the download stops
 
 
 @router.get("/clients", response_model=list[ClientSummaryOut], summary="Every client's participation, one page")

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select
@@ -19,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from core.headline import Headline, round_scores
 from core.status import ClientStatus, RunStatus
+from runstore.checkpoints import Blob
 from runstore.lease import INTERRUPTED, lease_expired
 from runstore.store import ClientResult, Event, Round, Run, RunStore, as_shown, status_is
 
@@ -213,13 +213,17 @@ class Reader:
             query = select(Event).where(Event.run_id == run_id).order_by(Event.id.desc()).limit(limit)
             return list(reversed(s.scalars(query).all()))
 
-    def checkpoint(self, run_id: str,
-                   number: int | None = None) -> tuple[int, Path | Iterator[bytes] | bytes] | None:
-        """Return the round number and a round's checkpoint (default: the last round), as it is best served.
+    def checkpoint(self, run_id: str, number: int | None = None) -> tuple[int, Blob] | None:
+        """Return the round number and a round's checkpoint (default: the last round), opened and checked.
 
-        From wherever the store keeps them (``runstore.checkpoints``): a file,
-        the database's chunks one at a time, or an object's bytes. None when
-        that round has no checkpoint or it is gone.
+        From wherever the store keeps them (``runstore.checkpoints``): read
+        from the opened file, the database's chunks one at a time, or an
+        object's reads. None when that round has no checkpoint or it is gone.
+
+        Raises
+        ------
+        StoreError
+            The checkpoint is damaged or is not a regular file (never served): one line.
         """
         return self.store.checkpoint_source(run_id, number)
 

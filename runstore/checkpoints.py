@@ -19,36 +19,47 @@ can read it:
 ``Round.checkpoint`` holds where the blob went: a path, ``db:<run>/<round>``,
 or the URL; a reader finds it from that alone (:func:`read_blob`), whatever
 its own store would write to.
+
+A reader opens a file without following a symbolic link (:func:`open_blob`)
+and serves what it opened, and checks the safetensors framing, the header
+and the length, before the first byte (:func:`check_frame`): a damaged
+checkpoint is refused in one line, never served in part.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import struct
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load, save
-from sqlalchemy import LargeBinary, String, delete, select
+from sqlalchemy import LargeBinary, String, delete, func, select
 from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from core.errors import StoreError
-from core.strategy import ServerState
 from runstore.base import Base
+from runstore.blobs import (
+    CHUNK_BYTES,
+    MAX_HEADER_BYTES,
+    Blob,
+    check_frame,
+    checked_file,
+    checked_object,
+    damaged,
+    decode_state,
+    encode_state,
+    handle_blob,
+    read_all,
+)
 
-__all__ = ["CheckpointChunk", "Checkpoints", "FolderCheckpoints", "DatabaseCheckpoints", "UrlCheckpoints",
-           "checkpoints_at", "checked_reference", "read_blob", "blob_exists", "blob_file", "blob_chunks", "url_chunks",
-           "encode_state", "decode_state", "CHUNK_BYTES", "DB_PREFIX"]
+# Blob, check_frame, encode_state and decode_state are runstore.blobs', named here too: readers import them from here
+__all__ = ["CheckpointChunk", "Checkpoints", "FolderCheckpoints", "DatabaseCheckpoints", "UrlCheckpoints", "Blob",
+           "checkpoints_at", "checked_reference", "read_blob", "open_blob", "check_frame", "encode_state",
+           "decode_state", "CHUNK_BYTES", "DB_PREFIX", "MAX_HEADER_BYTES"]
 
-#: The largest piece of a blob in one database row (PostgreSQL's ``bytea`` holds up to 1 GB; 8 MiB stays cheap).
-CHUNK_BYTES = 8 * 2**20
 #: How a checkpoint kept in the database is named in ``Round.checkpoint``.
 DB_PREFIX = "db:"
 
@@ -61,42 +72,6 @@ class CheckpointChunk(Base):
     round: Mapped[int] = mapped_column(primary_key=True)
     seq: Mapped[int] = mapped_column(primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary().with_variant(mysql.LONGBLOB(), "mysql"))  # BLOB: 64 KiB
-
-
-def encode_state(state: ServerState, where: str) -> bytes:
-    """Return ``state`` as one safetensors blob.
-
-    Raises
-    ------
-    StoreError
-        A tensor holds NaN or Inf values (the round loop refuses such a step; this keeps any other writer honest).
-    """
-    tensors = {"params": state.params, **{f"slot.{k}": v for k, v in state.slots.items()}}
-    bad = [k for k, v in tensors.items() if not np.isfinite(v).all()]
-    if bad:
-        raise StoreError(f"refusing to save {where}: {', '.join(bad)} hold NaN or Inf values")
-    meta = {"round": str(state.round), "extra": json.dumps(state.wrapper_state)}  # "extra": the stored name, kept
-    return save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata=meta)
-
-
-def decode_state(data: bytes, where: str) -> ServerState:
-    """Return the ``ServerState`` of a safetensors blob.
-
-    Raises
-    ------
-    StoreError
-        The blob is not a readable checkpoint, naming ``where`` it came from.
-    """
-    try:
-        tensors = load(data)
-        (length,) = struct.unpack("<Q", data[:8])
-        meta = json.loads(data[8:8 + length]).get("__metadata__") or {}
-        state = ServerState(params=tensors["params"],
-                            slots={k.removeprefix("slot."): v for k, v in tensors.items() if k.startswith("slot.")},
-                            round=int(meta.get("round", 0)), wrapper_state=json.loads(meta.get("extra", "{}")))
-    except (SafetensorError, struct.error, ValueError, KeyError, TypeError) as exc:
-        raise StoreError(f"cannot read checkpoint {where}: {exc}") from None
-    return state
 
 
 class Checkpoints(ABC):
@@ -137,12 +112,7 @@ class FolderCheckpoints(Checkpoints):
 
     def read(self, session: Session, reference: str) -> bytes | None:
         """Read the recorded path, or the same file name in this folder (a store moved, a relative path)."""
-        del session
-        recorded = Path(reference)
-        for candidate in (recorded, self.folder / recorded.parent.name / recorded.name):
-            if candidate.suffix == ".safetensors" and candidate.is_file():
-                return candidate.read_bytes()
-        return None
+        return read_blob(session, reference, folder=self.folder)
 
     def describe(self) -> str:
         """Return the folder."""
@@ -164,11 +134,11 @@ class DatabaseCheckpoints(Checkpoints):
 
     def read(self, session: Session, reference: str) -> bytes | None:
         """Join the chunks in order; ``None`` when the round has none."""
-        if not _chunk_seqs(session, reference):
+        if not _chunk_lengths(session, reference, f"checkpoint {reference[:400]}"):
             return None
-        run_id, _, number = reference.removeprefix(DB_PREFIX).rpartition("/")
+        run_id, number = _chunk_key(reference)
         rows = session.scalars(select(CheckpointChunk.data).where(
-            CheckpointChunk.run_id == run_id, CheckpointChunk.round == int(number)).order_by(CheckpointChunk.seq))
+            CheckpointChunk.run_id == run_id, CheckpointChunk.round == number).order_by(CheckpointChunk.seq))
         return b"".join(rows)
 
     def describe(self) -> str:
@@ -254,7 +224,7 @@ def checked_reference(reference: str, run_id: str, server_round: int) -> str:
         return reference
     if ("/" + reference).endswith(tail) and ".." not in reference.split("/") and not reference.startswith(DB_PREFIX):
         return reference
-    raise StoreError(f"round {server_round} of run {run_id} names its checkpoint {reference[:120]!r}, which is "
+    raise StoreError(f"round {server_round} of run {run_id} names its checkpoint {reference[:400]!r}, which is "
                      "not where a checkpoint of that round is written; refused")
 
 
@@ -269,15 +239,15 @@ def _url_inside(reference: str, url_root: str | None) -> tuple[Any, str]:
     import fsspec
 
     if url_root is None:
-        raise StoreError(f"checkpoint {reference[:120]} is in an object store: set QUORUM_CHECKPOINTS to its URL "
+        raise StoreError(f"checkpoint {reference[:400]} is in an object store: set QUORUM_CHECKPOINTS to its URL "
                          "to read it here")
     try:
         fs, path = fsspec.core.url_to_fs(reference)
         root_fs, root = fsspec.core.url_to_fs(url_root)
     except (ImportError, ValueError, OSError) as exc:
-        raise StoreError(f"cannot open checkpoint {reference[:120]}: {exc}") from None
+        raise StoreError(f"cannot open checkpoint {reference[:400]}: {exc}") from None
     if fs.protocol != root_fs.protocol or not str(path).startswith(str(root).rstrip("/") + "/"):
-        raise StoreError(f"checkpoint {reference[:120]} is not under this store's checkpoints ({url_root}); refused")
+        raise StoreError(f"checkpoint {reference[:400]} is not under this store's checkpoints ({url_root}); refused")
     return fs, str(path)
 
 
@@ -289,106 +259,129 @@ def read_blob(session: Session, reference: str, folder: Path | None = None,
     the recorded file name when the recorded path does not exist (a store
     moved, a path relative to the aggregator's working directory);
     ``url_root``: the object store this reader may read (its
-    ``QUORUM_CHECKPOINTS``). ``None`` when the checkpoint is gone.
+    ``QUORUM_CHECKPOINTS``). A file is opened as :func:`open_blob` opens it;
+    the bytes are returned only when their framing is whole (:func:`check_frame`).
+    ``None`` when the checkpoint is gone.
 
     Raises
     ------
     StoreError
-        The checkpoint cannot be read (a URL outside ``url_root``, a backend error), named.
+        The checkpoint cannot be read (a URL outside ``url_root``, a symbolic link, a backend error) or is
+        damaged, named.
     """
+    name = f"checkpoint {reference[:400]}"
     try:
         if reference.startswith(DB_PREFIX):
-            return DatabaseCheckpoints().read(session, reference)
-        if "://" in reference:
-            fs, path = _url_inside(reference, url_root)
-            try:
-                with fs.open(path, "rb") as handle:
-                    return bytes(handle.read())
-            except FileNotFoundError:
-                return None
-        found = blob_file(reference, folder)
-        return None if found is None else found.read_bytes()
+            data = DatabaseCheckpoints().read(session, reference)
+            if data is not None:
+                check_frame(lambda n: data[:n], len(data), name)
+            return data
+        opened = (checked_object(*_url_inside(reference, url_root), name) if "://" in reference
+                  else checked_file(reference, folder, name))
+        return None if opened is None else read_all(opened[0])
     except (OSError, ValueError, ImportError) as exc:
-        raise StoreError(f"cannot read checkpoint {reference[:120]}: {exc}") from None
+        raise StoreError(f"cannot read checkpoint {reference[:400]}: {exc}") from None
 
 
-def blob_exists(session: Session, reference: str, folder: Path | None = None, url_root: str | None = None) -> bool:
-    """Whether the checkpoint ``reference`` names is there, without reading it; False when it cannot be read."""
+def open_blob(session_factory: Callable[[], Session], reference: str, folder: Path | None = None,
+              url_root: str | None = None, name: str | None = None) -> Blob | None:
+    """Open the checkpoint ``reference`` names and check its framing (:func:`check_frame`) before any byte is read.
+
+    A file is opened beneath its checkpoints folder (the recorded one, else
+    ``folder``) following no symbolic link there (neither the run's folder nor
+    the file) and must be a regular file; a database checkpoint is checked
+    from its chunks' lengths and first bytes, one row at a time after that
+    (a served model is never whole in memory); an object from its opened
+    handle. ``name`` names it in messages (default: ``checkpoint <reference>``).
+
+    Returns
+    -------
+    Blob or None
+        ``None`` when the checkpoint is gone, or lies in an object store this reader was not told of.
+
+    Raises
+    ------
+    StoreError
+        It is damaged, is not a regular file, or cannot be read: one line, naming it.
+    """
+    name = name or f"checkpoint {reference[:400]}"
     try:
         if reference.startswith(DB_PREFIX):
-            return bool(_chunk_seqs(session, reference))
+            return _chunk_blob(session_factory, reference, name)
         if "://" in reference:
-            fs, path = _url_inside(reference, url_root)
-            return bool(fs.exists(path))
-        return blob_file(reference, folder) is not None
-    except (StoreError, OSError, ValueError, ImportError):
-        return False
+            return _object_blob(reference, url_root, name)
+        return handle_blob(checked_file(reference, folder, name))
+    except (OSError, ValueError) as exc:  # the error's words, not its path (a dashboard shows this line)
+        raise StoreError(f"{name} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
 
 
-def blob_file(reference: str, folder: Path | None = None) -> Path | None:
-    """Return the file a folder checkpoint is in (to stream it from disk), or ``None`` for any other kind."""
-    if reference.startswith(DB_PREFIX) or "://" in reference:
-        return None
-    recorded = Path(reference)
-    base = folder if folder is not None else recorded.parent.parent
-    for candidate in (recorded, base / recorded.parent.name / recorded.name):
-        if candidate.suffix == ".safetensors" and candidate.is_file():
-            return candidate
-    return None
+def _object_blob(reference: str, url_root: str | None, name: str) -> Blob | None:
+    try:
+        fs, path = _url_inside(reference, url_root)
+    except (StoreError, ImportError):
+        return None  # an object store this reader was not told of, or outside it: nothing it may open
+    return handle_blob(checked_object(fs, path, name))
 
 
-def _chunk_seqs(session: Session, reference: str) -> list[int]:
-    """Return the chunk numbers a database checkpoint holds, in order; all of them or none (``[]``)."""
+def _chunk_key(reference: str) -> tuple[str, int]:
+    """Return the run and round a database checkpoint reference names."""
     match = re.fullmatch(r"db:(.+)/([0-9]{1,9})", reference, re.ASCII)
     if match is None:
-        raise StoreError(f"malformed checkpoint reference {reference[:120]!r}")
-    seqs = list(session.scalars(select(CheckpointChunk.seq).where(
-        CheckpointChunk.run_id == match[1], CheckpointChunk.round == int(match[2])).order_by(CheckpointChunk.seq)))
-    if seqs and seqs != list(range(len(seqs))):
-        raise StoreError(f"checkpoint {reference}: chunks {seqs[:5]}... are not all there")
-    return seqs
+        raise StoreError(f"malformed checkpoint reference {reference[:400]!r}")
+    return match[1], int(match[2])
 
 
-def blob_chunks(session_factory: Callable[[], Session], reference: str) -> Iterator[bytes]:
-    """Yield a database checkpoint's chunks in order, one row at a time (a served model is never whole in memory).
+def _chunk_lengths(session: Session, reference: str, name: str) -> list[int]:
+    """Return the lengths of a database checkpoint's chunks, in order, without reading them; ``[]``: none."""
+    run_id, number = _chunk_key(reference)
+    rows = session.execute(select(CheckpointChunk.seq, func.length(CheckpointChunk.data)).where(
+        CheckpointChunk.run_id == run_id, CheckpointChunk.round == number).order_by(CheckpointChunk.seq)).all()
+    missing = next((i for i, (seq, _) in enumerate(rows) if seq != i), None)
+    if missing is not None:
+        raise damaged(name, f"its chunk {missing} is missing")
+    return [int(length) for _, length in rows]
 
-    Raises
-    ------
-    StoreError
-        Before the first chunk: the checkpoint is malformed or incomplete.
-    """
-    run_id, _, number = reference.removeprefix(DB_PREFIX).rpartition("/")
+
+def _chunk_prefix(session_factory: Callable[[], Session], run_id: str, number: int,
+                  lengths: list[int]) -> Callable[[int], bytes]:
+    """Return a reader of a database checkpoint's first bytes, from as few rows (and bytes of them) as it needs."""
+    def prefix(n: int) -> bytes:
+        head = bytearray()
+        with session_factory() as s:
+            for seq, length in enumerate(lengths):
+                if len(head) >= n:
+                    break
+                if length:
+                    head += s.scalar(select(func.substr(CheckpointChunk.data, 1, min(n - len(head), length),
+                                                        type_=LargeBinary)).where(
+                        CheckpointChunk.run_id == run_id, CheckpointChunk.round == number,
+                        CheckpointChunk.seq == seq)) or b""
+        return bytes(head)
+
+    return prefix
+
+
+def _chunk_blob(session_factory: Callable[[], Session], reference: str, name: str) -> Blob | None:
+    """Check a database checkpoint from its chunks' lengths and first bytes; its pieces are its rows, in order."""
+    run_id, number = _chunk_key(reference)
     with session_factory() as s:
-        seqs = _chunk_seqs(s, reference)  # checked here, before anything is sent
-
-    def chunks() -> Iterator[bytes]:
-        for seq in seqs:
-            with session_factory() as s:
-                piece = s.get(CheckpointChunk, (run_id, int(number), seq))
-                if piece is None:  # there is no way to delete a run's checkpoints: this would be a crash
-                    raise StoreError(f"checkpoint {reference}: chunk {seq} went while it was read")
-                yield piece.data
-
-    return chunks()
+        lengths = _chunk_lengths(s, reference, name)
+    if not lengths:
+        return None
+    check_frame(_chunk_prefix(session_factory, run_id, number, lengths), sum(lengths), name)
+    return Blob(sum(lengths), _chunk_pieces(session_factory, run_id, number, len(lengths), name), _holds_nothing)
 
 
-def url_chunks(reference: str, url_root: str | None) -> Iterator[bytes]:
-    """Yield an object-store checkpoint in pieces of :data:`CHUNK_BYTES` (a served model is never whole in memory).
+def _holds_nothing() -> None:
+    """Release a database checkpoint's pieces: no session stays open between two of them."""
 
-    Raises
-    ------
-    StoreError
-        Before the first piece: the object is outside ``url_root`` or cannot be opened.
-    """
-    fs, path = _url_inside(reference, url_root)
-    try:
-        handle = fs.open(path, "rb")
-    except (OSError, ValueError) as exc:
-        raise StoreError(f"cannot read checkpoint {reference[:120]}: {exc}") from None
 
-    def pieces() -> Iterator[bytes]:
-        with handle:
-            while piece := handle.read(CHUNK_BYTES):
-                yield bytes(piece)
-
-    return pieces()
+def _chunk_pieces(session_factory: Callable[[], Session], run_id: str, number: int, count: int,
+                  name: str) -> Iterator[bytes]:
+    for seq in range(count):
+        with session_factory() as s:
+            piece = s.scalar(select(CheckpointChunk.data).where(
+                CheckpointChunk.run_id == run_id, CheckpointChunk.round == number, CheckpointChunk.seq == seq))
+        if piece is None:  # there is no way to delete a run's checkpoints: this would be a crash
+            raise StoreError(f"{name}: chunk {seq} went while it was read")
+        yield piece

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Self
 
@@ -33,19 +33,16 @@ from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState
 from runstore.base import Base
 from runstore.checkpoints import (
-    DB_PREFIX,
+    Blob,
     Checkpoints,
     FolderCheckpoints,
     UrlCheckpoints,
-    blob_chunks,
-    blob_exists,
-    blob_file,
     checked_reference,
     checkpoints_at,
     decode_state,
     encode_state,
+    open_blob,
     read_blob,
-    url_chunks,
 )
 from runstore.devices import DeviceRow as _DeviceRow  # noqa: F401  (its table is part of the store's schema)
 from runstore.lease import INTERRUPTED, lease_expired, lease_seconds
@@ -382,48 +379,56 @@ class RunStore:
         return decode_state(blob, reference)
 
     def has_checkpoint(self, run_id: str, server_round: int | None = None) -> bool:
-        """Whether a round (default: the last) has a checkpoint that is still there, without reading it."""
-        with self.session() as s:
-            found = _readable_checkpoint(s, run_id, server_round)
-            return found is not None and blob_exists(s, found[1], self.checkpoint_dir, self.checkpoint_url)
-
-    def checkpoint_source(self, run_id: str,
-                          server_round: int | None = None) -> tuple[int, Path | Iterator[bytes] | bytes] | None:
-        """Return a round's checkpoint (default: the last round) as it is best served.
-
-        Its file (a folder store: streamed from disk), or its pieces one at a
-        time (the database's chunks, an object's reads); ``None`` when that
-        round has no checkpoint, or it is gone.
-        """
-        with self.session() as s:
-            found = _readable_checkpoint(s, run_id, server_round)
-            if found is None or not blob_exists(s, found[1], self.checkpoint_dir, self.checkpoint_url):
-                return None
-        number, reference = found
-        file = blob_file(reference, self.checkpoint_dir)
-        if file is not None:
-            return number, file
+        """Whether a round (default: the last) has a checkpoint that is there and whole, reading its header only."""
         try:
-            pieces = (blob_chunks(self.session, reference) if reference.startswith(DB_PREFIX)
-                      else url_chunks(reference, self.checkpoint_url))
+            opened = self._open_checkpoint(run_id, server_round, with_reference=False)
         except StoreError:
-            return None
-        return number, pieces
+            return False  # damaged, or not a regular file: not offered
+        if opened is None:
+            return False
+        opened[1].release()
+        return True
+
+    def checkpoint_source(self, run_id: str, server_round: int | None = None) -> tuple[int, Blob] | None:
+        """Return a round's number and checkpoint (default: the last round), opened and checked, to be streamed.
+
+        The blob's framing is checked before its first byte is read
+        (:func:`runstore.checkpoints.open_blob`); ``None`` when that round has
+        no checkpoint, it is gone, or it lies where this reader may not read.
+
+        Raises
+        ------
+        StoreError
+            The checkpoint is damaged or is not a regular file: one line naming the round, never its path.
+        """
+        return self._open_checkpoint(run_id, server_round, with_reference=False)
 
     def checkpoint_blob(self, run_id: str, server_round: int | None = None) -> tuple[int, bytes] | None:
         """Return the round number and safetensors bytes of a round's checkpoint (default: the last round).
 
         ``None`` when that round has no checkpoint, or it is gone.
+
+        Raises
+        ------
+        StoreError
+            The checkpoint is damaged or is not a regular file: one line naming the round and its reference.
         """
+        opened = self._open_checkpoint(run_id, server_round, with_reference=True)
+        return None if opened is None else (opened[0], opened[1].read())
+
+    def _open_checkpoint(self, run_id: str, server_round: int | None,
+                         with_reference: bool) -> tuple[int, Blob] | None:
+        """Open a round's checkpoint (:func:`runstore.checkpoints.open_blob`); ``None``: none this reader may read."""
         with self.session() as s:
             found = _readable_checkpoint(s, run_id, server_round)
-            if found is None:
-                return None
-            try:
-                blob = read_blob(s, found[1], self.checkpoint_dir, self.checkpoint_url)
-            except StoreError:
-                return None
-        return None if blob is None else (found[0], blob)
+        if found is None:
+            return None
+        number, reference = found
+        name = f"the checkpoint of round {number} of run {run_id}"
+        if with_reference:
+            name += f" ({reference[:400]})"
+        blob = open_blob(self.session, reference, self.checkpoint_dir, self.checkpoint_url, name)
+        return None if blob is None else (number, blob)
 
 
 def _round_checkpoint(s: Session, run_id: str, server_round: int | None) -> tuple[int, str] | None:
