@@ -39,6 +39,7 @@ class EvalSummary:
     per_client_metrics: dict[int, dict[str, int | float]] = field(default_factory=dict)  # node -> its named figures
     rejected: dict[int, str] = field(default_factory=dict)  # node -> why its reply was refused (a NaN loss, ...)
     failed: dict[int, str] = field(default_factory=dict)  # node -> the error its evaluate task raised
+    dropped: tuple[int, ...] = ()  # the nodes asked that never answered within the deadline
     bytes_in: int = 0  # the replies, as serialised on Flower's wire
     bytes_out: int = 0  # the instructions sent
 
@@ -52,7 +53,8 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     so no client that claims a huge test set decides the federated score. A
     refused reply (a NaN loss, an accuracy of 2) counts for nothing, and its
     reason is kept in :attr:`EvalSummary.rejected`; the error of a task that
-    raised, in :attr:`EvalSummary.failed` (a node that is gone is not asked again).
+    raised, in :attr:`EvalSummary.failed` (a node that is gone is not asked again);
+    a node that never answered within ``deadline_s``, in :attr:`EvalSummary.dropped`.
     """
     instruction = evaluate_instruction(params, config, layout)  # one message content for every node
     content = {n: instruction for n in nodes}
@@ -80,9 +82,10 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
         if parsed.train_loss is not None and parsed.train_examples > 0:
             train.append((parsed.train_loss, parsed.train_examples))
 
-    collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
+    missing = collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
     summary = _summarise(results, named, train, traffic["in"], wire_bytes(instruction) * len(nodes))
-    return replace(summary, rejected=rejected, failed=failed, per_client_metrics=named)
+    return replace(summary, rejected=rejected, failed=failed, per_client_metrics=named,
+                   dropped=tuple(sorted(missing)))
 
 
 def _summarise(results: dict[int, tuple[float | None, float | None, int]], named: dict[int, dict[str, int | float]],

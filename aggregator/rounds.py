@@ -24,7 +24,7 @@ from core.aggregate import step_problem
 from core.buffer import Marked
 from core.instructions import TrainConfig
 from core.layouts import ParamLayout
-from core.outcomes import FAILED, OK, REJECTED
+from core.outcomes import DROPPED, FAILED, OK, REJECTED
 from core.records import ClientRecord, RoundRecord
 from core.status import ClientStatus, RoundStatus, RunStatus
 from core.strategy import (
@@ -52,6 +52,10 @@ class LoopResult:
     state: ServerState
     status: str  # finished | stopped_budget | failed (run_federation refines finished: degraded, failed)
     last: RoundRecord | None
+
+
+#: The least time federated evaluation gets when training used up the round's deadline (seconds).
+EVAL_FLOOR_S = 10.0
 
 
 @dataclass
@@ -143,6 +147,17 @@ class RoundLoop:
                        "warning")
         return replace(before, round=server_round, wrapper_state=after.wrapper_state), RoundStatus.REJECTED, problem
 
+    def _eval_deadline(self, t0: float) -> float:
+        """How long federated evaluation may wait: what is left of the round's deadline, at most ``eval_deadline_s``.
+
+        The round's ``federation.deadline_s`` holds for training and evaluation
+        together; evaluation gets at least :data:`EVAL_FLOOR_S` (or the whole
+        deadline, if shorter) when training used it up.
+        """
+        deadline = self.scenario.federation.deadline_s
+        left = deadline - (time.monotonic() - t0)
+        return min(self.eval_deadline_s, max(left, min(EVAL_FLOOR_S, deadline)))
+
     def _evaluate_and_record(self, grid: Grid, state: ServerState, outcome: TrainOutcome[Any], nodes: list[int],
                              server_round: int, started: float, t0: float, status: str) -> RoundRecord:
         ev = self.scenario.evaluation
@@ -157,12 +172,14 @@ class RoundLoop:
                 targets = _eval_sample(sorted(grid.get_node_ids()) if ev.clients == "all" else (ok or nodes),
                                        self.scenario, server_round)
                 summary = federated_evaluate(grid, targets, state.params,
-                                             self._train_config(None, server_round), self.eval_deadline_s,
+                                             self._train_config(None, server_round), self._eval_deadline(t0),
                                              self.layout)
                 fed_loss, fed_acc = summary.loss, summary.accuracy
                 fed_metrics = {f"fed-{k}": v for k, v in summary.metrics.items()}
                 # federated evaluation's traffic: beside the training traffic that bytes_in / bytes_out hold
                 fed_metrics.update({"eval-bytes-in": summary.bytes_in, "eval-bytes-out": summary.bytes_out})
+                if summary.dropped:  # the federated score is over fewer clients than were asked
+                    fed_metrics["eval-dropped"] = len(summary.dropped)
                 train_loss = summary.train_loss if summary.train_loss is not None else train_loss
                 clients = _with_refused_evals([_with_eval(c, summary) for c in clients], summary)
             if ev.server and self.server_eval is not None:
@@ -225,11 +242,14 @@ def _with_refused_evals(records: list[ClientRecord], summary: EvalSummary) -> li
     """Mark the clients whose evaluate reply was refused, at stage ``evaluate``, with the reason.
 
     A refused reply is ``rejected``; an evaluate task that raised is
-    ``failed``. A client that was asked to evaluate only
+    ``failed``; a client that never answered within the deadline is
+    ``dropped`` (its evaluation is missing from the round's scores, and the
+    round says so). A client that was asked to evaluate only
     (``evaluation.clients = "all"``) gets a record of its own. A client whose
     training reply was already refused keeps that first reason.
     """
-    marks = {str(node): (REJECTED, f"eval reply rejected: {why}") for node, why in summary.rejected.items()}
+    marks = {str(node): (DROPPED, "no evaluation reply within the round's deadline") for node in summary.dropped}
+    marks.update({str(node): (REJECTED, f"eval reply rejected: {why}") for node, why in summary.rejected.items()})
     marks.update({str(node): (FAILED, why) for node, why in summary.failed.items()})
     marked = [replace(r, outcome=marks[r.client][0], stage="evaluate", reason=marks[r.client][1])
               if r.client in marks and r.outcome == OK else r for r in records]

@@ -200,9 +200,10 @@ def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float, scenario: Scen
     store, deadline, shown = RunStore(cfg.db_url), time.monotonic() + timeout_s, 0
     watch = ServerAppWatch(cfg, flower_run)
     waiting = DeviceWait(cfg, scenario) if scenario is not None else None
-    opened = False
+    run_id: str | None = None  # once opened, followed by its own id: a resume gives it another Flower run
+    said_interrupted = False
     while time.monotonic() < deadline:
-        run = find_stored_run(store, flower_run)
+        run = find_stored_run(store, flower_run) if run_id is None else store.get_run(run_id)
         if run is None:  # not opened yet: still waiting for devices, or its ServerApp died without a word
             why = watch.dead()
             if why is not None:
@@ -211,17 +212,42 @@ def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float, scenario: Scen
             if waiting is not None:
                 waiting.poll()
         else:
-            if not opened and run.status == RunStatus.RUNNING:
+            if run_id is None and run.status == RunStatus.RUNNING:
                 print(f"run {run.id} started: {run.rounds_total} rounds", flush=True)
-            opened = True
+            run_id = run.id
             for r in store.rounds(run.id)[shown:]:
                 print(f"run {run.id} round {r.round}: {_round_line(store, run, r)}", flush=True)
                 shown = r.round
-            if run.status != RunStatus.RUNNING:
+            if run.status == RunStatus.INTERRUPTED:
+                said_interrupted = _interrupted(cfg, run, said_interrupted)
+            elif run.status != RunStatus.RUNNING:
                 print(f"run {run.id} {run.status}" + (f": {run.error}" if run.error else ""), flush=True)
                 raise typer.Exit(exit_code(run.status))
+            else:
+                said_interrupted = False
         time.sleep(0.5)
     _fail(f"run did not end within {timeout_s:g} s")
+
+
+def _interrupted(cfg: DeployConfig, run: Run, said: bool) -> bool:
+    """Say why ``run`` stopped and what happens next; wait on while this host's aggregator resumes it.
+
+    Returns whether that was said (it is said once per interruption); exits 1
+    when nothing here will resume the run, naming the command that does.
+    """
+    from core.outcomes import exit_code
+    from deploy.status import aggregator_resumes
+
+    why = f" ({run.error})" if run.error else ""
+    if aggregator_resumes(cfg):
+        if not said:
+            print(f"run {run.id} interrupted after round {run.rounds_done}{why}; the aggregator resumes it from "
+                  "its last committed round: waiting", flush=True)
+        return True
+    print(f"run {run.id} interrupted after round {run.rounds_done}{why}; no aggregator runs here to resume it: "
+          f"start it (quorum aggregator start) and it resumes the run, or quorum aggregator run --resume {run.id}",
+          flush=True)
+    raise typer.Exit(exit_code(run.status))
 
 
 #: While a submitted run has not opened: how often the connected devices are counted again (each count

@@ -21,8 +21,8 @@ from deploy.errors import DeployError
 from deploy.flower import list_nodes
 from runstore.store import Run, RunStore
 
-__all__ = ["collect_status", "render_status", "find_stored_run", "serverapp_pids", "ServerAppWatch",
-           "stop_aggregator"]
+__all__ = ["aggregator_resumes", "collect_status", "render_status", "find_stored_run", "serverapp_pids",
+           "ServerAppWatch", "stop_aggregator"]
 
 #: How long a run may go without a ServerApp (Flower starts one in about a second) before it is called dead.
 START_GRACE_S = 120.0
@@ -151,6 +151,15 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True  # no /proc: the signal check is all there is
+
+
+def aggregator_resumes(config: DeployConfig) -> bool:
+    """Whether this host's aggregator is up and resumes interrupted runs by itself (not ``--no-resume``)."""
+    try:
+        up = json.loads(config.state.pidfile.read_text())
+        return _alive(int(up["pid"])) and bool(up.get("resume", True))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _current_run(config: DeployConfig) -> dict[str, Any] | None:

@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -48,10 +47,14 @@ from deploy.errors import DeployError, ProcessFailed
 from deploy.failover import restore_devices
 from deploy.flower import flower_env, stop_run, superlink_command, write_flower_home
 from deploy.pki import TlsFiles, ensure_tls, fingerprint
+from deploy.ports import describe_holders, wait_port_free
 from deploy.proxy import ProxySpec, nginx_command
 from deploy.submit import submit
 from runstore.leader import Leadership, supports_leadership
 from runstore.store import RunStore
+
+#: How long a restarted child waits for its port to be let go by what its predecessor left, before naming the holder.
+PORT_WAIT_S = 5.0
 
 __all__ = ["Supervisor", "prepare", "health_url", "wait_healthy", "resumable_runs", "stop_leftover_serverapps"]
 
@@ -107,26 +110,6 @@ def wait_healthy(url: str, ca: Path | None, proc: subprocess.Popen[bytes] | None
     raise ProcessFailed(f"{what} did not answer {url} within {timeout_s:g} s")
 
 
-def _port_free(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not _port_free(host, port):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -176,17 +159,42 @@ def resumable_runs(db_url: str) -> list[str]:
 
 @dataclass
 class _Child:
+    """One process the supervisor keeps running, in a process group of its own with what it starts.
+
+    ``port`` is the ``(host, port)`` it listens on, checked free before a restart.
+    """
+
     name: str
     argv: list[str]
     env: dict[str, str]
     log: Path
+    port: tuple[str, int] | None = None
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
 
     def start(self) -> None:
+        """Start it, in a new process group (its workers and ServerApps join that group)."""
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.env, preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self.env, process_group=0, preexec_fn=_die_with_parent)
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to its whole process group: an nginx master's workers, a SuperLink's ServerApps."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM its group, SIGKILL what is left of it after ``grace_s``."""
+        if self.proc is None:
+            return
+        self.signal_group(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.signal_group(signal.SIGKILL)  # what the leader left: an orphaned worker, a ServerApp
 
 
 def _die_with_parent() -> None:
@@ -221,7 +229,7 @@ class Supervisor:
 
         On a PostgreSQL store the federation's lock comes first: taken at once,
         or (``standby``) waited for; False when :meth:`stop` came first. The
-        ports must be free (a standby gives the dead leader's sockets a few
+        ports must be free (the processes of an aggregator that died are given a few
         seconds); ServerApps a previous aggregator left are stopped, and with
         ``resume`` the runs they left running are marked ``interrupted``
         (:meth:`resume_interrupted` submits them again).
@@ -241,8 +249,9 @@ class Supervisor:
             return False
         for host, port, what in ((a.listen, a.port, "aggregator.port"),
                                  ("127.0.0.1", a.internal_port, "aggregator.internal_port")):
-            if not _wait_port_free(host, port, 15.0 if self.took_over else 0.0):
-                raise DeployError(f"{what} = {port}: {host}:{port} is in use (another aggregator?)")
+            if not wait_port_free(host, port, 15.0):
+                raise DeployError(f"{what} = {port}: {host}:{port} is in use, {describe_holders(port)} "
+                                  "(another aggregator?)")
         self.tls = prepare(cfg)
         stopped = stop_leftover_serverapps(cfg.state.root)
         if stopped:
@@ -257,7 +266,8 @@ class Supervisor:
                                   "warning")
                     store.set_status(run_id, RunStatus.INTERRUPTED, "the aggregator stopped; resuming")
         logs = cfg.state.logs
-        self._spawn("superlink", superlink_command(cfg, self.tls), flower_env(cfg), logs / "superlink.log")
+        self._spawn("superlink", superlink_command(cfg, self.tls), flower_env(cfg), logs / "superlink.log",
+                    ("127.0.0.1", a.internal_port))
         ca = self.tls.ca_cert if self.tls else None
         wait_healthy(health_url("localhost", a.internal_port, self.tls is not None), ca,
                      self.children["superlink"].proc, 60.0, "the SuperLink", logs / "superlink.log")
@@ -304,8 +314,9 @@ class Supervisor:
         elif load_registry(cfg):
             publish_devices(cfg)  # a store from before the devices table: this host's registry fills it
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
-        child = _Child(name, argv, env, log)
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], log: Path,
+               port: tuple[str, int] | None = None) -> None:
+        child = _Child(name, argv, env, log, port)
         child.start()
         self.children[name] = child
 
@@ -314,7 +325,7 @@ class Supervisor:
         spec = ProxySpec(listen_host=a.listen, listen_port=a.port, upstream_port=a.internal_port,
                          server_cert=tls.server_cert if tls else None, server_key=tls.server_key if tls else None,
                          ca_cert=ca, workdir=cfg.state.proxy, rate_limit=a.rate_limit)
-        self._spawn("proxy", nginx_command(spec), dict(os.environ), cfg.state.logs / "proxy.log")
+        self._spawn("proxy", nginx_command(spec), dict(os.environ), cfg.state.logs / "proxy.log", (a.listen, a.port))
         host = "localhost" if a.listen in ("0.0.0.0", "::", "127.0.0.1") else a.listen
         wait_healthy(health_url(host, a.port, tls is not None), ca, self.children["proxy"].proc, 30.0, "nginx",
                      cfg.state.proxy / "error.log")
@@ -326,11 +337,12 @@ class Supervisor:
         env = flower_env(self.config, {"QUORUM_DASHBOARD_TOKEN": d.token} if d.token else None)
         argv = [sys.executable, "-m", "dashboard", "--db", self.config.db_url, "--host", d.host,
                 "--port", str(d.port)]
-        self._spawn("dashboard", argv, env, self.config.state.logs / "dashboard.log")
+        self._spawn("dashboard", argv, env, self.config.state.logs / "dashboard.log", (d.host, d.port))
 
     def _write_pidfile(self) -> None:
         cfg = self.config
-        info = {"pid": os.getpid(), "started_at": time.time(), "device_address": cfg.device_address,
+        info = {"pid": os.getpid(), "started_at": time.time(), "resume": self.resume,
+                "device_address": cfg.device_address,
                 "control_address": cfg.control_address, "db": cfg.db_url,
                 "dashboard": f"http://{cfg.dashboard.host}:{cfg.dashboard.port}/" if cfg.dashboard.enabled else None,
                 "children": {n: c.proc.pid for n, c in self.children.items() if c.proc},
@@ -377,28 +389,60 @@ class Supervisor:
                     return
             for child in self.children.values():
                 if child.proc is not None and child.proc.poll() is not None and not self.stopping.is_set():
-                    child.restarts += 1
-                    self.say(f"{child.name} exited (rc {child.proc.returncode}); restarting "
-                             f"(restart {child.restarts}, log {child.log})")
-                    time.sleep(min(10.0, child.restarts))
-                    child.start()
-                    self._write_pidfile()
+                    self._restart(child)
+
+    def _restart(self, child: _Child) -> None:
+        """Restart a child that exited: its process group stopped first, its port free or its holder named.
+
+        A restarted SuperLink has lost its runs' ServerApps (they were in its
+        group): their runs are resumed from their last committed round, as
+        when the whole aggregator restarts (:meth:`_resume_after_superlink`).
+        """
+        child.restarts += 1
+        self.say(f"{child.name} exited (rc {child.proc.returncode if child.proc else '?'}); restarting "
+                 f"(restart {child.restarts}, log {child.log})")
+        child.signal_group(signal.SIGKILL)  # what it left: an nginx master's workers, a SuperLink's ServerApps
+        if child.port is not None and not wait_port_free(*child.port, PORT_WAIT_S):
+            host, port = child.port
+            self.say(f"{child.name}: {host}:{port} is still in use, {describe_holders(port)}; "
+                     f"{child.name} cannot listen until that process stops")
+        time.sleep(min(10.0, child.restarts - 1))  # a crash loop backs off; the first restart is at once
+        child.start()
+        self._write_pidfile()
+        if child.name == "superlink":
+            self._resume_after_superlink(child)
+
+    def _resume_after_superlink(self, superlink: _Child) -> None:
+        """Once the restarted SuperLink answers, resume the runs its lost ServerApps drove (with ``resume``)."""
+        cfg = self.config
+        ca = self.tls.ca_cert if self.tls else None
+        try:
+            wait_healthy(health_url("localhost", cfg.aggregator.internal_port, self.tls is not None), ca,
+                         superlink.proc, 60.0, "the restarted SuperLink", cfg.state.logs / "superlink.log")
+        except ProcessFailed as exc:
+            self.say(f"{str(exc).splitlines()[0]}; its runs are resumed once it answers")
+            return
+        if not self.resume:
+            self.say("the SuperLink restarted; its runs stay interrupted (--no-resume): "
+                     "quorum aggregator run --resume RUN continues one")
+            return
+        stop_leftover_serverapps(cfg.state.root)
+        with RunStore(cfg.db_url) as store:
+            for run_id in resumable_runs(cfg.db_url):
+                done = store.get_run(run_id).rounds_done
+                store.log(run_id, f"the SuperLink exited and was restarted after round {done}; resuming from it",
+                          "warning")
+                store.set_status(run_id, RunStatus.INTERRUPTED, "the SuperLink exited; the aggregator resumes it")
+        self.resume_interrupted()
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop the children (SIGTERM in reverse start order, SIGKILL after ``grace_s``) and remove the pid file."""
         self.stopping.set()
         for child in reversed(list(self.children.values())):
             if child.proc is not None and child.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.proc.send_signal(signal.SIGTERM)
+                child.signal_group(signal.SIGTERM)
         for child in self.children.values():
-            if child.proc is None:
-                continue
-            try:
-                child.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
+            child.stop(grace_s)
         with contextlib.suppress(FileNotFoundError):
             self.config.state.pidfile.unlink()
         if self.leadership is not None:  # last: a standby starts only once this host's processes are gone

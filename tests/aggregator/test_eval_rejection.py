@@ -7,6 +7,7 @@ no reason. Scripted clients on a real in-process run (``run_federation``).
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 from flwr.app import RecordDict
@@ -47,3 +48,30 @@ def test_a_client_asked_only_to_evaluate_gets_a_rejected_record_of_its_own(db_ur
     mine = [c for c in store.client_results(run_id) if c.client == "4"]
     assert [(c.outcome, c.stage) for c in mine] == [("rejected", "evaluate")]
     assert "eval loss is nan" in mine[0].reason
+
+
+def test_a_client_that_trains_then_never_evaluates_is_dropped_at_evaluate_within_the_deadline(db_url: str) -> None:
+    # Prepare: node 4 answers its training, then its evaluation comes only after the round's 1.5 s deadline
+    # (a device killed between the two replies)
+    def silent_after_training(kind: str, node: int, round_: int, params: np.ndarray) -> RecordDict:
+        if kind == "evaluate" and node == 4:
+            time.sleep(4.0)
+        return eval_reply(0.5, 0.5, 10) if kind == "evaluate" else honest(node, params)
+
+    scenario = tiny_scenario(rounds=1, federation={"deadline_s": 1.5},
+                             evaluation={"federated": True, "server": False})
+
+    # Execute
+    store, run_id, result = run(scenario, silent_after_training, db_url)
+
+    # Assert: node 4 is dropped at evaluate, said so; the round's score is the other three's and says one is
+    # missing; the round ended within its deadline (plus the work around it), not 30 s later
+    records = {c.client: c for c in store.client_results(run_id)}
+    assert (records["4"].outcome, records["4"].stage) == ("dropped", "evaluate")
+    assert "no evaluation reply" in records["4"].reason
+    assert [(records[n].outcome, records[n].eval_loss) for n in "123"] == [("ok", 0.5)] * 3
+    (row,) = store.rounds(run_id)
+    assert (row.fed_loss, row.answered, row.dropped) == (0.5, 3, 1)
+    assert row.metrics["eval-dropped"] == 1
+    assert row.duration_s < 1.5 + 1.5, row.duration_s
+    assert result.status == "degraded"

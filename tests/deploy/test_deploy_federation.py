@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import ssl
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -175,6 +177,94 @@ def test_aggregator_killed_mid_run_resumes_to_the_same_model(fed: Fed) -> None:
     assert any(m.startswith(f"resumed after round {crashed_at}") for m in events), events
     # Replies are folded as they arrive: arrival order moves the float32 sums in the last bits only.
     np.testing.assert_allclose(fed.final_params(run_id), ref["params"], rtol=1e-5, atol=1e-6)
+
+
+def _child_pid(fed: Fed, name: str) -> int:
+    """The pid of one process the aggregator's supervisor runs (its pid file's ``children``)."""
+    return int(json.loads(fed.lb.deploy.state.pidfile.read_text())["children"][name])
+
+
+def _children_of(parent: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_superlink_killed_mid_round_is_restarted_and_its_run_resumes_by_itself(fed: Fed) -> None:
+    # Prepare: the uninterrupted run, then the same scenario (same seed) again, up to round 2's first message
+    ref = _reference_run(fed)
+    log = fed.lb.supernode_log(DEVICES[0])
+    seen = log.read_text(errors="replace").count("Receiving: train message")
+    run_id = fed.stored_run(fed.submit(fed.scenario("reference"))).id
+    wait_for(lambda: log.read_text(errors="replace").count("Receiving: train message") > seen + 1, 180,
+             lambda: f"round 2 to be sent\n{fed.logs()}", poll_s=0.05)
+
+    # Execute: the SuperLink alone dies (SIGKILL); the aggregator's supervisor lives on
+    superlink = _child_pid(fed, "superlink")
+    os.kill(superlink, signal.SIGKILL)
+    killed_at = time.monotonic()
+    crashed_at = fed.store.get_run(run_id).rounds_done
+
+    def resumed() -> bool:
+        return any(e.message.startswith("resumed after round") for e in fed.store.events(run_id))
+
+    wait_for(resumed, 90, lambda: f"the run to resume by itself\n{fed.logs()}", poll_s=0.1)
+    resumed_s = time.monotonic() - killed_at
+    run = fed.wait_finished(run_id, timeout_s=240)
+
+    # Assert: a new SuperLink; no person needed; every round once; the uninterrupted run's model
+    assert _child_pid(fed, "superlink") != superlink
+    assert resumed_s <= 30.0, f"resumed {resumed_s:.1f} s after the kill"
+    assert (run.status, run.rounds_done) == ("finished", 3), f"{run.status}: {run.error}\n{fed.logs()}"
+    assert [r.round for r in fed.store.rounds(run_id)] == [1, 2, 3] and 1 <= crashed_at < 3
+    events = [e.message for e in fed.store.events(run_id)]
+    assert any(m.startswith(f"the SuperLink exited and was restarted after round {crashed_at}") for m in events)
+    np.testing.assert_allclose(fed.final_params(run_id), ref["params"], rtol=1e-5, atol=1e-6)
+    print(f"SuperLink killed after round {crashed_at}: resumed by itself {resumed_s:.1f} s after the kill")
+
+
+def test_the_nginx_master_killed_alone_is_replaced_with_its_workers_within_10_s(fed: Fed) -> None:
+    # Prepare: the front door's master and its workers (they would hold the port after the master's death)
+    from deploy.supervisor import health_url, wait_healthy
+
+    master = _child_pid(fed, "proxy")
+    workers = _children_of(master)
+    assert workers, "nginx runs no worker"
+    proxy_log = fed.lb.deploy.state.logs / "proxy.log"
+    before = proxy_log.read_text(errors="replace") if proxy_log.exists() else ""
+
+    # Execute: SIGKILL the master alone
+    os.kill(master, signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    def replaced() -> bool:
+        return _child_pid(fed, "proxy") != master and not any(_alive(w) for w in workers)
+
+    wait_for(replaced, 30, lambda: f"a new nginx master\n{fed.logs()}", poll_s=0.05)
+    wait_healthy(health_url("localhost", fed.lb.port, True), fed.lb.deploy.state.tls / "ca.pem", None, 30.0,
+                 "the front door")
+    back_s = time.monotonic() - killed_at
+
+    # Assert: back within 10 s, the old workers gone, the new master stays up, no bind failure
+    assert back_s <= 10.0, f"the front door was back {back_s:.1f} s after the kill"
+    time.sleep(2.0)
+    assert _alive(_child_pid(fed, "proxy"))
+    after = proxy_log.read_text(errors="replace")[len(before):]
+    assert "Address already in use" not in after, after[-2000:]
+    print(f"nginx master killed: the front door back in {back_s:.1f} s")
 
 
 def test_a_client_killed_mid_round_is_recorded_as_dropped(fed: Fed) -> None:

@@ -232,3 +232,57 @@ def test_until_the_run_opens_wait_says_how_many_devices_are_connected(
                                                       "waiting for devices: 2 of 5 connected (a, b)",
                                                       "waiting for devices: 3 of 5 connected (a, b, c)"]
     assert lines[0].endswith("the run starts once 5 are, or with at least 3 after aggregator.wait_clients_s = 120 s")
+
+
+def _interrupted_run(cfg: Any, flower_run: int) -> tuple[RunStore, str]:
+    store = RunStore(cfg.db_url)
+    run_id = store.create_run(name="five", scenario={}, seed=1, strategy="fedavg", rounds=3, engine="deployment",
+                              info={"flower_run_id": flower_run})
+    store.set_status(run_id, "interrupted", "the SuperLink exited; the aggregator resumes it")
+    return store, run_id
+
+
+def test_wait_on_an_interrupted_run_nothing_will_resume_names_why_and_the_next_step(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: an interrupted run, and no aggregator running here
+    cfg = config(tmp_path)
+    _, run_id = _interrupted_run(cfg, 78)
+
+    # Execute
+    with pytest.raises(typer.Exit) as done:
+        cli._follow(cfg, 78, timeout_s=10)
+
+    # Assert: exit 1 (interrupted), the reason, and the two ways on
+    out = capsys.readouterr().out
+    assert done.value.exit_code == 1
+    assert f"run {run_id} interrupted after round 0 (the SuperLink exited; the aggregator resumes it)" in out
+    assert "quorum aggregator start" in out and f"quorum aggregator run --resume {run_id}" in out
+
+
+def test_wait_follows_a_run_the_aggregator_resumes_to_its_end(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: an aggregator up here (this process, by its pid file) that resumes runs; the run is resumed
+    # under another Flower run a second later and finishes
+    cfg = config(tmp_path)
+    store, run_id = _interrupted_run(cfg, 79)
+    cfg.state.pidfile.parent.mkdir(parents=True, exist_ok=True)
+    cfg.state.pidfile.write_text(json.dumps({"pid": os.getpid(), "resume": True}))
+
+    def resumed() -> None:
+        store.update_info(run_id, flower_run_id=80)
+        store.set_status(run_id, "running")
+        store.set_status(run_id, "finished")
+
+    timer = threading.Timer(1.5, resumed)
+    timer.start()
+
+    # Execute
+    with pytest.raises(typer.Exit) as done:
+        cli._follow(cfg, 79, timeout_s=20)
+    timer.join()
+
+    # Assert: said once that the aggregator resumes it, then followed the same run to its end
+    out = capsys.readouterr().out
+    assert done.value.exit_code == 0, out
+    assert out.count("the aggregator resumes it from its last committed round: waiting") == 1, out
+    assert f"run {run_id} finished" in out
