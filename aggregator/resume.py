@@ -7,7 +7,9 @@ rounds, another model or another seed would train new settings on the old run
 what differs. A new run from one round of an old one (``quorum resume --from
 RUN --round N``) records its parent in ``info["parent"]`` and starts from that
 round's checkpoint (:func:`start_state`). A run that already ended is left as
-it is (:func:`has_ended`).
+it is (:func:`has_ended`). The process that continues a run takes it first
+(:func:`take_to_resume`), in one conditional write: while another live
+process drives the run, a resume is refused before it writes anything.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from aggregator.errors import ResumeRefused
 from core.status import ENDED, RunStatus
 from core.strategy import ServerState, Strategy, describe, initial_state
 from runstore.store import Run, RunStore
+from runstore.takeover import TakenRunStore
 from scenarios.errors import ScenarioError
 from scenarios.schema import Scenario, build_options, scenario_from_dict
 
-__all__ = ["has_ended", "scenario_difference", "check_same_scenario", "parent_of", "start_state"]
+__all__ = ["has_ended", "scenario_difference", "check_same_scenario", "take_to_resume", "parent_of", "start_state"]
 
 #: Statuses of a run that ran to its end (``quorum resume`` leaves such a run untouched).
 _SHOWN = 3  # differences named in one line
@@ -81,6 +84,26 @@ def check_same_scenario(run: Run, scenario: Scenario) -> None:
         raise ResumeRefused(f"run {run.id} has another scenario: {diff}; the run is left as it was (to train "
                             f"these settings from one of its rounds: quorum resume --from {run.id} --round N "
                             "SCENARIO)")
+
+
+def take_to_resume(store: TakenRunStore, run_id: str, scenario: Scenario) -> Run:
+    """Check that ``scenario`` may continue run ``run_id`` and, unless the run ended, take it for ``store``.
+
+    Returns the run as read before it was taken (an ended run is left as it
+    is, untaken).
+
+    Raises
+    ------
+    ResumeRefused
+        Another scenario than the run's (:func:`check_same_scenario`).
+    runstore.takeover.RunHeld
+        A live process drives the run (:meth:`~runstore.takeover.TakenRunStore.claim`); nothing was written.
+    """
+    run = store.get_run(run_id)
+    check_same_scenario(run, scenario)
+    if not has_ended(run):
+        store.claim(run.id)
+    return run
 
 
 def _comparable(scenario: Scenario, what: str) -> dict[str, Any]:

@@ -57,9 +57,20 @@ def _store(db: str) -> RunStore:
         _fail(str(exc))
 
 
-def _fail(message: str) -> NoReturn:
+#: ``--json``'s status when simulate or resume drove no run to an ending: it refused (exit 2), or another process
+#: took the run over (exit 1). Any other status is the run's own (``core.status``).
+REFUSED, LOST = "refused", "lost"
+
+
+def _fail(message: str, json_out: bool = False, run_id: str | None = None) -> NoReturn:
     console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)  # one line, unwrapped
+    if json_out:
+        _print_json({"run_id": run_id, "status": REFUSED, "error": message}, 2)
     raise typer.Exit(2)
+
+
+def _print_json(fields: dict[str, object], code: int) -> None:
+    sys.stdout.write(json.dumps({**fields, "exit_code": code}) + "\n")
 
 
 @app.command()
@@ -70,8 +81,8 @@ def simulate(
     db: DbOption = DEFAULT_DB,
     engine: Annotated[str, typer.Option(help="inprocess (default, no Ray) or ray (needs quorum\\[simulation]).")]
     = "inprocess",
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the live display.")]
-    = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the live display, "
+                                           "whatever the ending (README: the exit codes).")] = False,
     workers: Annotated[int | None, typer.Option(
         min=1, max=1024, help="In-process engine: worker processes that run clients, one call each at a time "
         "(default: one per core; 1 runs every client in this process).")] = None,
@@ -79,14 +90,19 @@ def simulate(
         help="Ray engine: join the running Ray cluster at this address ('auto', or the head's host:port, "
         "from `ray start --head`) instead of starting a private one.")] = None,
 ) -> None:
-    """Run a federation from a scenario file on this machine and store every round."""
+    """Run a federation from a scenario file on this machine and store every round.
+
+    Exit code: 0 finished, 3 degraded, 1 failed, interrupted (Ctrl-C) or lost to another process, 2 refused
+    (nothing run); --json prints one JSON object whatever the ending.
+    """
     from quorum.progress import RoundDisplay
     from runtimes.simulation import simulate as run
     from scenarios.schema import load_scenario
 
     if ray_address and engine != "ray":
-        _fail(f"--ray-address {ray_address} needs --engine ray (the engine is {engine})")
+        _fail(f"--ray-address {ray_address} needs --engine ray (the engine is {engine})", json_out)
     started: list[str] = []  # the run's id once it is stored: an error after that is the run failing
+    since = time.monotonic()
     try:
         spec = load_scenario(scenario)
         overrides = {k: v for k, v in (("rounds", rounds), ("seed", seed)) if v is not None}
@@ -100,11 +116,36 @@ def simulate(
 
             summary = run(spec, db_url=db, engine=engine, on_round=display.update, on_start=on_start,
                           workers=workers, ray_address=ray_address)
-    except (ScenarioError, QuorumError) as exc:
-        if started:  # stored as failed, with this reason (run_federation): exit 1, as for any failed run
-            console.print(f"failed: run {started[0]}: {exc}", markup=False, highlight=False, soft_wrap=True)
-            raise typer.Exit(1) from None
-        _fail(str(exc))
+    except (ScenarioError, QuorumError, KeyboardInterrupt) as exc:
+        _stopped(exc, started[0] if started else None, db, since, json_out)
+    _print_summary(summary, json_out)
+
+
+def _stopped(exc: BaseException, run_id: str | None, db: str, since: float, json_out: bool) -> NoReturn:
+    """End simulate or resume on ``exc`` (an error, or Ctrl-C) as run ``run_id`` (``None``: none yet) ended.
+
+    Another process took the run: lost, exit 1. No run yet: refused, exit 2 (Ctrl-C: interrupted, exit 1).
+    Else the ending ``run_federation`` stored (failed, interrupted) and its summary, exit 1.
+    """
+    from core.outcomes import EXIT_FAILED
+    from runstore.store import LeaseLost
+    from runtimes.simulation import summarize
+
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    if isinstance(exc, LeaseLost) or (interrupted and run_id is None):
+        said = "interrupted before a run was stored" if interrupted else str(exc)
+        console.print(said, markup=False, highlight=False, soft_wrap=True)
+        if json_out:
+            _print_json({"run_id": run_id, "status": RunStatus.INTERRUPTED if interrupted else LOST, "error": said},
+                        EXIT_FAILED)
+        raise typer.Exit(EXIT_FAILED)
+    if run_id is None:
+        _fail(str(exc), json_out, getattr(exc, "run_id", None))
+    if not interrupted and not json_out:  # the run's own words, on one line
+        console.print(f"failed: run {run_id}: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_FAILED)
+    with _store(db) as store:
+        summary = summarize(store, run_id, time.monotonic() - since)
     _print_summary(summary, json_out)
 
 
@@ -121,29 +162,33 @@ def resume(
     from_round: Annotated[int | None, typer.Option("--round", min=1, help="With --from: the round whose checkpoint "
                                                    "the new run starts from (default: the last committed).")] = None,
     db: DbOption = DEFAULT_DB,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object, whatever the ending.")] = False,
     workers: Annotated[int | None, typer.Option(
         min=1, max=1024, help="In-process engine: worker processes (default: one per core).")] = None,
 ) -> None:
     r"""Continue an interrupted run (its process died) from its last committed round, with its own scenario.
 
-    Another scenario is refused (exit 2), naming what differs; a run that already ended is left untouched
-    (its summary is printed, with its exit code). `quorum resume --from RUN --round N \[SCENARIO]` starts a
-    new run from round N of RUN instead; the new run records its parent.
+    Another scenario is refused (exit 2), naming what differs, and so is a run another live process drives; a run
+    that already ended is left untouched (its summary is printed, with its exit code). `quorum resume --from RUN
+    --round N \[SCENARIO]` starts a new run from round N of RUN instead; the new run records its parent. Exit code
+    as for simulate; --json prints one JSON object whatever the ending.
     """
     from quorum.progress import RoundDisplay
     from quorum.resume import plan_fork, plan_resume
+    from runstore.takeover import TakenRunStore
     from runtimes.simulation import simulate as run
     from runtimes.simulation import summarize
 
     if from_run is None and (from_round is not None or run_id is None):
         _fail("name the run to continue (quorum resume RUN), or start a new run from one of its rounds "
-              "(quorum resume --from RUN --round N [SCENARIO])")
+              "(quorum resume --from RUN --round N [SCENARIO])", json_out)
     if from_run is not None and scenario is not None:
         _fail(f"--from {from_run} takes one argument at most, the new run's scenario file (got {run_id} and "
-              f"{scenario})")
+              f"{scenario})", json_out)
+    started: list[str] = []  # the run's id once this process drives it
+    since = time.monotonic()
     try:
-        store = _store(db)
+        store = TakenRunStore(db)  # the run is taken for it before anything is written (quorum.resume)
         plan = (plan_resume(store, str(run_id), scenario) if from_run is None
                 else plan_fork(store, from_run, from_round, Path(run_id) if run_id else None))
         if plan.note:
@@ -153,19 +198,20 @@ def resume(
         else:
             with RoundDisplay(plan.scenario, enabled=not json_out, done=plan.done) as display:
                 summary = run(plan.scenario, db_url=db, engine=plan.engine, resume_id=plan.run_id,
-                              on_round=display.update, workers=workers)
-    except (ScenarioError, QuorumError) as exc:
-        _fail(str(exc))
+                              on_round=display.update, on_start=started.append, workers=workers,
+                              holder=plan.holder)
+    except (ScenarioError, QuorumError, KeyboardInterrupt) as exc:
+        _stopped(exc, started[0] if started else None, db, since, json_out)
     _print_summary(summary, json_out)
 
 
-def _print_summary(summary: RunSummary, json_out: bool) -> None:
-    """Print the run's ending, then exit with its code: 0 finished, 3 degraded, 1 failed (``core.outcomes``)."""
+def _print_summary(summary: RunSummary, json_out: bool) -> NoReturn:
+    """Print the run's ending, then exit with its code: 0 finished, 3 degraded, 1 otherwise (``core.outcomes``)."""
     from core.outcomes import exit_code
 
     code = exit_code(summary.status)
     if json_out:
-        sys.stdout.write(json.dumps({**summary.to_json(), "exit_code": code}) + "\n")
+        _print_json(summary.to_json(), code)
         raise typer.Exit(code)
     colour = {0: "green", 3: "yellow"}.get(code, "red")
     console.print(Text.assemble((summary.status, f"bold {colour}"), ": run ", (summary.run_id, "bold"),

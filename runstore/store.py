@@ -184,8 +184,8 @@ class RunStore:
     default; ``checkpoint_dir`` is a folder for them (the same as
     ``checkpoints`` naming one). ``clock`` (seconds since the epoch) dates leases and decides which
     have expired: tests pass their own instead of waiting. ``holder``, when set, names the process this
-    store writes for: it commits rounds, renews leases and sets statuses only of runs that this holder
-    holds or that nobody took (:class:`runstore.takeover.TakenRunStore`).
+    store writes for: it commits rounds, logs, renews leases and sets statuses only of runs that this
+    holder holds or that nobody took (:class:`runstore.takeover.TakenRunStore`).
     """
 
     holder: str | None = None
@@ -284,7 +284,8 @@ class RunStore:
         if run is None:
             raise RunNotFound(f"no run {run_id!r} in {self.url}")
         if self.holder is not None and run.holder not in (None, self.holder):
-            raise LeaseLost(f"run {run_id} is now driven by {run.holder}; this process ({self.holder}) stops")
+            raise LeaseLost(f"lost run {run_id} to {run.holder}: another process took it over at round "
+                            f"{run.rounds_done}; this one stopped without writing")
         return run
 
     def _held(self) -> ColumnElement[bool]:
@@ -321,8 +322,10 @@ class RunStore:
             run.info = {**(run.info or {}), **info}
 
     def log(self, run_id: str, message: str, level: str = "info") -> None:
-        """Append ``message`` to the run's log at ``level``."""
+        """Append ``message`` to the run's log at ``level`` (a store with a :attr:`holder`: to a run it may write)."""
         with self.session() as s, s.begin():
+            if self.holder is not None:  # a driver that lost its run adds no line to it
+                self._run_to_write(s, run_id)
             s.add(Event(run_id=run_id, ts=time.time(), level=level, message=message))
 
     # -- rounds -----------------------------------------------------------

@@ -2,7 +2,9 @@
 
 ``simulate`` is the API behind ``quorum simulate`` and ``quorum resume``: it
 opens the run store, starts the chosen runtime with the ServerApp logic and
-Quorum's ClientApp, and returns a :class:`RunSummary`.
+Quorum's ClientApp, and returns a :class:`RunSummary`. This process holds the
+run it drives (``runstore.takeover``): should another process take it over,
+this one stops at its next write (:class:`~runstore.store.LeaseLost`).
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from aggregator.resume import take_to_resume
 from aggregator.serverapp import run_federation
 from clients.clientapp import app as client_app
 from core.headline import Headline, round_scores
 from core.records import RoundRecord
 from runstore.report import headline_summary
 from runstore.store import RunStore
+from runstore.takeover import TakenRunStore
 from runtimes.enrolment import secagg_identities
 from runtimes.faults import FaultPlan
 from runtimes.inprocess import InProcessGrid, NodeSpec
@@ -57,13 +61,26 @@ class RunSummary:
 def simulate(scenario: Scenario, *, db_url: str, engine: str = "inprocess",
              resume_id: str | None = None, on_round: Callable[[RoundRecord], None] | None = None,
              on_start: Callable[[str], None] | None = None, workers: int | None = None,
-             threads: int | None = None, ray_address: str | None = None) -> RunSummary:
+             threads: int | None = None, ray_address: str | None = None, holder: str | None = None) -> RunSummary:
     """Run ``scenario`` (or resume run ``resume_id``) and summarise it.
 
     ``workers`` (in-process engine): client calls at a time, on that many
     forked processes; default one per core, 1 runs them in this process.
     ``threads``: torch threads per worker (default: cores / workers).
     ``ray_address`` (Ray engine): a running Ray cluster to join instead of starting one.
+
+    This process takes the run it drives (``runstore.takeover``): a new run as
+    it starts; a run to resume before anything is written, refused
+    (:class:`~runstore.takeover.RunHeld`) while another live process drives
+    it, unless ``holder`` names the holder the caller took it for already
+    (``quorum resume`` takes it before it prints anything). A run to resume
+    that this call took and never drove is handed back (its lease ended) when
+    the call fails or is interrupted.
+
+    Raises
+    ------
+    runstore.store.LeaseLost
+        Another process took the run over; this one stopped without writing to it again.
     """
     started = time.monotonic()
     if scenario.data.dataset == "file" and not scenario.data.path and not scenario.task.entry:
@@ -73,20 +90,42 @@ def simulate(scenario: Scenario, *, db_url: str, engine: str = "inprocess",
     if scenario.asynchronous.enabled and scenario.asynchronous.clock == "virtual" and engine != "inprocess":
         raise ScenarioError(f"{scenario.name}: async.clock = \"virtual\" simulates device speeds on the in-process "
                             f"engine only, not engine {engine!r}; set async.clock = \"wall\" to run in real time")
-    with RunStore(db_url) as store:  # its connections closed at the end: a database server's too
-        if engine == "ray":
-            from runtimes.ray_engine import RayOptions, run_on_ray
+    with TakenRunStore(db_url, holder) as store:  # its connections closed at the end: a database server's too
+        if resume_id is not None and holder is None:
+            resume_id = take_to_resume(store, resume_id, scenario).id
+        try:
+            if engine == "ray":
+                from runtimes.ray_engine import RayOptions, run_on_ray
 
-            run_id = run_on_ray(scenario, db_url, resume_id=resume_id, on_start=on_start, on_round=on_round,
-                                options=RayOptions(address=ray_address))
-        elif engine == "inprocess":
-            if workers is not None and workers < 1:
-                raise ScenarioError(f"workers must be at least 1, got {workers}")
-            pool = _Pool(default_workers() if workers is None else workers, threads)
-            run_id = _run_inprocess(scenario, store, resume_id, on_round, on_start, pool)
-        else:
-            raise ValueError(f"engine must be 'inprocess' or 'ray', got {engine!r}")
+                run_id = run_on_ray(scenario, db_url, resume_id=resume_id, on_round=on_round,
+                                    on_start=_taking(store, resume_id, on_start),
+                                    options=RayOptions(address=ray_address))
+            elif engine == "inprocess":
+                if workers is not None and workers < 1:
+                    raise ScenarioError(f"workers must be at least 1, got {workers}")
+                pool = _Pool(default_workers() if workers is None else workers, threads)
+                run_id = _run_inprocess(scenario, store, resume_id, on_round, _taking(store, resume_id, on_start),
+                                        pool)
+            else:
+                raise ValueError(f"engine must be 'inprocess' or 'ray', got {engine!r}")
+        except BaseException:
+            if resume_id is not None:
+                store.release(resume_id)  # a no-op once the run was driven: its driver ended the lease
+            raise
         return summarize(store, run_id, time.monotonic() - started)
+
+
+def _taking(store: TakenRunStore, resume_id: str | None,
+            on_start: Callable[[str], None] | None) -> Callable[[str], None]:
+    """``on_start``, after taking a new run for ``store`` (a run to resume is taken before it starts)."""
+
+    def start(run_id: str) -> None:
+        if resume_id is None:
+            store.take(run_id)
+        if on_start is not None:
+            on_start(run_id)
+
+    return start
 
 
 @dataclass(frozen=True)
