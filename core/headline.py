@@ -144,7 +144,15 @@ def round_value(headline: Headline, row: Any) -> tuple[float | None, str | None]
 
 
 def format_value(name: str, value: float | None, missing: str = "-") -> str:
-    """Format a score as a person reads it: ``accuracy`` as a percentage, others to four significant digits."""
+    """Format a score as a person reads it: ``accuracy`` as a percentage, others to four significant digits.
+
+    The digits are kept, trailing zeros included (``0.7300``, not ``0.73``: a
+    score of 0.73 is known to four digits too), without a bare trailing point
+    (``1000``).
+    """
     if value is None or not math.isfinite(value):
         return missing
-    return f"{value:.2%}" if name == "accuracy" else f"{value:.4g}"
+    if name == "accuracy":
+        return f"{value:.2%}"
+    text = f"{value:#.4g}"
+    return text if "e" in text else text.rstrip(".")

@@ -69,13 +69,21 @@ class RoundDisplay:
         self.progress.advance(self.task)
 
     def _scores(self, record: RoundRecord) -> str:
-        """Format the headline metric, then the task's others from the same split: ``c_index 0.7123  mae 1.234``."""
+        """Format the headline metric, then the task's others from the same split: ``c_index 0.7123  mae 1.234``.
+
+        With both splits, the federated headline follows the server's: ``acc 91.20% (fed 89.75%)``.
+        """
         name = self.headline.name
         value, split = round_value(self.headline, record)
         label = "acc" if name == "accuracy" else name
-        others = round_scores(record).get(split or "", {})
+        scores = round_scores(record)
+        head = f"{label} {format_value(name, value)}"
+        federated = scores.get("federated", {}).get(name)
+        if split == "server" and federated is not None:
+            head += f" (fed {format_value(name, federated)})"
+        others = scores.get(split or "", {})
         rest = [f"{k} {format_value(k, v)}" for k, v in sorted(others.items()) if k not in (name, "loss")]
-        return "  ".join([f"{label} {format_value(name, value)}", *rest])
+        return "  ".join([head, *rest])
 
 
 def _declared(scenario: Scenario) -> Headline:

@@ -61,5 +61,29 @@ def test_a_line_leads_with_the_tasks_headline_then_its_other_scores(capsys: pyte
 
     # Assert: the server's scores (its split comes first), no accuracy, nothing that is no task score
     text = " ".join(capsys.readouterr().err.split())
-    assert "round 2 loss 0.2500 mae 12.5 r2 0.4 rmse 15.25 train-loss" in text
+    assert "round 2 loss 0.2500 mae 12.50 (fed 14.00) r2 0.4000 rmse 15.25 train-loss" in text
     assert "acc" not in text and "epsilon" not in text
+
+
+def test_a_line_shows_the_federated_headline_beside_the_servers(capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: a round scored on the server (91.2 %) and by the clients (89.75 %)
+    record = RoundRecord(round=1, started_at=0.0, duration_s=1.0, sampled=1, server_accuracy=0.912, server_loss=0.3,
+                         fed_accuracy=0.8975, fed_loss=0.35, clients=[ClientRecord("1", "ok")], metrics={})
+
+    # Execute
+    with RoundDisplay(tiny_scenario(rounds=1)) as display:
+        display.update(record)
+
+    # Assert
+    assert "acc 91.20% (fed 89.75%)" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    (0.73, "0.7300"), (12.5, "12.50"), (1000.0, "1000"), (1234.5, "1234"), (12345.0, "1.234e+04"),
+    (0.000123456, "0.0001235"), (-2.0, "-2.000"), (0.0, "0.000"), (float("nan"), "-"), (None, "-"),
+])
+def test_a_score_keeps_its_four_significant_digits(value: float | None, shown: str) -> None:
+    from core.headline import format_value
+
+    assert format_value("mae", value) == shown
+    assert format_value("accuracy", 0.5) == "50.00%"
