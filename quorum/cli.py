@@ -89,6 +89,10 @@ def simulate(
     ray_address: Annotated[str | None, typer.Option(
         help="Ray engine: join the running Ray cluster at this address ('auto', or the head's host:port, "
         "from `ray start --head`) instead of starting a private one.")] = None,
+    resume_on_failure: Annotated[bool, typer.Option(
+        "--resume-on-failure", help="Start this same command twice or more (other hosts too) on one PostgreSQL "
+        "--db: one process drives the run, the others wait and the first to notice its death takes the run "
+        "over from its last committed round (docs/deploy.md, 'Two aggregators').")] = False,
 ) -> None:
     """Run a federation from a scenario file on this machine and store every round.
 
@@ -114,8 +118,18 @@ def simulate(
                 started.append(run_id)
                 display.start(run_id)
 
-            summary = run(spec, db_url=db, engine=engine, on_round=display.update, on_start=on_start,
-                          workers=workers, ray_address=ray_address)
+            if resume_on_failure:
+                from runtimes.standby import simulate_with_failover
+
+                ended = simulate_with_failover(spec, db_url=db, say=lambda m: display.progress.console.print(m),
+                                               engine=engine, on_round=display.update, on_start=on_start,
+                                               workers=workers, ray_address=ray_address)
+                if ended is None:  # only a stop event ends a standby's wait: none is given here
+                    raise KeyboardInterrupt
+                summary = ended
+            else:
+                summary = run(spec, db_url=db, engine=engine, on_round=display.update, on_start=on_start,
+                              workers=workers, ray_address=ray_address)
     except (ScenarioError, QuorumError, KeyboardInterrupt) as exc:
         _stopped(exc, started[0] if started else None, db, since, json_out)
     _print_summary(summary, json_out)
