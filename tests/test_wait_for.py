@@ -38,6 +38,8 @@ SIMULATED_DELAYS = {
     ("tests/conftest.py", "wait_for"): "the polling helper itself: it sleeps between polls, up to its deadline",
     ("tests/runtimes/slow_app/slow_client.py", "slow_device"): "a SuperNode whose node config asks it to be slow",
     ("tests/runtimes/test_pool.py", "answer"): "a ClientApp handler that is slow on purpose (reply order)",
+    ("tests/aggregator/test_eval_rejection.py", "silent_after_training"):
+        "a client whose evaluation reply comes after the round's deadline (a device killed between its replies)",
 }
 
 
