@@ -1,7 +1,9 @@
-"""A checkpoint's bytes: what a round writes (:func:`encode_state`), and what a reader checks before serving any.
+"""What a checkpoint reader checks before it serves a byte: the reference, the file, the framing.
 
-A reader opens a checkpoint file beneath its folder without following a
-symbolic link, and serves what it opened (:func:`checked_file`, through
+A reader opens only what a round writes (:func:`checked_reference`; an
+object-store URL only under its own root, :func:`url_inside`), and a
+checkpoint file beneath its folder without following a symbolic link, and
+serves what it opened (:func:`checked_file`, through
 ``runstore.checkpoints.open_blob``); it checks the safetensors framing, the
 header and the length, before the first byte (:func:`check_frame`): a
 damaged checkpoint is refused in one line, never served in part. Where a
@@ -22,57 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load, save
-
 from core.errors import StoreError
-from core.strategy import ServerState
 
-__all__ = ["Blob", "check_frame", "checked_file", "checked_object", "handle_blob", "read_all", "damaged",
-           "encode_state", "decode_state", "CHUNK_BYTES", "MAX_HEADER_BYTES"]
+__all__ = ["Blob", "check_frame", "checked_file", "checked_object", "checked_reference", "url_inside", "handle_blob",
+           "read_all", "damaged", "CHUNK_BYTES", "DB_PREFIX", "MAX_HEADER_BYTES"]
 
 #: The largest piece of a blob read at a time, and in one database row (PostgreSQL's ``bytea`` holds up to 1 GB;
 #: 8 MiB stays cheap).
 CHUNK_BYTES = 8 * 2**20
+#: How a checkpoint kept in the database is named in ``Round.checkpoint``.
+DB_PREFIX = "db:"
 #: The longest safetensors header a checkpoint may claim (the safetensors library's own bound, 100 MB).
 MAX_HEADER_BYTES = 100_000_000
-
-
-def encode_state(state: ServerState, where: str) -> bytes:
-    """Return ``state`` as one safetensors blob.
-
-    Raises
-    ------
-    StoreError
-        A tensor holds NaN or Inf values (the round loop refuses such a step; this keeps any other writer honest).
-    """
-    tensors = {"params": state.params, **{f"slot.{k}": v for k, v in state.slots.items()}}
-    bad = [k for k, v in tensors.items() if not np.isfinite(v).all()]
-    if bad:
-        raise StoreError(f"refusing to save {where}: {', '.join(bad)} hold NaN or Inf values")
-    meta = {"round": str(state.round), "extra": json.dumps(state.wrapper_state)}  # "extra": the stored name, kept
-    return save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata=meta)
-
-
-def decode_state(data: bytes, where: str) -> ServerState:
-    """Return the ``ServerState`` of a safetensors blob.
-
-    Raises
-    ------
-    StoreError
-        The blob is not a readable checkpoint, naming ``where`` it came from.
-    """
-    try:
-        tensors = load(data)
-        (length,) = struct.unpack("<Q", data[:8])
-        meta = json.loads(data[8:8 + length]).get("__metadata__") or {}
-        state = ServerState(params=tensors["params"],
-                            slots={k.removeprefix("slot."): v for k, v in tensors.items() if k.startswith("slot.")},
-                            round=int(meta.get("round", 0)), wrapper_state=json.loads(meta.get("extra", "{}")))
-    except (SafetensorError, struct.error, ValueError, KeyError, TypeError) as exc:
-        raise StoreError(f"cannot read checkpoint {where}: {exc}") from None
-    return state
 
 
 @dataclass(frozen=True)
@@ -268,3 +231,47 @@ def checked_object(fs: Any, path: str, name: str) -> tuple[BinaryIO, int] | None
         handle.close()
         raise
     return _checked(handle, size, name)
+
+
+def checked_reference(reference: str, run_id: str, server_round: int) -> str:
+    """Return ``reference`` when it has a shape this module writes for round ``server_round`` of ``run_id``.
+
+    ``db:<run>/<round>``, or a path or URL ending in ``<run>/round-NNNNN.safetensors`` with no ``..``:
+    a row that names anything else (``/etc/passwd``, another run's file) is refused, so a reader never
+    opens what a round did not write.
+
+    Raises
+    ------
+    StoreError
+        Any other reference, named.
+    """
+    tail = f"/{run_id}/round-{server_round:05d}.safetensors"
+    if reference == f"{DB_PREFIX}{run_id}/{server_round}":
+        return reference
+    if ("/" + reference).endswith(tail) and ".." not in reference.split("/") and not reference.startswith(DB_PREFIX):
+        return reference
+    raise StoreError(f"round {server_round} of run {run_id} names its checkpoint {reference[:400]!r}, which is "
+                     "not where a checkpoint of that round is written; refused")
+
+
+def url_inside(reference: str, url_root: str | None) -> tuple[Any, str]:
+    """Return the filesystem and path of ``reference`` when it lies under this reader's ``url_root``.
+
+    Raises
+    ------
+    StoreError
+        No URL configured here, another scheme or root, or fsspec cannot open the scheme.
+    """
+    import fsspec
+
+    if url_root is None:
+        raise StoreError(f"checkpoint {reference[:400]} is in an object store: set QUORUM_CHECKPOINTS to its URL "
+                         "to read it here")
+    try:
+        fs, path = fsspec.core.url_to_fs(reference)
+        root_fs, root = fsspec.core.url_to_fs(url_root)
+    except (ImportError, ValueError, OSError) as exc:
+        raise StoreError(f"cannot open checkpoint {reference[:400]}: {exc}") from None
+    if fs.protocol != root_fs.protocol or not str(path).startswith(str(root).rstrip("/") + "/"):
+        raise StoreError(f"checkpoint {reference[:400]} is not under this store's checkpoints ({url_root}); refused")
+    return fs, str(path)

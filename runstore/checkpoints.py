@@ -28,40 +28,45 @@ checkpoint is refused in one line, never served in part.
 
 from __future__ import annotations
 
+import json
 import re
+import struct
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load, save
 from sqlalchemy import LargeBinary, String, delete, func, select
 from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from core.errors import StoreError
+from core.strategy import ServerState
 from runstore.base import Base
 from runstore.blobs import (
     CHUNK_BYTES,
+    DB_PREFIX,
     MAX_HEADER_BYTES,
     Blob,
     check_frame,
     checked_file,
     checked_object,
+    checked_reference,
     damaged,
-    decode_state,
-    encode_state,
     handle_blob,
     read_all,
+    url_inside,
 )
 
-# Blob, check_frame, encode_state and decode_state are runstore.blobs', named here too: readers import them from here
+# Blob, check_frame and checked_reference are runstore.blobs', named here too: readers import them from here
 __all__ = ["CheckpointChunk", "Checkpoints", "FolderCheckpoints", "DatabaseCheckpoints", "UrlCheckpoints", "Blob",
            "checkpoints_at", "checked_reference", "read_blob", "open_blob", "check_frame", "encode_state",
            "decode_state", "CHUNK_BYTES", "DB_PREFIX", "MAX_HEADER_BYTES"]
 
-#: How a checkpoint kept in the database is named in ``Round.checkpoint``.
-DB_PREFIX = "db:"
 
 
 class CheckpointChunk(Base):
@@ -72,6 +77,42 @@ class CheckpointChunk(Base):
     round: Mapped[int] = mapped_column(primary_key=True)
     seq: Mapped[int] = mapped_column(primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary().with_variant(mysql.LONGBLOB(), "mysql"))  # BLOB: 64 KiB
+
+
+def encode_state(state: ServerState, where: str) -> bytes:
+    """Return ``state`` as one safetensors blob.
+
+    Raises
+    ------
+    StoreError
+        A tensor holds NaN or Inf values (the round loop refuses such a step; this keeps any other writer honest).
+    """
+    tensors = {"params": state.params, **{f"slot.{k}": v for k, v in state.slots.items()}}
+    bad = [k for k, v in tensors.items() if not np.isfinite(v).all()]
+    if bad:
+        raise StoreError(f"refusing to save {where}: {', '.join(bad)} hold NaN or Inf values")
+    meta = {"round": str(state.round), "extra": json.dumps(state.wrapper_state)}  # "extra": the stored name, kept
+    return save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata=meta)
+
+
+def decode_state(data: bytes, where: str) -> ServerState:
+    """Return the ``ServerState`` of a safetensors blob.
+
+    Raises
+    ------
+    StoreError
+        The blob is not a readable checkpoint, naming ``where`` it came from.
+    """
+    try:
+        tensors = load(data)
+        (length,) = struct.unpack("<Q", data[:8])
+        meta = json.loads(data[8:8 + length]).get("__metadata__") or {}
+        state = ServerState(params=tensors["params"],
+                            slots={k.removeprefix("slot."): v for k, v in tensors.items() if k.startswith("slot.")},
+                            round=int(meta.get("round", 0)), wrapper_state=json.loads(meta.get("extra", "{}")))
+    except (SafetensorError, struct.error, ValueError, KeyError, TypeError) as exc:
+        raise StoreError(f"cannot read checkpoint {where}: {exc}") from None
+    return state
 
 
 class Checkpoints(ABC):
@@ -207,50 +248,6 @@ def checkpoints_at(where: str | Path | None, store_url: str) -> Checkpoints:
     return FolderCheckpoints(Path(text))
 
 
-def checked_reference(reference: str, run_id: str, server_round: int) -> str:
-    """Return ``reference`` when it has a shape this module writes for round ``server_round`` of ``run_id``.
-
-    ``db:<run>/<round>``, or a path or URL ending in ``<run>/round-NNNNN.safetensors`` with no ``..``:
-    a row that names anything else (``/etc/passwd``, another run's file) is refused, so a reader never
-    opens what a round did not write.
-
-    Raises
-    ------
-    StoreError
-        Any other reference, named.
-    """
-    tail = f"/{run_id}/round-{server_round:05d}.safetensors"
-    if reference == f"{DB_PREFIX}{run_id}/{server_round}":
-        return reference
-    if ("/" + reference).endswith(tail) and ".." not in reference.split("/") and not reference.startswith(DB_PREFIX):
-        return reference
-    raise StoreError(f"round {server_round} of run {run_id} names its checkpoint {reference[:400]!r}, which is "
-                     "not where a checkpoint of that round is written; refused")
-
-
-def _url_inside(reference: str, url_root: str | None) -> tuple[Any, str]:
-    """Return the filesystem and path of ``reference`` when it lies under this reader's ``url_root``.
-
-    Raises
-    ------
-    StoreError
-        No URL configured here, another scheme or root, or fsspec cannot open the scheme.
-    """
-    import fsspec
-
-    if url_root is None:
-        raise StoreError(f"checkpoint {reference[:400]} is in an object store: set QUORUM_CHECKPOINTS to its URL "
-                         "to read it here")
-    try:
-        fs, path = fsspec.core.url_to_fs(reference)
-        root_fs, root = fsspec.core.url_to_fs(url_root)
-    except (ImportError, ValueError, OSError) as exc:
-        raise StoreError(f"cannot open checkpoint {reference[:400]}: {exc}") from None
-    if fs.protocol != root_fs.protocol or not str(path).startswith(str(root).rstrip("/") + "/"):
-        raise StoreError(f"checkpoint {reference[:400]} is not under this store's checkpoints ({url_root}); refused")
-    return fs, str(path)
-
-
 def read_blob(session: Session, reference: str, folder: Path | None = None,
               url_root: str | None = None) -> bytes | None:
     """Return the checkpoint ``reference`` (checked by :func:`checked_reference`) names, wherever it was written.
@@ -276,7 +273,7 @@ def read_blob(session: Session, reference: str, folder: Path | None = None,
             if data is not None:
                 check_frame(lambda n: data[:n], len(data), name)
             return data
-        opened = (checked_object(*_url_inside(reference, url_root), name) if "://" in reference
+        opened = (checked_object(*url_inside(reference, url_root), name) if "://" in reference
                   else checked_file(reference, folder, name))
         return None if opened is None else read_all(opened[0])
     except (OSError, ValueError, ImportError) as exc:
@@ -317,7 +314,7 @@ def open_blob(session_factory: Callable[[], Session], reference: str, folder: Pa
 
 def _object_blob(reference: str, url_root: str | None, name: str) -> Blob | None:
     try:
-        fs, path = _url_inside(reference, url_root)
+        fs, path = url_inside(reference, url_root)
     except (StoreError, ImportError):
         return None  # an object store this reader was not told of, or outside it: nothing it may open
     return handle_blob(checked_object(fs, path, name))
