@@ -1,11 +1,13 @@
 """Per-round latency of a real deployment: Quorum's loop and agent against Flower's stock loop.
 
 One aggregator host on loopback (SuperLink behind nginx, TLS, node
-authentication), then, side by side in the same run:
+authentication), then, one after the other in the same Flower run (one
+ServerApp: ours first, then the stock loop), each on its own devices:
 
-* **quorum**: the round loop's own push/pull (:mod:`aggregator.collect`, 10 ms
-  polling) to ``quorum client start`` agents (SuperNode with ``--poll`` 1 s,
-  the default, and one warm ClientApp worker: no process per message);
+* **quorum**: the round loop's own push/pull (:mod:`aggregator.collect`, 100 ms
+  polling over a SuperLink) to ``quorum client start`` agents (SuperNode with
+  ``--poll`` 1 s, the default, and one warm ClientApp worker: no process per
+  message);
 * **stock**: ``Grid.send_and_receive`` (3 s between pulls) to stock SuperNodes
   (subprocess isolation: SuperExec starts a fresh ``flwr-clientapp`` per
   message; 3 s idle polling).
@@ -20,8 +22,8 @@ log timestamps (one machine, one clock):
     training              the ClientApp's own training time (reply metric)
     up + server poll      "Sending"    -> the server has pulled the reply
 
-    python bench/deploy_latency.py            # 2 clients x 5 rounds per side (about 2-3 minutes)
-    python bench/deploy_latency.py --quick    # 2 clients x 2 rounds (about 1.5 minutes: start-up dominates)
+    python bench/deploy_latency.py            # 2 clients x 5 rounds per side (about 2 min 20 s here)
+    python bench/deploy_latency.py --quick    # 1 client x 1 round (35-45 s: start-up dominates)
 
 Ends with one JSON line: ``round_s``, ``stock_round_s``, ``speedup_vs_stock`` and the parts.
 """
@@ -36,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -67,20 +70,26 @@ bench_app = ServerApp()
 
 @bench_app.main()
 def _bench_main(grid: Grid, context: Context) -> None:
-    """Rounds of one train message per node, with the loop the run_config names; timings to a file."""
-    from core.instructions import TrainConfig, train_instruction
-    from core.replies import parse_train_reply
+    """Each loop the run_config names, in turn, on its own nodes; the timings of every round to a file."""
     from learning.federation import cached_federation
     from learning.models import build_model, get_flat
     from scenarios.runconfig import scenario_from_run_config
 
     config = dict(context.run_config)
     scenario = scenario_from_run_config(config)
-    nodes = [int(n) for n in json.loads(str(config["nodes"]))]
     fed = cached_federation(scenario)
     params = get_flat(build_model(scenario.model.name, fed.input_shape, fed.num_classes, seed=scenario.seed))
-    t = scenario.training
-    rounds = []
+    loops = json.loads(str(config["nodes"]))  # {"quorum": [node ids], "stock": [node ids]}, run in this order
+    timings = {loop: _rounds(grid, scenario, params, loop, [int(n) for n in nodes]) for loop, nodes in loops.items()}
+    Path(str(config["out"])).write_text(json.dumps(timings))
+
+
+def _rounds(grid: Grid, scenario: Any, params: Any, loop: str, nodes: list[int]) -> list[dict[str, Any]]:
+    """The scenario's rounds of one train message per node with ``loop``'s push and pull; each round's times."""
+    from core.instructions import TrainConfig, train_instruction
+    from core.replies import parse_train_reply
+
+    t, rounds = scenario.training, []
     for r in range(1, scenario.rounds + 1):
         cfg = TrainConfig(round=r, epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, seed=scenario.seed)
         content = {n: train_instruction(params, cfg) for n in nodes}
@@ -93,7 +102,7 @@ def _bench_main(grid: Grid, context: Context) -> None:
             train_s[node] = float(parse_train_reply(reply.content, params.size, 2**28).metrics["duration-s"])
 
         pushed = time.time()
-        if config["loop"] == "quorum":
+        if loop == "quorum":
             from aggregator.collect import collect, push
 
             collect(grid, push(grid, content, "train", r), 120.0, on_reply)
@@ -104,7 +113,7 @@ def _bench_main(grid: Grid, context: Context) -> None:
             for reply in replies:
                 on_reply(by_id.get(reply.metadata.reply_to_message_id, -1), reply)
         rounds.append({"round": r, "pushed": pushed, "done": time.time(), "pulled": pulled, "train_s": train_s})
-    Path(str(config["out"])).write_text(json.dumps(rounds))
+    return rounds
 
 
 # ----------------------------------------------------------------------- driver
@@ -119,25 +128,43 @@ def _app_dir(work: Path) -> Path:
         'dependencies = []\n\n[tool.flwr.app]\npublisher = "quorum"\n\n'
         '[tool.flwr.app.components]\nserverapp = "bench.deploy_latency:bench_app"\n'
         'clientapp = "clients.clientapp:app"\n\n'
-        '[tool.flwr.app.config]\nscenario = ""\nloop = "quorum"\nnodes = "[]"\nout = ""\n')
+        '[tool.flwr.app.config]\nscenario = ""\nnodes = "{}"\nout = ""\n')
     return app
 
 
-def _run(lb, work: Path, scenario: Path, loop: str, nodes: list[int], timeout_s: float) -> list[dict]:
-    from deploy.flower import CONNECTION, flwr
+def _submit(lb, app: Path, run_config: dict[str, str]) -> int:
+    """``flwr run`` this benchmark's app through the SuperLink's Control API, as :func:`deploy.flower.submit_run`.
 
-    out = work / f"timings-{loop}.json"
-    overrides = work / f"run-{loop}.toml"
-    overrides.write_text(f'scenario = "{scenario}"\nloop = "{loop}"\nnodes = "{json.dumps(nodes)}"\n'
-                         f'out = "{out}"\n'.replace('"[', "'[").replace(']"', "]'"))
-    result = flwr(lb.deploy, ["run", str(_app_dir(work)), CONNECTION, "--run-config", str(overrides),
-                              "--format", "json"])
-    if not result.json().get("success"):
-        raise SystemExit(f"flwr run failed: {result.stdout} {result.stderr}")
+    That one always submits the deployment's own app (``aggregator.serverapp``);
+    this benchmark needs its ServerApp in its place, so it builds its own FAB.
+    """
+    import hashlib
+
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.common.serde import fab_to_proto, user_config_to_proto
+    from flwr.proto.control_pb2 import StartRunRequest
+    from flwr.supercore.fab import Fab
+
+    from deploy.flower import control
+
+    fab = build_fab_from_disk(app)
+    request = StartRunRequest(fab=fab_to_proto(Fab(hashlib.sha256(fab).hexdigest(), fab, {})),
+                              override_config=user_config_to_proto(dict(run_config)), federation="")
+    with control(lb.deploy) as api:
+        response = api.StartRun(request)
+    if not response.HasField("run_id"):
+        raise SystemExit(f"flwr run failed: the SuperLink started no run ({response.note})")
+    return int(response.run_id)
+
+
+def _run(lb, work: Path, scenario: Path, nodes: dict[str, list[int]], timeout_s: float) -> dict[str, list[dict]]:
+    """One Flower run: each loop of ``nodes`` in turn on its own nodes; returns each loop's rounds."""
+    out = work / "timings.json"
+    _submit(lb, _app_dir(work), {"scenario": str(scenario), "nodes": json.dumps(nodes), "out": str(out)})
     deadline = time.monotonic() + timeout_s
     while not out.exists():
         if time.monotonic() > deadline:
-            raise SystemExit(f"{loop}: no timings after {timeout_s:g} s (logs in {work})")
+            raise SystemExit(f"no timings after {timeout_s:g} s (logs in {work}: run with --keep)")
         time.sleep(0.2)
     return json.loads(out.read_text())
 
@@ -175,9 +202,13 @@ def _parts(rounds: list[dict], logs: dict[int, Path]) -> list[dict[str, float]]:
 
 
 def _median(rows: list[dict[str, float]], key: str) -> float:
-    """Median over rounds 2.. (round 1 also loads the model and data, and warms torch up)."""
+    """Median over rounds 2.. (round 1 also loads the model and data, and warms torch up); round 1 if alone."""
     steady = rows[1:] or rows
     return statistics.median(row[key] for row in steady)
+
+
+def _which(rounds: int) -> str:
+    return f"median of rounds 2..{rounds}" if rounds > 1 else "round 1 only: it includes the warm-up"
 
 
 def main() -> None:
@@ -185,13 +216,13 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--poll", type=float, default=1.0, help="the Quorum agent's idle poll (its default: 1 s)")
-    parser.add_argument("--quick", action="store_true", help="2 rounds per side")
+    parser.add_argument("--quick", action="store_true", help="1 client x 1 round per side (the first round's figures)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     args = parser.parse_args()
-    rounds = 2 if args.quick else args.rounds
+    clients, rounds = (1, 1) if args.quick else (args.clients, args.rounds)
     work = Path(tempfile.mkdtemp(prefix="quorum-latency-"))
     try:
-        result = _bench(work, args.clients, rounds, args.poll)
+        result = _bench(work, clients, rounds, args.poll)
     finally:
         if not args.keep:
             import shutil
@@ -216,10 +247,6 @@ def _bench(work: Path, clients: int, rounds: int, poll: float) -> dict[str, floa
         for name in names:
             lb.enroll(name)
         ids = {d.name: d.node_id for d in load_registry(lb.deploy).values()}
-        for i in range(clients):
-            lb.start_agent(f"q{i}", data[i])
-        ours = _run(lb, work, scenario, "quorum", [ids[f"q{i}"] for i in range(clients)], 600)
-        ours_parts = _parts(ours, {ids[f"q{i}"]: lb.supernode_log(f"q{i}") for i in range(clients)})
         stock_logs = {}
         ca = lb.deploy.state.tls / "ca.pem"
         for i in range(clients):  # Flower's own SuperNode: subprocess isolation, 3 s polling (timestamped logs)
@@ -229,9 +256,13 @@ def _bench(work: Path, clients: int, rounds: int, poll: float) -> dict[str, floa
                     "--node-config", f'data-path="{data[i]}"']
             node = procs.start(f"stock-s{i}", argv, env=flower_env(lb.deploy, {"FLWR_HOME": str(work / f"s{i}")}))
             stock_logs[ids[f"s{i}"]] = node.log
+        for i in range(clients):  # the stock SuperNodes connect meanwhile
+            lb.start_agent(f"q{i}", data[i])
         _wait_connected(list(stock_logs.values()))
-        stock = _run(lb, work, scenario, "stock", [ids[f"s{i}"] for i in range(clients)], 900)
-        stock_parts = _parts(stock, stock_logs)
+        quorum_nodes = [ids[f"q{i}"] for i in range(clients)]
+        timings = _run(lb, work, scenario, {"quorum": quorum_nodes, "stock": list(stock_logs)}, 900)
+        ours_parts = _parts(timings["quorum"], {n: lb.supernode_log(f"q{i}") for i, n in enumerate(quorum_nodes)})
+        stock_parts = _parts(timings["stock"], stock_logs)
     finally:
         procs.stop_all()
     return _report(ours_parts, stock_parts, clients, rounds, poll)
@@ -248,7 +279,7 @@ def _wait_connected(logs: list[Path], timeout_s: float = 90.0) -> None:
 def _report(ours: list[dict], stock: list[dict], clients: int, rounds: int, poll: float) -> dict[str, float]:
     keys = ("round_s", "down_poll_s", "client_run_s", "train_s", "start_and_wait_s", "up_poll_s")
     print(f"\ndeployment round latency: {clients} clients x {rounds} rounds per side, one train message "
-          f"per client per round, TLS + node auth via nginx (median of rounds 2..{rounds})")
+          f"per client per round, TLS + node auth via nginx ({_which(rounds)})")
     print(f"{'':28}{'quorum':>10}{'stock':>10}")
     labels = {"round_s": "round (push -> last reply)", "down_poll_s": "  down + client poll",
               "client_run_s": "  client run", "train_s": "    training",

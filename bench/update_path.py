@@ -16,11 +16,16 @@ checkout (an older commit's ``git worktree``) with the same script::
 
     python bench/update_path.py
     python bench/update_path.py --root /tmp/before
+    python bench/update_path.py --quick    # the same round (it takes seconds already), as every bench takes it
+
+Ends with one JSON line: ``files``, ``cross_package_calls``, ``round_trips``
+(the three counts).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import threading
@@ -113,6 +118,7 @@ def main() -> None:
     """Print the path's files, their count and the hops."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="the checkout to measure (default: here)")
+    parser.add_argument("--quick", action="store_true", help="the same one round: seconds already")
     args = parser.parse_args()
     result = measure(args.root)
     print("files on the path, in the order an update reaches them:")
@@ -124,6 +130,8 @@ def main() -> None:
           f"aggregator -> core -> aggregator round trips: {len(result['round_trips'])}")
     for trip in result["round_trips"]:
         print("  round trip: " + " -> ".join(trip))
+    print(json.dumps({"files": len(result["files"]), "cross_package_calls": len(result["edges"]),
+                      "round_trips": len(result["round_trips"]), "quick": args.quick}))
 
 
 if __name__ == "__main__":
