@@ -18,42 +18,57 @@ slack for clocks of two hosts sharing a PostgreSQL store.
 
 from __future__ import annotations
 
-import math
-import os
 import threading
 from typing import Protocol
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from core.envvars import env_number, show_number
 from core.errors import StoreError
 from core.status import RunStatus
 
-__all__ = ["LEASE_S", "RENEWALS", "LEASE_ENV", "INTERRUPTED", "lease_seconds", "lease_expired", "Heartbeat"]
+__all__ = ["LEASE_S", "MIN_LEASE_S", "MAX_LEASE_S", "RENEWALS", "LEASE_ENV", "INTERRUPTED", "lease_seconds",
+           "lease_expired", "Heartbeat"]
 
 #: Seconds a run counts as alive after its owner's last renewal (``QUORUM_LEASE_S`` overrides it).
 LEASE_S = 30.0
 #: Renewals per lease (every 5 s by default): five in a row may fail (a busy store) before a live run
 #: reads ``interrupted``.
 RENEWALS = 6
-#: The environment variable that sets the lease in seconds (tests use a second or two).
+#: The shortest lease: renewed every 1/6 of it, a shorter one would write the run's row more than 60 times a
+#: second (tests use a second or two).
+MIN_LEASE_S = 0.1
+#: The longest lease, a week: a killed run reads ``interrupted`` at the latest a week later (and a renewal's
+#: wait stays far inside what a timer holds).
+MAX_LEASE_S = 7 * 86_400.0
+#: The environment variable that sets the lease in seconds, in ``[MIN_LEASE_S, MAX_LEASE_S]``.
 LEASE_ENV = "QUORUM_LEASE_S"
 #: What readers show for a ``running`` run whose lease has expired.
 INTERRUPTED = RunStatus.INTERRUPTED
 
 
 def lease_seconds() -> float:
-    """Return the lease this process grants its runs: ``QUORUM_LEASE_S``, else :data:`LEASE_S`."""
-    raw = os.environ.get(LEASE_ENV, "").strip()
-    if not raw:
-        return LEASE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise StoreError(f"{LEASE_ENV}={raw!r}: the run lease must be a number of seconds above 0 (default "
-                         f"{LEASE_S:g})")
-    return value
+    """Return the lease this process grants its runs: ``QUORUM_LEASE_S``, else :data:`LEASE_S`.
+
+    Every run's first lease is read here when the run is created or resumed
+    (:meth:`runstore.store.RunStore.create_run`), so a bad value stops the
+    command before its first round, not the renewing thread after it.
+
+    Raises
+    ------
+    StoreError
+        The variable is not a number of seconds in ``[MIN_LEASE_S, MAX_LEASE_S]``, in one line naming it.
+    """
+    return env_number(LEASE_ENV, LEASE_S, MIN_LEASE_S, MAX_LEASE_S, means="the run lease", unit="seconds",
+                      error=StoreError)
+
+
+def _checked(lease_s: float) -> float:
+    """Return a lease given in code, refused like :data:`LEASE_ENV` outside its range."""
+    if not MIN_LEASE_S <= lease_s <= MAX_LEASE_S:
+        raise StoreError(f"lease_s={lease_s!r}: the run lease must be a number of seconds in "
+                         f"[{show_number(MIN_LEASE_S)}, {show_number(MAX_LEASE_S)}]")
+    return lease_s
 
 
 def lease_expired(status: str, lease_until: float | None, now: float) -> bool:
@@ -79,7 +94,7 @@ class Heartbeat:
 
     def __init__(self, store: _Renews, run_id: str, lease_s: float | None = None) -> None:
         self.store, self.run_id = store, run_id
-        self.lease_s = lease_seconds() if lease_s is None else lease_s
+        self.lease_s = lease_seconds() if lease_s is None else _checked(lease_s)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"quorum-lease-{run_id}", daemon=True)
 

@@ -20,12 +20,17 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from scenarios.bounds import MAX_CLIENTS
 from scenarios.errors import ScenarioError
-from scenarios.schema import Scenario, scenario_from_dict
+from scenarios.parse import show
 
-__all__ = ["is_flower_app", "flower_app_scenario", "min_available", "AppKeys", "HONOURED", "REFUSED", "QUORUM_KEYS"]
+if TYPE_CHECKING:  # the schema imports numpy: `quorum flower run --help` reads this module's bounds without it
+    from scenarios.schema import Scenario
+
+__all__ = ["is_flower_app", "flower_app_scenario", "min_available", "first_message_timeout", "check_seconds", "AppKeys",
+           "HONOURED", "REFUSED", "QUORUM_KEYS", "FIRST_MESSAGE_KEY", "FIRST_MESSAGE_S", "MAX_FIRST_MESSAGE_S"]
 
 #: A Flower app's run-config keys Quorum's ServerApp applies, and the setting each becomes.
 HONOURED = {
@@ -53,7 +58,15 @@ REFUSED = {
     "server-lr": "a server learning rate: run the app with a Quorum scenario ([strategy] server_lr)",
 }
 #: Quorum's own keys (pyproject.toml's [tool.flwr.app.config]); ``initial-arrays``: aggregator.app_model.
-QUORUM_KEYS = ("scenario", "scenario-json", "db", "resume", "engine", "overrides", "wait-clients-s", "initial-arrays")
+QUORUM_KEYS = ("scenario", "scenario-json", "db", "resume", "engine", "overrides", "wait-clients-s", "initial-arrays",
+               "first-message-timeout-s")
+#: The run-config key of the seconds the app's own ServerApp has to send its first message (``aggregator.app_model``
+#: runs it up to there for the model); ``quorum flower run --first-message-timeout`` sets it.
+FIRST_MESSAGE_KEY = "first-message-timeout-s"
+#: Its default: model building (a download of pretrained weights included) well within; a hung app not for ever.
+FIRST_MESSAGE_S = 300.0
+#: Its largest value: a day.
+MAX_FIRST_MESSAGE_S = 86_400.0
 
 _DEFAULT_ROUNDS = 3  # flwr.serverapp.strategy.Strategy.start(num_rounds=3)
 _FEDAVG_MIN_NODES = 2  # FedAvg's min_train_nodes, min_evaluate_nodes, min_available_nodes
@@ -80,7 +93,33 @@ def is_flower_app(run_config: Mapping[str, Any]) -> bool:
 
 def min_available(run_config: Mapping[str, Any]) -> int:
     """Return the nodes a Flower app waits for before round 1 (``min-available-nodes``; FedAvg's default 2)."""
-    return _whole(run_config, ("min-available-nodes", "min-available-clients"), _FEDAVG_MIN_NODES, low=1)
+    return _whole(run_config, ("min-available-nodes", "min-available-clients"), _FEDAVG_MIN_NODES, low=1,
+                  high=MAX_CLIENTS)
+
+
+def first_message_timeout(run_config: Mapping[str, Any]) -> float:
+    """Return the seconds the app's own ServerApp has to send its first message (:data:`FIRST_MESSAGE_KEY`).
+
+    Raises
+    ------
+    ScenarioError
+        A value that is not seconds in (0, a day], naming the key and the value.
+    """
+    found = _first(run_config, (FIRST_MESSAGE_KEY,))
+    return FIRST_MESSAGE_S if found is None else check_seconds(f"run config {FIRST_MESSAGE_KEY}", found[1])
+
+
+def check_seconds(name: str, value: Any, most: float = MAX_FIRST_MESSAGE_S) -> float:
+    """Return ``value`` as seconds: a number above 0 and at most ``most`` (so neither NaN nor infinite).
+
+    Raises
+    ------
+    ScenarioError
+        Anything else, naming ``name`` (a key, an option) and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= most:  # NaN compares False
+        raise ScenarioError(f"{name} = {show(value)}: expected seconds above 0 and at most {most:g}")
+    return float(value)
 
 
 def flower_app_scenario(run_config: Mapping[str, Any], *, clients: int, name: str) -> tuple[Scenario, AppKeys]:
@@ -91,6 +130,8 @@ def flower_app_scenario(run_config: Mapping[str, Any], *, clients: int, name: st
     ScenarioError
         A :data:`REFUSED` key, or an honoured key whose value is not usable (naming the key and value).
     """
+    from scenarios.schema import scenario_from_dict  # numpy with it: imported when a run is planned
+
     refused = [k for k in REFUSED if k in run_config]
     if refused:
         key = refused[0]
@@ -149,18 +190,24 @@ def _first(run_config: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, A
 
 def _number(key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ScenarioError(f"run config {key} = {value!r}: expected a number")
-    return float(value)
+        raise ScenarioError(f"run config {key} = {show(value)}: expected a number")
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond ~1.8e308
+        raise ScenarioError(f"run config {key} = {show(value)}: out of range (too large for a float)") from None
 
 
-def _whole(run_config: Mapping[str, Any], keys: tuple[str, ...], default: int, *, low: int) -> int:
+def _whole(run_config: Mapping[str, Any], keys: tuple[str, ...], default: int, *, low: int,
+           high: int = 2**63 - 1) -> int:
     found = _first(run_config, keys)
     if found is None:
         return default
     key, value = found
     number = _number(key, value)
     if not number.is_integer() or number < low:
-        raise ScenarioError(f"run config {key} = {value!r}: expected a whole number >= {low}")
+        raise ScenarioError(f"run config {key} = {show(value)}: expected a whole number >= {low}")
+    if number > high:
+        raise ScenarioError(f"run config {key} = {show(value)}: expected a whole number <= {high:,}")
     return int(number)
 
 
@@ -171,5 +218,6 @@ def _fraction(run_config: Mapping[str, Any], keys: tuple[str, ...], *, allow_zer
     key, value = found
     number = _number(key, value)
     if not (0 <= number <= 1) or (number == 0 and not allow_zero):
-        raise ScenarioError(f"run config {key} = {value!r}: expected a fraction in {'[0' if allow_zero else '(0'}, 1]")
+        low = "[0" if allow_zero else "(0"
+        raise ScenarioError(f"run config {key} = {show(value)}: expected a fraction in {low}, 1]")
     return number

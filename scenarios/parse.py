@@ -17,7 +17,9 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
-__all__ = ["Bad", "build", "show_key", "show", "at_most", "at_least", "positive", "non_negative", "fraction"]
+from core.envvars import show_number
+
+__all__ = ["Bad", "build", "show_key", "show", "at_most", "at_least", "positive", "non_negative", "fraction", "within"]
 
 
 class Bad(Exception):
@@ -54,11 +56,30 @@ def non_negative(key: str, value: float) -> None:
 
 def fraction(key: str, value: float, *, allow_zero: bool = False, allow_one: bool = True) -> None:
     """Refuse ``value`` outside (0, 1], naming ``key``; ``allow_zero`` and ``allow_one`` open or close the ends."""
-    low_ok = value >= 0 if allow_zero else value > 0
-    high_ok = value <= 1 if allow_one else value < 1
-    if not (low_ok and high_ok):
-        lo, hi = ("[0" if allow_zero else "(0"), ("1]" if allow_one else "1)")
-        raise Bad(key, value, f"must be in {lo}, {hi}")
+    within(key, value, 0, 1, low_open=not allow_zero, high_open=not allow_one)
+
+
+def within(key: str, value: float, low: float, high: float, *, low_open: bool = False,
+           high_open: bool = False, or_zero: bool = False) -> None:
+    """Refuse ``value`` outside ``[low, high]``, naming ``key`` and the interval (``must be in (0, 1]``).
+
+    ``low_open`` and ``high_open`` leave an end out; ``or_zero`` accepts 0
+    as well (``must be 0 or in [2, 1,000,000]``: 0 picks a default or turns
+    the setting off). NaN is outside every interval; so are a boolean and a
+    value of a type that does not compare with numbers.
+
+    Raises
+    ------
+    Bad
+        ``value`` outside the interval.
+    """
+    try:
+        inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    except TypeError:  # a string or a list where a number belongs (a field nothing coerced)
+        inside = False
+    if isinstance(value, bool) or not (inside or (or_zero and value == 0)):
+        raise Bad(key, value, f"must be {'0 or ' if or_zero else ''}in {'(' if low_open else '['}{show_number(low)}, "
+                              f"{show_number(high)}{')' if high_open else ']'}")
 
 
 def show_key(key: str) -> str:

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from scenarios.parse import Bad, at_least, at_most, build, fraction, non_negative, positive, show
+from scenarios.bounds import MAX_CLIENTS, MAX_LR, MAX_ROUNDS, MAX_WAIT_S
+from scenarios.parse import Bad, at_least, at_most, build, fraction, non_negative, positive, show, within
 from scenarios.strategies import (
     LEGACY_DEFAULTS,
     STRATEGY_SETTINGS,
@@ -31,9 +32,6 @@ __all__ = [
     "SHARED_STRATEGY_KEYS",
 ]
 
-# Bounds that keep every count well inside a 64-bit store column and a sane run.
-MAX_ROUNDS = 1_000_000
-MAX_CLIENTS = 1_000_000
 ROBUST_STRATEGIES = ("centered_clipping", "median", "trimmed_mean", "krum")
 
 
@@ -63,7 +61,7 @@ class DataSpec:
     standardize: Literal["none", "federated"] = "none"
 
     def _check(self) -> None:
-        positive("alpha", self.alpha)
+        within("alpha", self.alpha, 0, 1e6, low_open=True)  # Dirichlet concentration: 1e6 is already IID
         positive("shards_per_client", self.shards_per_client)
         at_most("shards_per_client", self.shards_per_client, 10_000)
         positive("samples_per_client", self.samples_per_client)
@@ -74,8 +72,8 @@ class DataSpec:
         # a test split of 1.0 leaves nothing to train on
         fraction("server_test_fraction", self.server_test_fraction, allow_zero=True, allow_one=False)
         fraction("client_test_fraction", self.client_test_fraction, allow_zero=True, allow_one=False)
-        non_negative("synthetic_alpha", self.synthetic_alpha)
-        non_negative("synthetic_beta", self.synthetic_beta)
+        for key in ("synthetic_alpha", "synthetic_beta"):  # standard deviations: the paper's are 0 to 1
+            within(key, getattr(self, key), 0, 100)
         non_negative("features", self.features)
         at_most("features", self.features, 10_000_000)
         non_negative("classes", self.classes)
@@ -118,8 +116,9 @@ class FederationSpec:
         if self.clients_per_round > self.clients:
             raise Bad("clients_per_round", self.clients_per_round, f"exceeds clients = {self.clients}")
         positive("min_clients", self.min_clients)
+        at_most("min_clients", self.min_clients, MAX_CLIENTS)
         positive("deadline_s", self.deadline_s)
-        at_most("deadline_s", self.deadline_s, 7 * 86_400.0)
+        at_most("deadline_s", self.deadline_s, MAX_WAIT_S)
         positive("max_update_mb", self.max_update_mb)
         at_most("max_update_mb", self.max_update_mb, 65_536.0)
         at_least("median_cap", self.median_cap, 1.0)
@@ -184,7 +183,7 @@ class TrainingSpec:
         positive("batch_size", self.batch_size)
         at_most("batch_size", self.batch_size, 1_000_000)
         positive("lr", self.lr)
-        at_most("lr", self.lr, 100.0)
+        at_most("lr", self.lr, MAX_LR)
         fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
 
 
@@ -303,7 +302,7 @@ class StrategySpec:
         return table
 
     def _check(self) -> None:
-        positive("server_lr", self.server_lr)
+        within("server_lr", self.server_lr, 0, MAX_LR, low_open=True)
 
     @property
     def robust(self) -> bool:
@@ -374,9 +373,9 @@ class AsyncSpec:
     straggler_factor: float = 10.0
 
     def _check(self) -> None:
-        positive("concurrency", self.concurrency)
-        positive("buffer_size", self.buffer_size)
-        non_negative("max_staleness", self.max_staleness)
+        within("concurrency", self.concurrency, 1, MAX_CLIENTS)
+        within("buffer_size", self.buffer_size, 1, MAX_CLIENTS)
+        within("max_staleness", self.max_staleness, 0, MAX_ROUNDS)
         positive("base_time_s", self.base_time_s)
         non_negative("speed_sigma", self.speed_sigma)
         non_negative("jitter_sigma", self.jitter_sigma)

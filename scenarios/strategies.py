@@ -17,13 +17,24 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from scenarios.parse import Bad, build, fraction, non_negative, positive
+from scenarios.bounds import MAX_CLIENTS
+from scenarios.parse import Bad, build, fraction, within
 
 __all__ = [
     "StrategySettings", "FedAvgSettings", "FedProxSettings", "FedAvgMSettings", "FedAdamSettings",
     "FedYogiSettings", "FedAdagradSettings", "ScaffoldSettings", "CenteredClippingSettings", "MedianSettings",
     "TrimmedMeanSettings", "KrumSettings", "STRATEGY_SETTINGS", "LEGACY_DEFAULTS", "setting_names", "legacy_value",
+    "MIN_TAU", "MAX_MU", "MAX_CLIP_RADIUS",
 ]
+
+#: The smallest adaptivity ``tau`` of FedAdam, FedYogi and FedAdagrad: ``v`` starts at ``tau^2``, in float32
+#: (whose normal numbers end near 1e-38), and a step ``m / (sqrt(v) + tau)`` is bounded by ``|m| / tau`` alone
+#: once ``delta^2`` underflows. Its largest is 1: a ``tau`` above the deltas' size only divides the step.
+MIN_TAU = 1e-10
+#: The largest proximal weight ``mu`` of FedProx (Li et al. tune it from 0.001 to 1).
+MAX_MU = 1e4
+#: The largest clipping radius of centered clipping, an L2 norm of a model delta: far above any update's.
+MAX_CLIP_RADIUS = 1e6
 
 
 @dataclass(frozen=True)
@@ -46,7 +57,7 @@ class FedProxSettings(StrategySettings):
     mu: float = 0.01
 
     def _check(self) -> None:
-        non_negative("mu", self.mu)
+        within("mu", self.mu, 0, MAX_MU)
 
 
 @dataclass(frozen=True)
@@ -70,7 +81,7 @@ class FedAdamSettings(StrategySettings):
     def _check(self) -> None:
         fraction("beta1", self.beta1, allow_zero=True, allow_one=False)
         fraction("beta2", self.beta2, allow_zero=True, allow_one=False)
-        positive("tau", self.tau)
+        within("tau", self.tau, MIN_TAU, 1)
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,7 @@ class FedAdagradSettings(StrategySettings):
 
     def _check(self) -> None:
         fraction("beta1", self.beta1, allow_zero=True, allow_one=False)
-        positive("tau", self.tau)
+        within("tau", self.tau, MIN_TAU, 1)
 
 
 @dataclass(frozen=True)
@@ -104,8 +115,8 @@ class CenteredClippingSettings(StrategySettings):
     momentum: float = 0.9
 
     def _check(self) -> None:
-        positive("clip_radius", self.clip_radius)
-        positive("bucket_size", self.bucket_size)
+        within("clip_radius", self.clip_radius, 0, MAX_CLIP_RADIUS, low_open=True)
+        within("bucket_size", self.bucket_size, 1, MAX_CLIENTS)
         fraction("momentum", self.momentum, allow_zero=True, allow_one=False)
 
 
@@ -134,8 +145,8 @@ class KrumSettings(StrategySettings):
     num_selected: int = 1
 
     def _check(self) -> None:
-        non_negative("num_byzantine", self.num_byzantine)
-        positive("num_selected", self.num_selected)
+        within("num_byzantine", self.num_byzantine, 0, MAX_CLIENTS)
+        within("num_selected", self.num_selected, 1, MAX_CLIENTS)
 
 
 #: Each strategy's name (``[strategy] name``) -> the class of its settings (``[strategy.<name>]``).

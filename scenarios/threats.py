@@ -15,15 +15,24 @@ from typing import Literal
 
 import numpy as np
 
-from scenarios.parse import Bad, fraction, non_negative, positive
+from scenarios.bounds import MAX_CLIENTS, MAX_WAIT_S
+from scenarios.parse import Bad, fraction, within
 
-__all__ = ["ByzantineSpec", "FaultSpec", "SecAggSpec", "DPSpec", "FAULT_STAGES", "CORRUPTIONS", "ATTACKS"]
+__all__ = ["ByzantineSpec", "FaultSpec", "SecAggSpec", "DPSpec", "FAULT_STAGES", "CORRUPTIONS", "ATTACKS",
+           "MAX_NOISE", "MIN_NOISE", "MAX_NORM"]
 
 FAULT_STAGES = ("train", "advertise_keys", "share_keys", "masked_input", "consistency_check", "unmask")
 #: Byzantine behaviours: corrupt replies the aggregator must reject, then attacks
 #: with valid-looking updates that robust aggregation must survive (runtimes.attacks).
 CORRUPTIONS = ("nan", "wrong_shape", "oversized", "garbage")
 ATTACKS = ("alie", "ipm", "signflip", "labelflip", "scaling", "mimic", "weight_inflation", "absent")
+#: The smallest and largest noise multiplier (noise std / clip norm) besides 0: below 1e-3 a round spends an
+#: epsilon above 1e5, which protects nothing; above 1e3 the noise is a million times the signal.
+MIN_NOISE, MAX_NOISE = 1e-3, 1e3
+#: The largest L2 norm (a clip norm, a clipping range), far above any update's.
+MAX_NORM = 1e6
+#: How far an attack may scale an update: as far as the largest ``[federation] max_update_ratio`` lets through.
+_MAX_ATTACK_FACTOR = 1e6
 
 
 @dataclass(frozen=True)
@@ -74,11 +83,11 @@ class ByzantineSpec:
 
     def _check(self) -> None:
         fraction("fraction", self.fraction, allow_zero=True, allow_one=False)
-        positive("scale", self.scale)
-        positive("epsilon", self.epsilon)
-        if self.z is not None:
-            positive("z", self.z)
-        positive("inflated_examples", self.inflated_examples)
+        within("scale", self.scale, 0, _MAX_ATTACK_FACTOR, low_open=True)
+        within("epsilon", self.epsilon, 0, _MAX_ATTACK_FACTOR, low_open=True)
+        if self.z is not None:  # standard deviations of the honest updates
+            within("z", self.z, 0, 100, low_open=True)
+        within("inflated_examples", self.inflated_examples, 1, 10**9)  # core.replies.MAX_EXAMPLES
         if self.data == "iid" and self.attack not in ATTACKS:
             raise Bad("data", self.data, f"IID attacker data is for the attack harness ({', '.join(ATTACKS)}); "
                        f"{self.attack!r} corrupts the transport, not the data")
@@ -106,10 +115,9 @@ class FaultSpec:
         for stage, frac in self.dropouts.items():
             if stage not in FAULT_STAGES:
                 raise Bad(f"dropouts.{stage}", frac, f"unknown stage; expected one of {', '.join(FAULT_STAGES)}")
-            if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1:
-                raise Bad(f"dropouts.{stage}", frac, "must be a fraction in [0, 1)")
+            fraction(f"dropouts.{stage}", frac, allow_zero=True, allow_one=False)
         fraction("stragglers", self.stragglers, allow_zero=True, allow_one=False)
-        non_negative("straggler_delay_s", self.straggler_delay_s)
+        within("straggler_delay_s", self.straggler_delay_s, 0, MAX_WAIT_S)
         if not isinstance(self.byzantine, ByzantineSpec):
             fraction("byzantine", self.byzantine, allow_zero=True, allow_one=False)
         elif self.byzantine_kind != "nan":
@@ -132,14 +140,23 @@ class SecAggSpec:
     threat_model: Literal["malicious", "semi-honest"] = "malicious"  # see docs/secagg.md
 
     def _check(self) -> None:
-        non_negative("threshold", self.threshold)
+        _check_threshold(self.threshold)
         if 0 < self.threshold <= 0.5 and self.threat_model != "semi-honest":
             raise Bad("threshold", self.threshold, "a fraction <= 0.5 is no strict majority of a "
                        "neighbourhood; a lower threshold needs threat_model = \"semi-honest\"")
-        non_negative("degree", self.degree)
-        positive("clip_range", self.clip_range)
-        positive("max_weight", self.max_weight)
-        positive("stage_timeout_s", self.stage_timeout_s)
+        within("degree", self.degree, 2, MAX_CLIENTS, or_zero=True)  # 0: ceil(3 log2 n)
+        # every coordinate is clipped to +-clip_range, then scaled by (ring bound) / clip_range: below 1e-6 the
+        # updates are clipped away, and far below it the scale is no float
+        within("clip_range", self.clip_range, 1e-6, MAX_NORM)
+        within("max_weight", self.max_weight, 0, 10**9, low_open=True)  # an example count: core.replies.MAX_EXAMPLES
+        within("stage_timeout_s", self.stage_timeout_s, 0, MAX_WAIT_S, low_open=True)
+
+
+def _check_threshold(threshold: float) -> None:
+    """Refuse a threshold that is neither 0 (a strict majority), a fraction below 1, nor a count of clients."""
+    if not (0 <= threshold < 1 or (float(threshold).is_integer() and 2 <= threshold <= MAX_CLIENTS)):
+        raise Bad("threshold", threshold, f"must be 0 (a strict majority), a fraction in (0, 1) or a whole number "
+                  f"of clients in [2, {MAX_CLIENTS:,}]")
 
 
 @dataclass(frozen=True)
@@ -165,13 +182,26 @@ class DPSpec:
     mechanism: Literal["gaussian", "discrete_gaussian"] = "gaussian"
 
     def _check(self) -> None:
-        positive("clip_norm", self.clip_norm)
+        within("clip_norm", self.clip_norm, 0, MAX_NORM, low_open=True)
         if self.noise_multiplier is not None:
-            non_negative("noise_multiplier", self.noise_multiplier)
-        if self.target_epsilon is not None:
-            positive("target_epsilon", self.target_epsilon)
+            within("noise_multiplier", self.noise_multiplier, MIN_NOISE, MAX_NOISE, or_zero=True)
+        if self.target_epsilon is not None:  # past 1,000 a guarantee bounds nothing
+            within("target_epsilon", self.target_epsilon, 0, 1000, low_open=True)
         fraction("delta", self.delta, allow_one=False)
         fraction("target_quantile", self.target_quantile, allow_one=False)
-        positive("clip_lr", self.clip_lr)
+        within("clip_lr", self.clip_lr, 0, 10, low_open=True)  # C moves by up to exp(clip_lr) a round
+        self._check_count_noise()
+        within("local_noise_multiplier", self.local_noise_multiplier, MIN_NOISE, MAX_NOISE, or_zero=True)
+        within("local_max_grad_norm", self.local_max_grad_norm, 0, MAX_NORM, low_open=True)
         if self.enabled and self.noise_multiplier is None and self.target_epsilon is None:
             raise Bad("noise_multiplier", None, "give noise_multiplier, or target_epsilon to derive it")
+
+    def _check_count_noise(self) -> None:
+        """``sigma_b``: a std of a count of clients, above ``z / 2`` (Andrew et al. 2021, Theorem 1)."""
+        sigma_b, z = self.count_noise_multiplier, self.noise_multiplier
+        if sigma_b is None:
+            return
+        within("count_noise_multiplier", sigma_b, MIN_NOISE, MAX_CLIENTS)
+        if self.adaptive_clipping and z is not None and not sigma_b > z / 2:
+            raise Bad("count_noise_multiplier", sigma_b, f"must exceed noise_multiplier / 2 = {z / 2:g} (the "
+                      "count alone would spend the whole budget; Andrew et al. 2021, Theorem 1)")

@@ -29,11 +29,14 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from aggregator.evaluation import ServerEvaluator
+from core.envvars import env_number
+from core.errors import QuorumError
 from core.records import RoundRecord
 from core.status import RunStatus
 from core.strategy import ServerState, would_exceed_budget
 from learning.models import num_params
 from learning.task import TaskModel, load_task
+from runstore.lease import lease_seconds
 from runstore.runlog import RunLog
 from runstore.store import RunStore, default_db_url
 from runtimes.parallel.comm import DEFAULT_BUCKET_BYTES, Comm, release_process_group
@@ -41,6 +44,7 @@ from runtimes.parallel.errors import ParallelError, WorkerStopped
 from runtimes.parallel.job import Job, JobSpec, adopt, build_job, initial_state, run_round
 from runtimes.parallel.mode import CommHook, Mode
 from runtimes.parallel.runlog import create_run, open_run_log, round_record, run_info
+from scenarios.bounds import MAX_CLIENTS
 from scenarios.schema import Scenario, load_scenario
 
 __all__ = ["main", "parse_args", "load_job_scenario"]
@@ -78,9 +82,24 @@ def _stop(signum: int, _frame: FrameType | None) -> None:
     raise WorkerStopped(f"stopped by {signal.Signals(signum).name}, usually because another worker failed")
 
 
+def _ranks() -> tuple[int, int, int]:
+    """Return this worker's rank, the world size and the workers on this machine, as torchrun sets them.
+
+    Raises
+    ------
+    ParallelError
+        A variable that is not a whole number in its range, naming it (a worker per client at most).
+    """
+    world = env_number("WORLD_SIZE", 1, 1, MAX_CLIENTS, means="the number of workers", error=ParallelError)
+    rank = env_number("RANK", 0, 0, world - 1, means="this worker's rank", error=ParallelError)
+    local_world = env_number("LOCAL_WORLD_SIZE", world, 1, world, means="the workers on this machine",
+                             error=ParallelError)
+    return rank, world, local_world
+
+
 def _setup(args: argparse.Namespace) -> Comm:
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    rank, world, local_world = _ranks()
+    lease_seconds()  # QUORUM_LEASE_S: refused here, before the process group, rather than at rank 0's first lease
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
     if args.pid_dir is not None:
         args.pid_dir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +120,8 @@ def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
     published and fail to connect.
     """
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+    port = env_number("MASTER_PORT", None, 1, 65_535, means="the rendezvous port", error=ParallelError)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], port, world,
                           is_master=not agent and rank == 0, timeout=timeout, multi_tenant=not agent)
     return dist.PrefixStore(f"quorum-parallel/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
@@ -189,7 +209,12 @@ def run(args: argparse.Namespace, comm: Comm) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run one worker; an expected failure is one line on stderr and in torchrun's error file."""
     args = parse_args(argv)
-    comm = _setup(args)
+    try:
+        comm = _setup(args)
+    except QuorumError as exc:  # the environment it was started with (QUORUM_LEASE_S, torchrun's): before any round
+        get_error_handler().record_exception(exc)
+        print(f"[quorum parallel] worker cannot start: {exc}", file=sys.stderr, flush=True)
+        return 1
     try:
         run(args, comm)
     except ParallelError as exc:

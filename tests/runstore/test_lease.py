@@ -9,9 +9,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.errors import StoreError
-from runstore.lease import LEASE_ENV, LEASE_S, Heartbeat, lease_seconds
+from runstore.lease import LEASE_ENV, LEASE_S, MAX_LEASE_S, MIN_LEASE_S, Heartbeat, lease_seconds
 from runstore.store import RunStore
 from tests.conftest import wait_for
 
@@ -147,3 +149,59 @@ def test_a_bad_lease_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv(LEASE_ENV, raw)
     with pytest.raises(StoreError, match=rf"^{LEASE_ENV}='{raw}': the run lease must be a number of seconds"):
         lease_seconds()
+
+
+@pytest.mark.parametrize("raw", ["1e308", "-1", "abc", "0", "0.05", "604801", "1" + "0" * 400, "nan"])
+def test_a_lease_outside_its_range_is_one_line_with_the_range(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    # Prepare: 1e308 s would overflow the renewing thread's wait; 0.05 s would renew 120 times a second
+    monkeypatch.setenv(LEASE_ENV, raw)
+
+    # Execute
+    with pytest.raises(StoreError) as info:
+        lease_seconds()
+
+    # Assert
+    assert str(info.value) == (f"{LEASE_ENV}={raw!r}: the run lease must be a number of seconds in "
+                               "[0.1, 604,800] (default 30)")
+
+
+def test_the_lease_ranges_from_a_tenth_of_a_second_to_a_week(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: each end, just inside and just outside (None: refused), and unset
+    cases = {"0.1": 0.1, "0.0999": None, " 2 ": 2.0, "604800": 604_800.0, "604800.5": None, "": LEASE_S}
+
+    # Execute
+    read = {}
+    for raw in cases:
+        monkeypatch.setenv(LEASE_ENV, raw)
+        try:
+            read[raw] = lease_seconds()
+        except StoreError:
+            read[raw] = None
+
+    # Assert
+    assert read == cases
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats() | st.integers(min_value=-(2**70), max_value=2**70)
+       | st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=6))
+def test_any_lease_setting_is_one_in_range_or_refused_in_one_line(value: object) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(LEASE_ENV, str(value))
+        try:
+            seconds = lease_seconds()
+        except StoreError as exc:
+            assert str(exc).startswith(f"{LEASE_ENV}=") and "\n" not in str(exc)
+            return
+    assert seconds == LEASE_S or MIN_LEASE_S <= seconds <= MAX_LEASE_S
+
+
+def test_a_heartbeat_refuses_a_lease_its_thread_could_not_wait(db_url: str) -> None:
+    # Prepare: a lease whose renewal wait (1e308 / 6 s) no timer holds
+    store = RunStore(db_url)
+    run_id = new_run(store)
+
+    # Execute / Assert: refused where it is given, not in the thread
+    with pytest.raises(StoreError, match=r"^lease_s=1e\+308: the run lease must be a number of seconds in "
+                                         r"\[0\.1, 604,800\]$"):
+        Heartbeat(store, run_id, lease_s=1e308)

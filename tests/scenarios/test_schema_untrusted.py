@@ -72,9 +72,11 @@ _KEYS = {
     "training": ["local_epochs", "batch_size", "lr", "momentum"],
     "strategy": ["name", "server_lr", "momentum", "beta1", "tau"],
     "evaluation": ["federated", "every", "clients"],
-    "secagg": ["enabled", "threshold", "bits", "degree", "max_weight"],
-    "dp": ["enabled", "clip_norm", "noise_multiplier", "delta"],
-    "faults": ["dropouts", "stragglers"],
+    "secagg": ["enabled", "threshold", "bits", "degree", "max_weight", "clip_range", "stage_timeout_s"],
+    "dp": ["enabled", "clip_norm", "noise_multiplier", "delta", "target_epsilon", "clip_lr", "count_noise_multiplier",
+           "local_noise_multiplier", "local_max_grad_norm"],
+    "faults": ["dropouts", "stragglers", "straggler_delay_s", "byzantine"],
+    "async": ["enabled", "concurrency", "buffer_size", "max_staleness", "base_time_s", "straggler_factor"],
     "compression": ["bits", "topk", "randomk", "error_feedback", "downlink_bits"],
 }
 _values = st.one_of(
@@ -160,3 +162,4 @@ def test_any_byzantine_table_is_valid_or_a_named_error(table: dict, dataset: str
     copies = spec.iid_copies(n, scenario.seed)
     assert 0 <= spec.fraction < 1 and len(copies) < n and all(0 <= c < n for c in copies)
     assert not copies or (spec.data == "iid" and dataset == "digits")
+
