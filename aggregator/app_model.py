@@ -10,7 +10,12 @@ app's own model, found in this order:
    out (``pkg/client_app.py`` -> ``pkg/server_app.py:app``): it is *probed*, run
    against a grid that stops it at its first ``train`` message, whose
    ``ArrayRecord`` is the initial model and whose ``ConfigRecord`` (quickstart-
-   pytorch's ``{"lr": 0.1}``) is the train config Quorum then sends every round;
+   pytorch's ``{"lr": 0.1}``) is the train config Quorum then sends every round.
+   It runs in a forked process of its own: one that sends nothing within the
+   run config's ``first-message-timeout-s`` (300 s), exits with its own code
+   (``sys.exit(3)``) or dies is stopped, with whatever it started, and the run
+   fails with that reason (:class:`~aggregator.errors.RunFailed`); one that
+   raises an exception or returns without a message leaves the model to 3;
 3. otherwise the first reply: one node is asked to ``train`` with an empty
    ``ArrayRecord`` (round 0) and its reply's arrays (names, shapes and values)
    are the initial model. A ClientApp that cannot build its model without the
@@ -27,21 +32,27 @@ by name.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import multiprocessing as mp
+import os
+import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from aggregator.collect import collect, push
-from aggregator.errors import AppModelError
+from aggregator.errors import AppModelError, RunFailed
 from core.boundary import one_line
 from core.errors import UpdateRejected
 from core.layouts import ParamLayout, gather
+from scenarios.flower_app import FIRST_MESSAGE_KEY, first_message_timeout
 
 __all__ = ["AppModel", "model_from_arrays", "initial_model", "first_reply_model", "arrays_of", "INITIAL_ARRAYS"]
 
@@ -114,6 +125,10 @@ def initial_model(grid: Grid, context: Context, own_serverapp: str | None) -> Ap
     ------
     AppModelError
         None of them gave a model; the reasons of each are in the message.
+    RunFailed
+        The app's ServerApp exited with its own code, died, or sent no message in time (it was stopped).
+    ScenarioError
+        The run config's ``first-message-timeout-s`` is not seconds in (0, a day].
     """
     hook = str(context.run_config.get(INITIAL_ARRAYS, "") or "")
     if hook:
@@ -121,7 +136,7 @@ def initial_model(grid: Grid, context: Context, own_serverapp: str | None) -> Ap
     tried = []
     if own_serverapp is not None:
         try:
-            return _probe(_load(own_serverapp), own_serverapp, grid, context)
+            return _probe(own_serverapp, grid, context)  # imported in the probe's process, under its timeout
         except AppModelError as exc:
             tried.append(str(exc))
     try:
@@ -139,7 +154,7 @@ def _load(ref: str) -> Any:
         target: Any = importlib.import_module(module)
         for part in attr.split(".") if attr else ():
             target = getattr(target, part)
-    except Exception as exc:  # the app's module: whatever its import raises
+    except (Exception, SystemExit) as exc:  # the app's module: whatever its import raises, sys.exit() included
         raise AppModelError(f"{ref} could not be loaded: {one_line(exc)}") from exc
     return target
 
@@ -151,7 +166,7 @@ def _from_object(value: Any, ref: str, grid: Grid, context: Context) -> AppModel
     or a zero-argument callable (a class, a factory) returning one of them.
     """
     if isinstance(value, ServerApp):
-        return _probe(value, ref, grid, context)
+        return _probe(ref, grid, context, value)
     if isinstance(value, ArrayRecord):
         return model_from_arrays(value, ref)
     if hasattr(value, "state_dict") and not isinstance(value, type):  # a torch Module (torch not imported here)
@@ -161,7 +176,7 @@ def _from_object(value: Any, ref: str, grid: Grid, context: Context) -> AppModel
     if callable(value):
         try:
             made = value()
-        except Exception as exc:  # the app's code
+        except (Exception, SystemExit) as exc:  # the app's code, sys.exit() included
             raise AppModelError(f"{ref}() raised {one_line(exc)}") from exc
         return _from_object(made, f"{ref}()", grid, context)
     raise AppModelError(f"{ref} is a {type(value).__name__}: expected an ArrayRecord, a torch Module, a list of "
@@ -175,19 +190,25 @@ class _FirstMessage(Exception):  # not an error: how the probe stops the app's S
 
 
 class _ProbeGrid(Grid):
-    """The grid a probed ServerApp runs on: many nodes, and its first message ends it (see :func:`_probe`)."""
+    """The grid a probed ServerApp runs on: many nodes, and its first message ends it (see :func:`_probe`).
+
+    Built in this process; the probe's own process never talks to the real grid.
+    """
 
     def __init__(self, real: Grid) -> None:
-        self._real = real
         known = list(real.get_node_ids())
         self._ids = known + [max(known, default=0) + i for i in range(1, _PROBE_NODES - len(known) + 1)]
+        try:
+            self._run: Any = real.run
+        except (TypeError, AttributeError):  # a grid whose run is not set yet (Flower's copy a None run)
+            self._run = None
 
     def set_run(self, run: Any) -> None:
-        self._real.set_run(run)
+        self._run = run
 
     @property
     def run(self) -> Any:
-        return self._real.run
+        return self._run
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
                        ttl: float | None = None) -> Message:
@@ -209,28 +230,132 @@ class _ProbeGrid(Grid):
         return []
 
 
-def _probe(server_app: Any, ref: str, grid: Grid, context: Context) -> AppModel:
+def _probe(ref: str, grid: Grid, context: Context, server_app: ServerApp | None = None) -> AppModel:
     """Run the app's own ServerApp until its first message; that message's arrays and config are the model.
 
-    Flower's log is held at WARNING meanwhile: the probed strategy's "Starting FedAvg" and "Sampled 1000
-    nodes" lines describe no real round.
+    It runs in a forked process of its own process group (which imports ``ref`` when ``server_app`` is not
+    given), given the run config's ``first-message-timeout-s`` to send that message; the process, and
+    whatever it started, is stopped once it answered or the time is up, so nothing of the app is left running.
+
+    Raises
+    ------
+    AppModelError
+        It does not import, is no ServerApp, raised an exception, or returned without a message (another
+        source may do).
+    RunFailed
+        It exited with its own code (``sys.exit(3)``), its process died, or it sent nothing in time.
     """
-    if not isinstance(server_app, ServerApp):
-        raise AppModelError(f"{ref} is a {type(server_app).__name__}, not a Flower ServerApp")
     probe_context = Context(run_id=context.run_id, node_id=context.node_id, node_config=dict(context.node_config),
                             state=RecordDict(), run_config=dict(context.run_config))
-    flwr_log = logging.getLogger("flwr")
-    level = flwr_log.level
-    flwr_log.setLevel(logging.WARNING)
+    seconds = first_message_timeout(context.run_config)
+    kind, value = _run_apart(ref, server_app, _ProbeGrid(grid), probe_context, seconds)
+    what = f"the app's ServerApp {ref}"
+    if kind == "message":
+        return _from_message(value, f"{ref} (the app's own ServerApp, up to its first message)")
+    if kind == "unusable":
+        raise AppModelError(value)
+    if kind == "raised":
+        raise AppModelError(f"{what} raised before its first message: {value}")
+    if kind == "ended":
+        raise AppModelError(f"{what} ended without sending a message")
+    if kind == "silent":
+        raise RunFailed(f"{what} sent no message in {seconds:g} s and was stopped (give it longer with run config "
+                        f"{FIRST_MESSAGE_KEY}, `quorum flower run --first-message-timeout`)")
+    raise RunFailed(f"{what} {value} before its first message")
+
+
+def _run_apart(ref: str, server_app: ServerApp | None, grid: _ProbeGrid, context: Context,
+               seconds: float) -> tuple[str, Any]:
+    """Run the ServerApp in a forked process; how it went (:func:`_probe_process`'s answer, ``silent``, ``died``).
+
+    Forked, not spawned: what the app's modules import that is imported here already is not imported again.
+    """
+    ctx = mp.get_context("fork")
+    answers, sender = ctx.Pipe(duplex=False)
+    # not daemonic: the app's ServerApp may start processes of its own (a DataLoader's workers)
+    process = ctx.Process(target=_probe_process, args=(ref, server_app, grid, context, sender))
     try:
-        server_app(grid=_ProbeGrid(grid), context=probe_context)
-    except _FirstMessage as first:
-        return _from_message(first.content, f"{ref} (the app's own ServerApp, up to its first message)")
-    except Exception as exc:  # the app's ServerApp: whatever it raises before it sends
-        raise AppModelError(f"the app's ServerApp {ref} raised before its first message: {one_line(exc)}") from exc
+        process.start()
+    except OSError as exc:  # no process to be had (memory, a process limit)
+        answers.close()
+        raise AppModelError(f"no process to run the app's ServerApp in: {one_line(exc)}") from exc
     finally:
-        flwr_log.setLevel(level)
-    raise AppModelError(f"the app's ServerApp {ref} ended without sending a message")
+        sender.close()  # the child's end only: when the child ends, its answers end
+    try:
+        if not answers.poll(seconds):
+            return "silent", None
+        with contextlib.suppress(EOFError):  # it ended its process without an answer (os._exit, a signal)
+            answer: tuple[str, Any] = answers.recv()
+            return answer
+    finally:
+        answers.close()
+        if process.pid is not None:  # set by start(); never 0, which would be this process's own group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)  # its process group: whatever the app started too
+        process.kill()  # in case it had not made its group yet
+        process.join()
+    return "died", _ended(process.exitcode)
+
+
+def _probe_process(ref: str, server_app: ServerApp | None, grid: _ProbeGrid, context: Context,
+                   answers: Connection) -> None:
+    """Run the probed ServerApp (in its own process and process group) and send back how it went.
+
+    ``server_app`` is imported from ``ref`` here when not given, so an import that hangs is under the timeout too.
+
+    Flower's log is held at WARNING here: the probed strategy's "Starting FedAvg" and "Sampled 1000 nodes"
+    lines describe no real round.
+    """
+    os.setpgid(0, 0)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    answer: tuple[str, Any]
+    try:
+        app = _load(ref) if server_app is None else server_app
+        if not isinstance(app, ServerApp):
+            raise AppModelError(f"{ref} is a {type(app).__name__}, not a Flower ServerApp")
+        app(grid=grid, context=context)
+        answer = ("ended", None)
+    except AppModelError as exc:  # it does not import, or is something else
+        answer = ("unusable", str(exc))
+    except _FirstMessage as first:
+        answer = ("message", _portable(first.content))
+    except SystemExit as exc:  # sys.exit(): the app's own exit code; 0 or None is a plain return
+        answer = ("ended", None) if exc.code in (None, 0) else ("exited", _exited(exc))
+    except Exception as exc:  # the app's ServerApp: whatever it raises before it sends
+        answer = ("raised", one_line(exc))
+    answers.send(answer)
+
+
+def _portable(content: RecordDict) -> RecordDict:
+    """Return what :func:`_from_message` reads of ``content`` (its first arrays and config), fit to pickle.
+
+    Each array's data as bytes (Flower's may be a memoryview, which does not pickle); no 2 GiB protobuf limit.
+    """
+    out = RecordDict()
+    arrays = next((r for r in content.values() if isinstance(r, ArrayRecord)), None)
+    config = next((r for r in content.values() if isinstance(r, ConfigRecord)), None)
+    if arrays is not None:
+        out["arrays"] = ArrayRecord({name: Array(dtype=a.dtype, shape=tuple(a.shape), stype=a.stype,
+                                                 data=bytes(a.data)) for name, a in arrays.items()})
+    if config is not None:
+        out["config"] = config
+    return out
+
+
+def _exited(exc: SystemExit) -> str:
+    """Say how ``sys.exit(code)`` ends a process: ``exited with code 3 (SystemExit)``."""
+    if isinstance(exc.code, int):
+        return f"exited with code {int(exc.code)} (SystemExit)"
+    return f"exited with code 1 ({one_line(exc)})"  # sys.exit("message") prints it and exits 1
+
+
+def _ended(code: int | None) -> str:
+    """How a process ended that sent no answer: its exit code, or the signal that killed it."""
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"ended its process with exit code {code}"
 
 
 def _from_message(content: RecordDict, source: str) -> AppModel:

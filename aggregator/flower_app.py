@@ -27,6 +27,7 @@ from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -34,16 +35,18 @@ from flwr.serverapp import Grid
 from aggregator.app_model import AppModel, initial_model
 from aggregator.errors import AppModelError, RunFailed
 from aggregator.rounds import LoopResult
-from core.headline import format_value, round_scores
+from core.headline import Headline, format_value, round_scores
 from core.outcomes import count, round_line
 from core.records import RoundRecord
 from core.status import RoundStatus, RunStatus
+from core.strategy import ServerState
+from learning.record import scenario_record
 from runstore.store import RunStore
-from scenarios.flower_app import flower_app_scenario, min_available
+from scenarios.flower_app import AppKeys, flower_app_scenario, min_available
 from scenarios.schema import Scenario
 
-__all__ = ["FlowerApp", "read_app", "find_app", "serve_flower_app", "plan_flower_app", "round_logger", "round_text",
-           "log_end", "QUORUM_SERVERAPP", "QUORUM_CLIENTAPP"]
+__all__ = ["FlowerApp", "read_app", "find_app", "serve_flower_app", "plan_flower_app", "plan_model", "round_logger",
+           "round_text", "log_end", "QUORUM_SERVERAPP", "QUORUM_CLIENTAPP"]
 
 #: What an app's ``[tool.flwr.app.components] serverapp`` says to run under Quorum's ServerApp.
 QUORUM_SERVERAPP = "aggregator.serverapp:app"
@@ -81,21 +84,45 @@ def read_app(path: Path) -> FlowerApp:
     Raises
     ------
     AppModelError
-        No ``pyproject.toml``, or one without ``[tool.flwr.app.components] clientapp``.
+        No ``pyproject.toml``, one that is not UTF-8 TOML, one without ``[tool.flwr.app.components] clientapp``,
+        or one Flower refuses (a missing field, a run-config value of no Flower type); one line, naming the file.
     """
-    from flwr.common.config import get_fused_config_from_dir  # Flower's own reading of [tool.flwr.app.config]
-
     file = path / "pyproject.toml"
-    try:
-        project = tomllib.loads(file.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise AppModelError(f"{file} is not a readable pyproject.toml: {exc}") from None
-    components = project.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {})
+    project = _toml(file)
+    components = _table(project, "tool", "flwr", "app", "components")
     if not components.get("clientapp"):
         raise AppModelError(f"{file} names no [tool.flwr.app.components] clientapp: not a Flower app")
-    return FlowerApp(path.resolve(), str(project.get("project", {}).get("name") or path.name),
-                     str(components["clientapp"]), str(components.get("serverapp", "")),
-                     dict(get_fused_config_from_dir(path, {})))
+    return FlowerApp(path.resolve(), str(_table(project, "project").get("name") or path.name),
+                     str(components["clientapp"]), str(components.get("serverapp", "")), _app_config(path, file))
+
+
+def _toml(file: Path) -> dict[str, Any]:
+    """Return the TOML document in ``file`` (UTF-8, as TOML is); any failure is one line naming the file."""
+    try:
+        return tomllib.loads(file.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise AppModelError(f"{file} is not UTF-8 text, as TOML must be: byte 0x{exc.object[exc.start]:02x} at "
+                            f"position {exc.start}") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise AppModelError(f"{file} is not a readable pyproject.toml: {exc}") from None
+
+
+def _table(document: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """Return the table at ``keys`` (``{}`` where a key is missing or holds something else than a table)."""
+    table: Any = document
+    for key in keys:
+        table = table.get(key) if isinstance(table, dict) else None
+    return table if isinstance(table, dict) else {}
+
+
+def _app_config(path: Path, file: Path) -> dict[str, Any]:
+    """Return the app's ``[tool.flwr.app.config]`` as Flower reads and flattens it (Flower's checks of the file)."""
+    from flwr.common.config import get_fused_config_from_dir
+
+    try:
+        return dict(get_fused_config_from_dir(path, {}))
+    except Exception as exc:  # Flower's reading of a file of the user's: whatever it raises on it
+        raise AppModelError(f"{file}: Flower refuses it: {' '.join(str(exc).split())}") from None
 
 
 def find_app(paths: list[str] | None = None) -> FlowerApp | None:
@@ -124,7 +151,9 @@ def serve_flower_app(grid: Grid, context: Context, store: RunStore, *, app: Flow
     """Run a stock Flower app's federation: its keys, its model, Quorum's round loop.
 
     Returns the run id and how it ended (the run is stored like any other).
-    ``log_rounds``: each round to Flower's log too.
+    ``log_rounds``: each round to Flower's log too. When the app's own ServerApp,
+    run for the model, exits with its own code, dies or sends no message in time,
+    the run is stored ``failed`` with that reason and never starts.
 
     Raises
     ------
@@ -132,26 +161,33 @@ def serve_flower_app(grid: Grid, context: Context, store: RunStore, *, app: Flow
         A refused or unusable run-config key (before a run exists).
     AppModelError
         No node connected, or no initial model found (before a run exists).
+    RunFailed
+        The app's ServerApp failed so while a run was being resumed (that run is left as it was).
     """
     from aggregator.serverapp import run_federation  # serverapp's main calls this module
 
-    scenario, model = plan_flower_app(grid, context, app, wait_s)
+    scenario, keys = plan_flower_app(grid, context, app, wait_s)
+    resume = str(context.run_config.get("resume") or "") or None  # Quorum's key: continue that run of this app
+    try:
+        scenario, model = plan_model(grid, context, app, scenario, keys)
+    except RunFailed as exc:
+        if resume is not None:
+            raise
+        return _never_started(store, scenario, engine, str(exc))
     callbacks = [c for c in (round_logger(scenario.rounds) if log_rounds else None, on_round) if c is not None]
 
     def each_round(record: RoundRecord) -> None:
         for callback in callbacks:
             callback(record)
 
-    resume = str(context.run_config.get("resume") or "") or None  # Quorum's key: continue that run of this app
     return run_federation(grid, scenario, store, engine=engine, model=model, on_round=each_round, on_start=on_start,
                           resume_id=resume)
 
 
-def plan_flower_app(grid: Grid, context: Context, app: FlowerApp | None, wait_s: float) -> tuple[Scenario, AppModel]:
-    """Plan the run's settings and model, and write them to Flower's log.
+def plan_flower_app(grid: Grid, context: Context, app: FlowerApp | None, wait_s: float) -> tuple[Scenario, AppKeys]:
+    """Plan the run's settings: from the nodes connected (after waiting for the app's ``min-available-nodes``).
 
-    From the nodes connected (after waiting for the app's
-    ``min-available-nodes``), its run-config keys, its own model and ``lr``.
+    And from its run-config keys (what became of each is the :class:`~scenarios.flower_app.AppKeys`).
     """
     from aggregator.serverapp import wait_for_nodes  # serverapp's main calls this module
 
@@ -159,14 +195,36 @@ def plan_flower_app(grid: Grid, context: Context, app: FlowerApp | None, wait_s:
     nodes = wait_for_nodes(grid, min_available(config), wait_s)
     if nodes == 0:
         raise AppModelError(f"no node connected within {wait_s:g} s")
-    name = app.name if app is not None else "flower-app"
-    scenario, keys = flower_app_scenario(config, clients=nodes, name=name)
+    return flower_app_scenario(config, clients=nodes, name=app.name if app is not None else "flower-app")
+
+
+def plan_model(grid: Grid, context: Context, app: FlowerApp | None, scenario: Scenario,
+               keys: AppKeys) -> tuple[Scenario, AppModel]:
+    """Find the app's own model and ``lr`` (``aggregator.app_model``); write the run's plan to Flower's log.
+
+    Raises
+    ------
+    AppModelError
+        No initial model found.
+    RunFailed
+        The app's ServerApp exited with its own code, died, or sent no message in time.
+    """
     model = initial_model(grid, context, app.own_serverapp if app is not None else None)
     if model.lr is not None:  # what the app's ServerApp sends as "lr": sent as it is
         scenario = replace(scenario, training=replace(scenario.training, lr=model.lr))
     log(INFO, "[quorum] Flower app %s under Quorum's ServerApp: %d nodes, %d rounds; model from %s (%s); %s",
-        name, nodes, scenario.rounds, model.source, model.layout.describe(), keys.describe())
+        scenario.name, scenario.federation.clients, scenario.rounds, model.source, model.layout.describe(),
+        keys.describe())
     return scenario, model
+
+
+def _never_started(store: RunStore, scenario: Scenario, engine: str, why: str) -> tuple[str, LoopResult]:
+    """Store a run that never started as ``failed``, with the reason; its id and ending."""
+    run_id = store.create_run(name=scenario.name, scenario=scenario_record(scenario, None), seed=scenario.seed,
+                              strategy=scenario.strategy.name, rounds=scenario.rounds, engine=engine,
+                              info={"headline": Headline().to_json()})
+    store.set_status(run_id, RunStatus.FAILED, f"never started: {why}")
+    return run_id, LoopResult(ServerState(params=np.zeros(0, np.float32)), RunStatus.FAILED, None)
 
 
 def round_logger(rounds: int) -> Callable[[RoundRecord], None]:

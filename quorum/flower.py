@@ -5,7 +5,11 @@ the in-process grid; the server side is what ``flwr run`` runs when the app's
 ``serverapp`` is ``aggregator.serverapp:app``: the app's own model and run-config
 keys, Quorum's round loop, the run store (``runtimes.flower_app``). One line per
 round, then how the run ended; the exit code is ``quorum simulate``'s (0
-finished, 3 degraded, 1 failed, 2 nothing ran).
+finished, 3 degraded, 1 failed, 2 nothing ran), whatever code the app's own
+code exits with: its ServerApp, run for the model, that exits with its own
+code (``sys.exit(3)``) or sends no message within ``--first-message-timeout``
+fails the run, and the line says so. A folder that is no usable app (its
+``pyproject.toml`` unreadable, its ClientApp not importable) is one line and 2.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from rich.text import Text
 from core.errors import QuorumError
 from runstore.store_url import default_db_url
 from scenarios.errors import ScenarioError
+from scenarios.flower_app import FIRST_MESSAGE_KEY, FIRST_MESSAGE_S, MAX_FIRST_MESSAGE_S, check_seconds
 
 if TYPE_CHECKING:
     from core.records import RoundRecord
@@ -44,6 +49,11 @@ def run(
     = default_db_url(),
     workers: Annotated[int, typer.Option(min=1, max=1024, help="Client calls at a time, on that many forked "
                                          "worker processes (1: every client in this process).")] = 1,
+    first_message_timeout: Annotated[float | None, typer.Option(
+        "--first-message-timeout", metavar="SECONDS",
+        help=f"Seconds the app's own ServerApp, run for its initial model, has to send its first message; then "
+             f"it is stopped and the run fails (the app's run config {FIRST_MESSAGE_KEY}, else "
+             f"{FIRST_MESSAGE_S:g}; at most {MAX_FIRST_MESSAGE_S:g}).")] = None,
 ) -> None:
     """Run a Flower app's federation in this process and store every round (`quorum runs`, the dashboard)."""
     from aggregator.flower_app import round_text
@@ -56,6 +66,11 @@ def run(
         _fail(f"--run-config is not JSON: {exc}")
     if not isinstance(overrides, dict):
         _fail(f"--run-config must be a JSON object, got {run_config}")
+    if first_message_timeout is not None:
+        try:
+            overrides[FIRST_MESSAGE_KEY] = check_seconds("--first-message-timeout", first_message_timeout)
+        except ScenarioError as exc:
+            _fail(str(exc))
     total: list[int] = []
 
     def on_round(record: RoundRecord) -> None:

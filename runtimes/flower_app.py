@@ -22,6 +22,7 @@ from flwr.clientapp import ClientApp
 
 from aggregator.errors import AppModelError
 from aggregator.flower_app import FlowerApp, read_app, serve_flower_app
+from core.boundary import one_line
 from core.records import RoundRecord
 from runstore.store import RunStore
 from runtimes.inprocess import InProcessGrid, NodeSpec
@@ -42,11 +43,12 @@ def load_client_app(app: FlowerApp) -> ClientApp:
 
     try:
         client_app = load_app(app.clientapp, AppModelError, app.path)
-    except AppModelError:
-        raise
-    except Exception as exc:  # the app's own module: whatever its import raises
-        raise AppModelError(f"{app.clientapp} could not be imported from {app.path}: {type(exc).__name__}: "
-                            f"{exc}") from exc
+    except AppModelError as exc:  # Flower's: its first line says what; a paragraph of help follows
+        first = next(iter(str(exc).strip().splitlines()), "")
+        raise AppModelError(f"{app.clientapp} could not be loaded from {app.path}: {first} (the reference is "
+                            "<module>:<attribute>)") from None
+    except (Exception, SystemExit) as exc:  # the app's own module: whatever its import raises, sys.exit() included
+        raise AppModelError(f"{app.clientapp} could not be imported from {app.path}: {one_line(exc)}") from exc
     if not isinstance(client_app, ClientApp):
         raise AppModelError(f"{app.clientapp} is a {type(client_app).__name__}, not a Flower ClientApp")
     return client_app

@@ -11,6 +11,7 @@ so the FedAvg model after a round is known by hand.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -340,6 +341,49 @@ def test_a_failed_run_is_logged_with_its_reasons_and_raises_so_flower_records_it
     rounds = [r for r in flwr_records(caplog) if "round 1/2" in r.getMessage()]
     assert rounds[0].levelno == logging.WARNING and "2 failed: client 1 ValueError: no label column 'y'" in \
         rounds[0].getMessage()
+    assert flwr_records(caplog)[-1].levelno == logging.ERROR
+
+
+#: An app's ServerApp that exits with the run config's `exit-code` before it sends anything.
+exiting_server = ServerApp()
+
+
+@exiting_server.main()
+def _exiting_main(grid: Grid, context: Context) -> None:
+    sys.exit(int(context.run_config["exit-code"]))
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_serverapp_exiting_0_leaves_the_model_to_the_first_reply_and_any_other_code_fails(code: int) -> None:
+    # Execute: the app's own ServerApp (probed in a process of its own) calls sys.exit(code) before its first message
+    config = {"exit-code": code}
+    with InProcessGrid(client_app(builds_own_model=True), nodes(2), config) as grid:
+        try:
+            model = initial_model(grid, context(config), f"{__name__}:exiting_server")
+        except RunFailed as exc:
+            failed = str(exc)
+
+    # Assert: 0 is a plain return (the next source gives the model); 3 is the app's own failure, named
+    if code == 0:
+        assert "node 1's reply" in model.source
+    else:
+        assert failed == (f"the app's ServerApp {__name__}:exiting_server exited with code 3 (SystemExit) before "
+                          "its first message")
+
+
+def test_under_flwr_run_a_serverapp_exiting_with_its_own_code_is_a_failed_run_flower_records(
+        db_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    # Execute: Quorum's ServerApp as the flwr-serverapp process calls it; the app's model hook is a ServerApp
+    # that calls sys.exit(3) (which Flower would otherwise take as the process's own exit)
+    config = {"db": db_url, "num-server-rounds": 1, "initial-arrays": f"{__name__}:exiting_server", "exit-code": 3}
+    with InProcessGrid(client_app(), nodes(2), config) as grid, pytest.raises(RunFailed) as caught:
+        quorum_serverapp(grid=grid, context=context(config))
+
+    # Assert: RunFailed (Flower records the run failed) with the reason; the stored run failed with it too
+    (run,) = RunStore(db_url).list_runs()
+    reason = "never started: the app's ServerApp " + f"{__name__}:exiting_server exited with code 3 (SystemExit)"
+    assert str(caught.value).startswith(f"run {run.id} failed: {reason}")
+    assert run.status == "failed" and run.error.startswith(reason) and run.rounds_done == 0
     assert flwr_records(caplog)[-1].levelno == logging.ERROR
 
 
