@@ -77,7 +77,7 @@ def test_the_tiny_checkpoint_is_as_worked_out() -> None:
      "tensor 'params' lies at bytes 8 to 4 of a data section of 8"),
     (b"\x02" + bytes(7) + b"{x", "its header is not JSON (Expecting property name enclosed in double quotes: "
                                 "line 1 column 2 (char 1))"),
-])
+], ids=lambda v: None if isinstance(v, str) else f"{len(v)}-bytes")  # the same ids in every xdist worker
 def test_a_damaged_framing_is_named_in_one_line(blob: bytes, why: str) -> None:
     with pytest.raises(StoreError) as caught:
         _check(blob)
