@@ -39,7 +39,7 @@ from scenarios.schema import Scenario, build_options
 from scenarios.sections import TaskSpec
 
 __all__ = ["Task", "LocalData", "Split", "NoOptions", "TaskModel", "Metrics", "BUILTIN_ENTRY", "load_task",
-           "task_class", "check_metrics", "task_headline", "REQUIRED_METHODS"]
+           "serving_task", "task_class", "check_metrics", "task_headline", "REQUIRED_METHODS"]
 
 #: The task a scenario without ``[task] entry`` runs.
 BUILTIN_ENTRY = "learning.tasks.classification:ClassificationTask"
@@ -255,10 +255,27 @@ def load_task(scenario: Scenario) -> Task:
         return task
 
 
-def _instantiate(scenario: Scenario) -> Task:
+def serving_task(scenario: Scenario) -> Task:
+    """Return the scenario's task for serving its model: its options' own ``_check`` is not run.
+
+    An export is loaded where the task's data are not (another host, a folder
+    since deleted); serving needs only ``build_model`` and ``serving_module``.
+    Names and types of the options are still checked. Not cached: a run's
+    :func:`load_task` of the same scenario still checks everything.
+
+    Raises
+    ------
+    ScenarioError
+        As :func:`load_task`, but for what the options' ``_check`` would say.
+    """
+    return _instantiate(scenario, check_options=False)
+
+
+def _instantiate(scenario: Scenario, check_options: bool = True) -> Task:
     spec = scenario.task
     cls = task_class(spec)
-    options = build_options(getattr(cls, "Options", NoOptions), dict(spec.options), spec.source or scenario.name)
+    options = build_options(getattr(cls, "Options", NoOptions), dict(spec.options), spec.source or scenario.name,
+                            check=check_options)
     if scenario.dp.local_dp_sgd and not getattr(cls, "supports_dp_sgd", False):
         raise ScenarioError(f"{spec.source or scenario.name}: dp.local_dp_sgd = true: DP-SGD replaces the "
                             f"task's training loop, and {cls.__name__} does not allow it (supports_dp_sgd)")

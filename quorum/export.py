@@ -58,7 +58,7 @@ from learning.federation import cached_federation
 from learning.models import build_model
 from learning.record import scenario_record, task_options
 from learning.standardize import INFO_KEY, Standardization, StandardizeInputs
-from learning.task import BUILTIN_ENTRY, Task, TaskModel, load_task
+from learning.task import BUILTIN_ENTRY, Task, TaskModel, load_task, serving_task
 from learning.tasks.classification import ClassificationTask
 from learning.tasks.language import LanguageModelTask
 from quorum.errors import ExportError
@@ -380,7 +380,7 @@ def _rebuild_task(manifest: dict[str, Any], seed: int, folder: Path) -> tuple[nn
             raw["task"] = {**raw.get("task", {}), "path": ""}
         scenario = scenario_from_dict(raw, source="export manifest")
         with imported_from(folder, source) if source is not None else nullcontext():
-            task = load_task(scenario)
+            task = serving_task(scenario)  # its options' _check is about its data, not its model
             return task.serving_module(TaskModel.build(task, seed).model), task
     except (KeyError, TypeError, ScenarioError, TaskError) as exc:
         raise ExportError(f"the export's task {manifest.get('task')!r} cannot be loaded: {exc}") from None

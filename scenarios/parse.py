@@ -96,11 +96,13 @@ def show(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def build(cls: type, raw: Any, prefix: str) -> Any:
-    """Build the frozen dataclass ``cls`` from the table ``raw``, then run its ``_check``.
+def build(cls: type, raw: Any, prefix: str, check: bool = True) -> Any:
+    """Build the frozen dataclass ``cls`` from the table ``raw``, then run its ``_check`` (unless ``check`` is off).
 
     Each value is coerced by its field's annotation; errors name the key under
-    ``prefix`` (``"training."``).
+    ``prefix`` (``"training."``). ``check=False`` keeps the names and types
+    checked and skips ``cls._check``: what a task's options say of the world
+    (a data folder that exists) is not asked of a model served elsewhere.
 
     Raises
     ------
@@ -122,10 +124,10 @@ def build(cls: type, raw: Any, prefix: str) -> Any:
         obj = cls(**values)
     except TypeError as exc:  # a required key is missing
         raise Bad(prefix.rstrip(".") or "<root>", None, str(exc)) from None
-    check = getattr(obj, "_check", None)
-    if check is not None:
+    checker = getattr(obj, "_check", None) if check else None
+    if checker is not None:
         try:
-            check()
+            checker()
         except Bad as bad:
             raise Bad(prefix + bad.key, bad.value, bad.why) from None
     return obj

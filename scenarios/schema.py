@@ -336,11 +336,12 @@ def _locate_task(scenario: Scenario, source: str) -> Scenario:
     return dataclasses.replace(scenario, task=dataclasses.replace(task, path=path, source=source))
 
 
-def build_options(cls: type, options: Mapping[str, Any], source: str) -> Any:
+def build_options(cls: type, options: Mapping[str, Any], source: str, check: bool = True) -> Any:
     """Validate a task's ``[task]`` keys against the frozen dataclass ``cls`` the task declares.
 
     Types are checked as for every section (``Literal`` choices, numbers,
-    booleans, strings, tables) and ``cls._check`` runs when defined, raising
+    booleans, strings, tables) and ``cls._check`` runs when defined (and
+    ``check`` is on: an export's model is rebuilt without it), raising
     through :func:`bad_value`.
 
     Raises
@@ -349,7 +350,7 @@ def build_options(cls: type, options: Mapping[str, Any], source: str) -> Any:
         One line naming ``source``, the key (``task.<key>``) and the value.
     """
     try:
-        return build(cls, options, prefix="task.")
+        return build(cls, options, prefix="task.", check=check)
     except Bad as bad:
         raise ScenarioError(f"{source}: {show_key(bad.key)} = {show(bad.value)}: {bad.why}") from None
 
