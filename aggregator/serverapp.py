@@ -55,6 +55,7 @@ from privacy.secagg.train import SecAggTrain
 from runstore.runlog import RunLog
 from runstore.store import ClientResult, Run, RunStore, default_db_url
 from runstore.takeover import TakenRunStore
+from scenarios.bounds import MAX_WAIT_S
 from scenarios.errors import ScenarioError
 from scenarios.flower_app import is_flower_app
 from scenarios.runconfig import scenario_from_run_config
@@ -461,7 +462,7 @@ def main(grid: Grid, context: Context) -> None:
     * the stored run names its devices (``devices``: node id to name).
     """
     config = dict(context.run_config)
-    engine, wait_s = str(config.get("engine", "flower")), float(config.get("wait-clients-s", WAIT_CLIENTS_S))
+    engine, wait_s = str(config.get("engine", "flower")), _wait_seconds(config)
     deployed = engine == DEPLOYMENT
     if deployed:
         _own_log(str(config.get("state-dir") or ""), context.run_id)
@@ -485,3 +486,17 @@ def main(grid: Grid, context: Context) -> None:
     run_id, result = run_federation(grid, scenario, store, engine=engine, resume_id=resume,
                                     on_round=round_logger(scenario.rounds), on_start=on_start)
     log_end(store, run_id, result)
+
+
+def _wait_seconds(config: dict[str, Any]) -> float:
+    """Return the run config's ``wait-clients-s``: seconds in [0, a week] (default :data:`WAIT_CLIENTS_S`).
+
+    Raises
+    ------
+    ScenarioError
+        Anything else (NaN, infinite, negative, not a number), naming the key and the value.
+    """
+    value = config.get("wait-clients-s", WAIT_CLIENTS_S)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_WAIT_S:
+        raise ScenarioError(f"run config wait-clients-s = {value!r}: must be seconds in [0, {MAX_WAIT_S:,.0f}]")
+    return float(value)

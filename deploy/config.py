@@ -24,9 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from deploy.errors import ConfigError
+from scenarios.bounds import MAX_WAIT_S
 
 __all__ = ["AggregatorSpec", "DashboardSpec", "DeployConfig", "StatePaths", "load_config", "is_loopback",
-           "APP_CONFIG"]
+           "APP_CONFIG", "MAX_RATE_LIMIT"]
+
+#: The most Fleet requests per second per device address the front door may allow (nginx's own rates are
+#: integers; a device polls a few times a second).
+MAX_RATE_LIMIT = 1_000_000
 
 
 def is_loopback(host: str) -> bool:
@@ -68,7 +73,7 @@ class AggregatorSpec:
         ConfigError
             A port is out of range, the two ports are equal, the name has other
             than letters, digits, - and _, ``insecure`` is set off loopback, or
-            ``rate_limit`` or ``wait_clients_s`` is negative.
+            ``rate_limit`` or ``wait_clients_s`` is negative or beyond its bound.
         """
         _port("aggregator.port", self.port)
         _port("aggregator.internal_port", self.internal_port)
@@ -79,10 +84,12 @@ class AggregatorSpec:
         if self.insecure and not (is_loopback(self.listen) and is_loopback(self.address)):
             raise ConfigError(f"aggregator.insecure = true with listen = {self.listen!r}: plain HTTP is only "
                               "allowed on loopback (127.0.0.1), for trying things out")
-        if self.rate_limit < 0:
-            raise ConfigError(f"aggregator.rate_limit = {self.rate_limit!r}: requests per second, >= 0 (0: off)")
-        if self.wait_clients_s < 0:
-            raise ConfigError(f"aggregator.wait_clients_s = {self.wait_clients_s!r}: must be >= 0")
+        if not 0 <= self.rate_limit <= MAX_RATE_LIMIT:
+            raise ConfigError(f"aggregator.rate_limit = {self.rate_limit!r}: requests per second, in [0, "
+                              f"{MAX_RATE_LIMIT:,}] (0: off)")
+        if not 0 <= self.wait_clients_s <= MAX_WAIT_S:  # NaN fails both
+            raise ConfigError(f"aggregator.wait_clients_s = {self.wait_clients_s!r}: must be seconds in [0, "
+                              f"{MAX_WAIT_S:,.0f}] (a week)")
 
 
 @dataclass(frozen=True)

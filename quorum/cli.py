@@ -100,6 +100,7 @@ def simulate(
     (nothing run); --json prints one JSON object whatever the ending.
     """
     from quorum.progress import RoundDisplay
+    from runstore.lease import lease_seconds
     from runtimes.simulation import simulate as run
     from scenarios.schema import load_scenario
 
@@ -112,6 +113,7 @@ def simulate(
         overrides = {k: v for k, v in (("rounds", rounds), ("seed", seed)) if v is not None}
         if overrides:
             spec = spec.with_overrides(**overrides)
+        lease_seconds()  # QUORUM_LEASE_S checked before the progress display opens: a bad one is its line alone
         with RoundDisplay(spec, enabled=not json_out) as display:
 
             def on_start(run_id: str) -> None:

@@ -31,6 +31,7 @@ from runtimes.parallel.job import check_scenario
 from runtimes.parallel.mode import CommHook, Mode
 from runtimes.parallel.worker import load_job_scenario
 from runtimes.simulation import RunSummary, summarize
+from scenarios.bounds import MAX_WAIT_S
 from scenarios.schema import Scenario
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["LaunchSpec", "check_spec", "worker_args", "torchrun_command", "launch", "describe_failures"]
 
 WORKER_MODULE = "runtimes.parallel.worker"
+#: The largest DDP gradient bucket, in MiB (torch allocates each bucket whole).
+MAX_BUCKET_MB = 4096.0
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -66,11 +69,13 @@ class LaunchSpec:
 def check_spec(spec: LaunchSpec) -> Scenario:
     """Validate the job before any process starts; returns the scenario with overrides applied."""
     checks = (("nproc", spec.nproc, spec.nproc >= 1), ("local_steps", spec.local_steps, spec.local_steps >= 0),
-              ("timeout", spec.timeout_s, spec.timeout_s > 0), ("bucket_mb", spec.bucket_mb, spec.bucket_mb > 0),
+              ("timeout", spec.timeout_s, 0 < spec.timeout_s <= MAX_WAIT_S),  # timedelta overflows past that
+              ("bucket_mb", spec.bucket_mb, 0 < spec.bucket_mb <= MAX_BUCKET_MB),
               ("max_restarts", spec.max_restarts, spec.max_restarts >= 0), ("threads", spec.threads, spec.threads >= 0))
     for key, value, ok in checks:
         if not ok:
-            raise ParallelError(f"{key} = {value!r}: out of range")
+            raise ParallelError(f"{key} = {value!r}: out of range (timeout: seconds in (0, {MAX_WAIT_S:,.0f}]; "
+                                f"bucket_mb: (0, {MAX_BUCKET_MB:,.0f}]; counts: >= 0, nproc >= 1)")
     if spec.local_steps and spec.mode is not Mode.LOCALSGD:
         raise ParallelError(f"local_steps = {spec.local_steps}: only the localsgd mode takes local steps")
     if spec.comm_hook is CommHook.BF16:

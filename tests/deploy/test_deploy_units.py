@@ -337,3 +337,26 @@ def test_too_few_clients_past_the_grace_is_an_error_naming_the_counts() -> None:
         patch.setattr("aggregator.serverapp.time.monotonic", lambda: next(times))
         with pytest.raises(TooFewClients, match="only 1 of the 2 clients the scenario needs connected within 70 s"):
             wait_for_nodes(_Grid([1]), want=3, least=2, timeout_s=10, poll_s=0.0)
+
+
+@pytest.mark.parametrize(("key", "value"), [("wait_clients_s", "nan"), ("wait_clients_s", "inf"),
+                                            ("wait_clients_s", "1e308"), ("wait_clients_s", "-1"),
+                                            ("rate_limit", "10000000000000000000000")])
+def test_a_federation_setting_beyond_its_range_is_one_line_naming_it(tmp_path: Path, key: str, value: str) -> None:
+    from deploy.config import load_config
+    from deploy.errors import ConfigError
+
+    path = tmp_path / "federation.toml"
+    path.write_text(f"[aggregator]\n{key} = {value}\n")
+    with pytest.raises(ConfigError, match=rf"aggregator\.{key} = .*: .*in \[0, "):
+        load_config(path)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e308, -1.0, "120", True])
+def test_a_run_configs_wait_for_clients_beyond_a_week_or_not_seconds_is_refused(value: object) -> None:
+    from aggregator.serverapp import _wait_seconds
+    from scenarios.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match="run config wait-clients-s = .*: must be seconds in \\[0, 604,800\\]"):
+        _wait_seconds({"wait-clients-s": value})
+    assert _wait_seconds({}) == 60.0 and _wait_seconds({"wait-clients-s": 0}) == 0.0

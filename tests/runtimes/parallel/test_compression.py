@@ -158,3 +158,13 @@ def test_launch_refuses_what_does_not_apply(scenario_file, tmp_path):
     down.write_text(path.read_text() + "[compression]\ndownlink_bits = 16\n")
     with pytest.raises(ParallelError, match="downlink_bits"):
         check_spec(LaunchSpec(scenario=down, mode=Mode.LOCALSGD))
+
+
+@pytest.mark.parametrize(("field", "value"), [("timeout_s", 1e308), ("timeout_s", float("inf")),
+                                              ("timeout_s", float("nan")), ("timeout_s", 0.0),
+                                              ("bucket_mb", 1e308), ("bucket_mb", float("nan")), ("bucket_mb", -1.0)])
+def test_a_launch_setting_beyond_its_range_is_refused_before_any_worker(field: str, value: float,
+                                                                      scenario_file) -> None:
+    # 1e308 s overflowed torch's timedelta in the worker; a huge bucket, the allocation
+    with pytest.raises(ParallelError, match=rf"{field.removesuffix('_s')} = .*: out of range"):
+        check_spec(LaunchSpec(scenario=scenario_file(), **{field: value}))
