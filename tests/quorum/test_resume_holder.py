@@ -31,22 +31,9 @@ from runstore.store import RunStore
 from runstore.takeover import RunHeld, TakenRunStore
 from runtimes.simulation import RunSummary, simulate
 from tests.conftest import REPO, tiny_scenario, wait_for
+from tests.quorum.test_cli_endings import TINY
 
-TOML = """name = "tiny"
-seed = 3
-rounds = 4
-[data]
-dataset = "digits"
-partition = "iid"
-server_test_fraction = 0.2
-[model]
-name = "logreg"
-[federation]
-clients = 3
-min_clients = 1
-[training]
-lr = 0.1
-"""
+TOML = TINY.format(rounds=4)  # the tiny digits federation of test_cli_endings
 
 
 def interrupted_run(db: str, rounds: int) -> str:
