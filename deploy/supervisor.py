@@ -26,6 +26,7 @@ lock connection is lost stops its processes and exits.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -161,7 +162,8 @@ def resumable_runs(db_url: str) -> list[str]:
 class _Child:
     """One process the supervisor keeps running, in a process group of its own with what it starts.
 
-    ``port`` is the ``(host, port)`` it listens on, checked free before a restart.
+    ``port`` is the ``(host, port)`` it listens on, checked free before a restart; ``death_signal`` what it
+    gets when the supervisor dies (:func:`_die_with_parent`).
     """
 
     name: str
@@ -169,6 +171,7 @@ class _Child:
     env: dict[str, str]
     log: Path
     port: tuple[str, int] | None = None
+    death_signal: signal.Signals = signal.SIGKILL
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
 
@@ -176,7 +179,8 @@ class _Child:
         """Start it, in a new process group (its workers and ServerApps join that group)."""
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=self.env, process_group=0, preexec_fn=_die_with_parent)
+                                         env=self.env, process_group=0,
+                                         preexec_fn=functools.partial(_die_with_parent, self.death_signal))
 
     def signal_group(self, sig: signal.Signals) -> None:
         """Send ``sig`` to its whole process group: an nginx master's workers, a SuperLink's ServerApps."""
@@ -197,15 +201,18 @@ class _Child:
         self.signal_group(signal.SIGKILL)  # what the leader left: an orphaned worker, a ServerApp
 
 
-def _die_with_parent() -> None:
-    """In a child before exec: have it SIGTERMed when the supervisor dies, even by SIGKILL.
+def _die_with_parent(sig: signal.Signals) -> None:
+    """In a child before exec: have it sent ``sig`` when the supervisor dies, even by SIGKILL.
 
     So no SuperLink or front door outlives the lead it was started under (Linux's ``PR_SET_PDEATHSIG``).
+    SIGKILL frees a SuperLink's ports at once, as the death of its host would (a SIGTERMed one
+    held them for seconds while a standby waited); nginx's master gets SIGTERM, so it takes its
+    workers, which SIGKILL would orphan on the front door's port.
     """
     if sys.platform.startswith("linux"):
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # 1 = PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -315,8 +322,8 @@ class Supervisor:
             publish_devices(cfg)  # a store from before the devices table: this host's registry fills it
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str], log: Path,
-               port: tuple[str, int] | None = None) -> None:
-        child = _Child(name, argv, env, log, port)
+               port: tuple[str, int] | None = None, death_signal: signal.Signals = signal.SIGKILL) -> None:
+        child = _Child(name, argv, env, log, port, death_signal)
         child.start()
         self.children[name] = child
 
@@ -325,7 +332,8 @@ class Supervisor:
         spec = ProxySpec(listen_host=a.listen, listen_port=a.port, upstream_port=a.internal_port,
                          server_cert=tls.server_cert if tls else None, server_key=tls.server_key if tls else None,
                          ca_cert=ca, workdir=cfg.state.proxy, rate_limit=a.rate_limit)
-        self._spawn("proxy", nginx_command(spec), dict(os.environ), cfg.state.logs / "proxy.log", (a.listen, a.port))
+        self._spawn("proxy", nginx_command(spec), dict(os.environ), cfg.state.logs / "proxy.log", (a.listen, a.port),
+                    signal.SIGTERM)  # nginx's master stops its workers on SIGTERM
         host = "localhost" if a.listen in ("0.0.0.0", "::", "127.0.0.1") else a.listen
         wait_healthy(health_url(host, a.port, tls is not None), ca, self.children["proxy"].proc, 30.0, "nginx",
                      cfg.state.proxy / "error.log")
