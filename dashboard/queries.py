@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from core.headline import Headline, round_scores
 from core.status import ClientStatus, RunStatus
-from runstore.checkpoints import Blob
+from runstore.blobs import Blob
 from runstore.lease import INTERRUPTED, lease_expired
 from runstore.store import ClientResult, Event, Round, Run, RunStore, as_shown, status_is
 

@@ -50,22 +50,18 @@ from runstore.base import Base
 from runstore.blobs import (
     CHUNK_BYTES,
     DB_PREFIX,
-    MAX_HEADER_BYTES,
     Blob,
     check_frame,
     checked_file,
     checked_object,
-    checked_reference,
     damaged,
     handle_blob,
     read_all,
     url_inside,
 )
 
-# Blob, check_frame and checked_reference are runstore.blobs', named here too: readers import them from here
-__all__ = ["CheckpointChunk", "Checkpoints", "FolderCheckpoints", "DatabaseCheckpoints", "UrlCheckpoints", "Blob",
-           "checkpoints_at", "checked_reference", "read_blob", "open_blob", "check_frame", "encode_state",
-           "decode_state", "CHUNK_BYTES", "DB_PREFIX", "MAX_HEADER_BYTES"]
+__all__ = ["CheckpointChunk", "Checkpoints", "FolderCheckpoints", "DatabaseCheckpoints", "UrlCheckpoints",
+           "checkpoints_at", "read_blob", "open_blob", "encode_state", "decode_state"]
 
 
 

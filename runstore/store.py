@@ -32,12 +32,11 @@ from core.replies import MAX_EXAMPLES, clean_metrics
 from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState
 from runstore.base import Base
+from runstore.blobs import Blob, checked_reference
 from runstore.checkpoints import (
-    Blob,
     Checkpoints,
     FolderCheckpoints,
     UrlCheckpoints,
-    checked_reference,
     checkpoints_at,
     decode_state,
     encode_state,

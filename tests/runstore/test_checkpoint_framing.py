@@ -26,7 +26,8 @@ from core.errors import StoreError
 from core.records import RoundRecord
 from core.strategy import ServerState
 from runstore import checkpoints as ck
-from runstore.checkpoints import CheckpointChunk, check_frame, decode_state, encode_state
+from runstore.blobs import check_frame
+from runstore.checkpoints import CheckpointChunk, decode_state, encode_state
 from runstore.store import RunStore
 
 TINY = encode_state(ServerState(params=np.arange(4, dtype=np.float32), round=1), "tiny")
