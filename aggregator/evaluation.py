@@ -19,7 +19,7 @@ from core.errors import UpdateRejected
 from core.eval_replies import parse_eval_reply
 from core.instructions import TrainConfig, evaluate_instruction
 from core.layouts import ParamLayout
-from core.outcomes import FAILED, error_outcome
+from core.outcomes import DROPPED, FAILED, error_outcome
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
 from learning.task import Metrics, TaskModel
@@ -64,12 +64,15 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     train: list[tuple[float, int]] = []
     rejected: dict[int, str] = {}
     failed: dict[int, str] = {}
+    gone: set[int] = set()  # answered by the SuperLink with an error that the node is unavailable
 
     def on_reply(node: int, reply: Message) -> None:
         if reply.has_error():
             outcome, reason = error_outcome(reply.error)
             if outcome == FAILED:
                 failed[node] = reason
+            elif outcome == DROPPED:  # the SuperLink says the node is gone: as good as no reply
+                gone.add(node)
             return
         traffic["in"] += wire_bytes(reply.content)
         try:
@@ -85,7 +88,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     missing = collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
     summary = _summarise(results, named, train, traffic["in"], wire_bytes(instruction) * len(nodes))
     return replace(summary, rejected=rejected, failed=failed, per_client_metrics=named,
-                   dropped=tuple(sorted(missing)))
+                   dropped=tuple(sorted(missing | gone)))
 
 
 def _summarise(results: dict[int, tuple[float | None, float | None, int]], named: dict[int, dict[str, int | float]],

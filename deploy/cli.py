@@ -218,7 +218,9 @@ def _follow(cfg: DeployConfig, flower_run: int, timeout_s: float, scenario: Scen
             for r in store.rounds(run.id)[shown:]:
                 print(f"run {run.id} round {r.round}: {_round_line(store, run, r)}", flush=True)
                 shown = r.round
-            if run.status == RunStatus.INTERRUPTED:
+            stopped = run.status == RunStatus.FAILED and (run.error or "").startswith(("SystemExit",
+                                                                                          "KeyboardInterrupt"))
+            if run.status == RunStatus.INTERRUPTED or stopped:  # a ServerApp stopped under it: resumed soon
                 said_interrupted = _interrupted(cfg, run, said_interrupted)
             elif run.status != RunStatus.RUNNING:
                 print(f"run {run.id} {run.status}" + (f": {run.error}" if run.error else ""), flush=True)
@@ -247,7 +249,7 @@ def _interrupted(cfg: DeployConfig, run: Run, said: bool) -> bool:
     print(f"run {run.id} interrupted after round {run.rounds_done}{why}; no aggregator runs here to resume it: "
           f"start it (quorum aggregator start) and it resumes the run, or quorum aggregator run --resume {run.id}",
           flush=True)
-    raise typer.Exit(exit_code(run.status))
+    raise typer.Exit(exit_code(RunStatus.INTERRUPTED))
 
 
 #: While a submitted run has not opened: how often the connected devices are counted again (each count

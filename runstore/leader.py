@@ -20,10 +20,12 @@ or a waiting standby reports.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import socket
 import threading
+import weakref
 from collections.abc import Callable
 
 from sqlalchemy import create_engine, text
@@ -72,6 +74,28 @@ class Leadership:
             "keepalives": 1, "keepalives_idle": 2, "keepalives_interval": 1, "keepalives_count": 3})
         self._conn: Connection | None = None
         self.held = False
+        os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
+
+    def _forget_in_child(self) -> None:
+        """In a forked child (a worker pool): drop the lock's connection without a word to the server.
+
+        The child's copy of its socket would keep the session, and so the lock,
+        alive after this process died, for as long as the child lives. The
+        socket is replaced by ``/dev/null`` in the child alone; the parent's
+        connection is untouched, and the child never leads.
+        """
+        conn, self._conn, self.held = self._conn, None, False
+        if conn is None:
+            return
+        try:
+            fd = conn.connection.dbapi_connection.fileno()  # type: ignore[union-attr]
+        except (AttributeError, SQLAlchemyError, OSError):
+            return
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
 
     def _connection(self) -> Connection:
         if self._conn is None:
@@ -171,6 +195,13 @@ class Leadership:
                 self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": self.key})
         self._drop()
         self._engine.dispose()
+
+
+def _forget_in_child(lead: weakref.ref[Leadership]) -> None:
+    """After a fork, in the child: what :meth:`Leadership._forget_in_child` says, if that claim still exists."""
+    found = lead()
+    if found is not None:
+        found._forget_in_child()
 
 
 def _reason(exc: SQLAlchemyError) -> str:

@@ -23,11 +23,12 @@ _EXAMPLE = "e.g. sqlite:///runs/quorum.db or postgresql+psycopg://USER@HOST/DB"
 
 
 def shown_url(url: str) -> str:
-    """``url`` as it may be printed: its password hidden (the text itself when it does not parse)."""
+    """``url`` as it may be printed: its password hidden (only its scheme when it does not parse)."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url[:200]
+    except (ArgumentError, ValueError):  # a port that is no number is a ValueError
+        scheme, sep, _ = url.partition("://")
+        return f"{scheme[:40]}://***" if sep else url[:80] if "@" not in url else "***"
 
 
 def open_engine(url: str, metadata: MetaData) -> Engine:
@@ -50,11 +51,11 @@ def open_engine(url: str, metadata: MetaData) -> Engine:
     except StoreError:
         _dispose(engine)
         raise
-    except ArgumentError as exc:  # no URL at all, or a dialect/driver that is not installed
+    except (ArgumentError, ValueError) as exc:  # no URL at all, a bad port, a dialect/driver not installed
         _dispose(engine)
         raise StoreError(f"the run store {shown!r} cannot be opened: {_first_line(exc)}; give an SQLAlchemy URL "
                          f"({_EXAMPLE}) with --db or QUORUM_DB") from None
-    except (SQLAlchemyError, OSError, ValueError, ImportError) as exc:
+    except (SQLAlchemyError, OSError, ImportError) as exc:
         _dispose(engine)
         raise StoreError(f"the run store {shown} cannot be opened: {_reason(url, exc)}") from None
     return engine

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from core.errors import StoreError
 from core.status import ENDED, RunStatus
 from runstore.leader import Leadership, supports_leadership
@@ -43,8 +45,16 @@ _POLL_S = 0.5
 
 
 def failover_key(scenario: Scenario) -> str:
-    """Return the key that makes processes started with ``scenario`` one group: 16 hex digits of its SHA-256."""
-    text = json.dumps(scenario.to_dict(), sort_keys=True, default=str)
+    """Return the key that makes processes started with ``scenario`` one group: 16 hex digits of its SHA-256.
+
+    Where the scenario was read from is left out (``task.path`` is absolute, ``task.source`` the path as
+    typed): two hosts, or two working directories, with the same scenario are one group.
+    """
+    record = scenario.to_dict()
+    task = record.get("task")
+    if isinstance(task, dict):
+        record["task"] = {k: v for k, v in task.items() if k not in ("path", "source")}
+    text = json.dumps(record, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -102,18 +112,29 @@ def _wait_for_lead(lead: Leadership, db_url: str, key: str, say: Callable[[str],
     watched: str | None = None
     told = ""
     with RunStore(db_url) as store:
-        while not lead.try_acquire():
+        while not _acquired(lead):
             if stop.wait(_POLL_S):
                 return None
-            if watched is None:
-                run = _run_of(store, key, since=since)
-                watched = run.id if run is not None else None
-            news = (f"standby: {lead.holder() or 'another process'} drives "
-                    f"{'run ' + watched if watched else 'this scenario'}; it is taken over if that process dies")
+            try:
+                if watched is None:
+                    run = _run_of(store, key, since=since)
+                    watched = run.id if run is not None else None
+                news = (f"standby: {lead.holder() or 'another process'} drives "
+                        f"{'run ' + watched if watched else 'this scenario'}; it is taken over if that process dies")
+            except (StoreError, SQLAlchemyError) as exc:  # the database restarting: the standby outlives it
+                news = f"standby: the run store cannot be read ({str(exc).splitlines()[0][:200]}); trying again"
             if news != told:
                 say(news)
                 told = news
     return _Waited(since, watched)
+
+
+def _acquired(lead: Leadership) -> bool:
+    """Try the lock once; a database that cannot be reached is a lock not taken (tried again next poll)."""
+    try:
+        return lead.try_acquire()
+    except StoreError:
+        return False
 
 
 def _run_of(store: RunStore, key: str, since: float) -> Run | None:

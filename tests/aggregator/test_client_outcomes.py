@@ -18,6 +18,7 @@ from flwr.server.superlink.linkstate.utils import (
     create_message_error_unavailable_res_message,
 )
 
+from core.eval_replies import eval_reply
 from core.instructions import parse_instruction
 from core.outcomes import DROPPED, FAILED, clean_reason, error_outcome, run_problems
 from runstore.store import RunStore
@@ -110,3 +111,32 @@ class _Row(NamedTuple):
     outcome: str
     reason: str | None
     round: int
+
+
+def node_3_gone_at_evaluation(message: Message, context) -> Message:
+    """Every node trains; node 3 is gone by the evaluation (the SuperLink answers for it)."""
+    if message.metadata.message_type == "evaluate":
+        if context.node_id == 3:
+            return create_message_error_unavailable_res_message(message.metadata, "node_unavail")
+        return Message(eval_reply(0.5, 0.5, 10), reply_to=message)
+    params, _ = parse_instruction(message.content)
+    return Message(honest(context.node_id, params), reply_to=message)
+
+
+def test_a_node_gone_by_its_evaluation_is_dropped_at_evaluate(db_url: str) -> None:
+    # Prepare: one round with federated evaluation; node 3 trained, then its SuperLink reports it unavailable
+    from runtimes.inprocess import InProcessGrid, NodeSpec
+
+    scenario = tiny_scenario(rounds=1, evaluation={"federated": True, "server": False})
+    store = RunStore(db_url)
+
+    # Execute
+    with InProcessGrid(node_3_gone_at_evaluation, [NodeSpec(i + 1, {}) for i in range(3)], {}) as grid:
+        run_id, _ = run_federation(grid, scenario, store, engine="inprocess")
+
+    # Assert: its update counted, its evaluation missing and said so; the score is the other two's
+    records = {c.client: c for c in store.client_results(run_id, 1)}
+    assert (records["3"].outcome, records["3"].stage) == ("dropped", "evaluate")
+    assert [records[n].outcome for n in "12"] == ["ok", "ok"]
+    (row,) = store.rounds(run_id)
+    assert row.metrics["eval-dropped"] == 1 and row.fed_loss == 0.5

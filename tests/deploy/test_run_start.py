@@ -286,3 +286,26 @@ def test_wait_follows_a_run_the_aggregator_resumes_to_its_end(tmp_path: Path,
     assert done.value.exit_code == 0, out
     assert out.count("the aggregator resumes it from its last committed round: waiting") == 1, out
     assert f"run {run_id} finished" in out
+
+
+def test_wait_takes_a_serverapp_stopped_under_its_run_for_an_interruption(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: the run's ServerApp was stopped (SystemExit, stored as failed) and the aggregator here resumes
+    # it: for the seconds before the supervisor marks it interrupted, --wait must not call it failed
+    cfg = config(tmp_path)
+    store, run_id = _interrupted_run(cfg, 81)
+    store.set_status(run_id, "failed", "SystemExit: the ServerApp was stopped")
+    cfg.state.pidfile.parent.mkdir(parents=True, exist_ok=True)
+    cfg.state.pidfile.write_text(json.dumps({"pid": os.getpid(), "resume": True}))
+    timer = threading.Timer(1.5, lambda: (store.set_status(run_id, "running"), store.set_status(run_id, "finished")))
+    timer.start()
+
+    # Execute
+    with pytest.raises(typer.Exit) as done:
+        cli._follow(cfg, 81, timeout_s=20)
+    timer.join()
+
+    # Assert
+    out = capsys.readouterr().out
+    assert done.value.exit_code == 0, out
+    assert "the aggregator resumes it" in out and f"run {run_id} finished" in out and "failed" not in out

@@ -264,3 +264,10 @@ def test_runs_refuses_a_status_that_does_not_exist_and_lists_the_real_ones(tmp_p
     out = cli("runs", "--db", f"sqlite:///{tmp_path / 'r.db'}", "--status", "bogus", check=False)
     assert out.exit_code == 2
     assert "'bogus'" in out.stderr and "interrupted" in out.stderr and "finished" in out.stderr
+
+
+def test_a_store_url_with_a_bad_port_is_one_line_without_its_password(tmp_path: Path) -> None:
+    out = cli("runs", "--db", "postgresql+psycopg://me:s3cret@127.0.0.1:notaport/db", check=False)
+    assert_clean_exit_2(out)
+    assert "s3cret" not in out.stderr and "give an SQLAlchemy URL" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

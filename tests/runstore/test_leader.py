@@ -8,6 +8,9 @@ holder's connection ended by the server, and a federation of another name
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -92,6 +95,43 @@ def test_a_leader_killed_by_sigkill_lets_the_waiting_standby_in(pg_url: str) -> 
         assert time.monotonic() - killed < 5
     finally:
         stop.set()
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait()
+        if leader.stdout is not None:
+            leader.stdout.close()
+        standby.release()
+
+
+@pytest.mark.e2e
+def test_a_leader_killed_while_a_forked_child_lives_on_lets_the_standby_in(pg_url: str) -> None:
+    # Prepare: a leader that forks a worker (as the in-process pool does) after it took the lock; the
+    # worker inherits the lock connection's socket and outlives the leader
+    code = ("import os, sys, time; from runstore.leader import Leadership; "
+            f"lead = Leadership({pg_url!r}, 'fed-f', who='forking'); assert lead.try_acquire(); "
+            "child = os.fork()\n"
+            "if child == 0:\n    time.sleep(60); os._exit(0)\n"
+            "print(child, flush=True); time.sleep(600)")
+    leader = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    standby = Leadership(pg_url, "fed-f", who="standby")
+    worker = 0
+    try:
+        assert leader.stdout is not None
+        worker = int(leader.stdout.readline().strip())
+        assert not standby.try_acquire()
+
+        # Execute: the leader dies; its forked worker lives on
+        leader.kill()
+        leader.wait()
+
+        # Assert: the worker's copy of the socket did not keep the session, so the lock is free at once
+        assert wait_for(lambda: standby.try_acquire(), 5, "the lock, with the leader's worker still alive",
+                        poll_s=0.1)
+        assert os.path.exists(f"/proc/{worker}")
+    finally:
+        if worker:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
         if leader.poll() is None:
             leader.kill()
             leader.wait()

@@ -122,3 +122,21 @@ def test_resume_on_failure_needs_a_shared_postgresql_store(tmp_path: Path) -> No
 
 def _logs(folder: Path) -> str:
     return "\n".join(f"== {p.name}\n{p.read_text()[-3000:]}" for p in sorted(folder.glob("*.log")))
+
+
+def test_the_failover_key_is_the_scenarios_not_where_it_was_read_from(tmp_path: Path) -> None:
+    # Prepare: one scenario with a task of its own, as two hosts (two folders) read it
+    from scenarios.schema import loads_scenario
+
+    text = 'name = "k"\nrounds = 2\n[task]\nentry = "task:MyTask"\npath = "."\n'
+    here, there = tmp_path / "a", tmp_path / "b" / "c"
+    for folder in (here, there):
+        folder.mkdir(parents=True)
+        (folder / "s.toml").write_text(text)
+
+    # Execute
+    keys = {failover_key(loads_scenario(text, str(folder / "s.toml"))) for folder in (here, there)}
+
+    # Assert: one group; other rounds are another group
+    assert len(keys) == 1
+    assert failover_key(loads_scenario(text.replace("rounds = 2", "rounds = 3"), str(here / "s.toml"))) not in keys
