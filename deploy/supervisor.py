@@ -183,7 +183,10 @@ class _Child:
                                          preexec_fn=functools.partial(_die_with_parent, self.death_signal))
 
     def signal_group(self, sig: signal.Signals) -> None:
-        """Send ``sig`` to its whole process group: an nginx master's workers, a SuperLink's ServerApps."""
+        """Send ``sig`` to its whole process group: an nginx master's workers.
+
+        A SuperLink's ServerApps run in sessions of their own (:func:`stop_leftover_serverapps`).
+        """
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, sig)
@@ -402,18 +405,24 @@ class Supervisor:
     def _restart(self, child: _Child) -> None:
         """Restart a child that exited: its process group stopped first, its port free or its holder named.
 
-        A restarted SuperLink has lost its runs' ServerApps (they were in its
-        group): their runs are resumed from their last committed round, as
-        when the whole aggregator restarts (:meth:`_resume_after_superlink`).
+        Before a SuperLink restarts, its runs' ServerApps are stopped (they run
+        in sessions of their own and would carry their round on with the new
+        SuperLink, from replies it never had): their runs are resumed from
+        their last committed round, as when the whole aggregator restarts
+        (:meth:`_resume_after_superlink`).
         """
         child.restarts += 1
         self.say(f"{child.name} exited (rc {child.proc.returncode if child.proc else '?'}); restarting "
                  f"(restart {child.restarts}, log {child.log})")
-        child.signal_group(signal.SIGKILL)  # what it left: an nginx master's workers, a SuperLink's ServerApps
+        child.signal_group(signal.SIGKILL)  # what it left in its group: an nginx master's workers
         if child.port is not None and not wait_port_free(*child.port, PORT_WAIT_S):
             host, port = child.port
             self.say(f"{child.name}: {host}:{port} is still in use, {describe_holders(port)}; "
                      f"{child.name} cannot listen until that process stops")
+        if child.name == "superlink":  # its ServerApps (sessions of their own) must not reach the new one
+            stopped = stop_leftover_serverapps(self.config.state.root)
+            if stopped:
+                self.say(f"stopped {len(stopped)} ServerApp process(es) of the SuperLink that exited: {stopped}")
         time.sleep(min(10.0, child.restarts - 1))  # a crash loop backs off; the first restart is at once
         child.start()
         self._write_pidfile()
