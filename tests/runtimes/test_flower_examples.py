@@ -181,5 +181,8 @@ def test_quorums_clientapp_runs_the_examples_training_under_its_own_serverapp(tm
     # Assert: both final models score alike on the example's centralized test set, by its own test()
     mean = {name: float(np.mean(values)) for name, values in scores.items()}
     print(f"quickstart-pytorch under its own ServerApp, {clients} clients x {rounds} rounds, 3 seedings: {scores}")
-    assert mean["quorum"] == pytest.approx(mean["flower"], abs=0.02), scores
+    # Each seeding's score swings by about 0.02 between runs (torch's kernels, the batches' order), so a mean of
+    # three has a standard error of about 0.012 and the difference of two means about 0.017: 0.02 failed a
+    # fresh clone (0.0204); 0.05 is three of those standard errors
+    assert mean["quorum"] == pytest.approx(mean["flower"], abs=0.05), scores
     assert mean["quorum"] > 0.3  # learned: chance is 0.1
