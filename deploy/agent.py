@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -33,6 +34,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ __all__ = ["AgentSpec", "supernode_argv", "child_args", "run_agent", "serve_task
 IDLE_SLEEP_S = 3.0       # Flower 1.42's SuperNode: sleep after a pull that found nothing
 REPLY_SLEEP_S = 0.5      # ... and between checks for a ClientApp's reply
 MAX_BACKOFF_S = 30.0
+RECONNECT_MAX_S = 4.0    # the longest wait between two tries to reach a SuperLink that went away (Flower: 20)
 TASK_RETRY_S = 10.0      # how long one task keeps retrying calls to its SuperNode
 TASK_INPUT_S = 20.0      # default wait of one task for its message's content (Flower: 2 h)
 
@@ -62,6 +65,7 @@ class AgentSpec:
     insecure: bool = False
     workdir: Path = Path(".quorum-agent")
     max_restarts: int | None = None  # None: forever
+    reconnect_max_s: float = RECONNECT_MAX_S  # cap on the SuperNode's back-off while the aggregator is away
     # secure aggregation against a lying server (docs/secagg.md): this device's enrolled Ed25519
     # identity key (a file holding its hex) and the operator's enrolment directory (JSON)
     secagg_identity: Path | None = None
@@ -116,8 +120,60 @@ class _PollClock:
         return getattr(time, name)
 
 
-def run_supernode(argv: Sequence[str], poll_s: float) -> None:
-    """Run Flower's SuperNode in this process with the idle poll set to ``poll_s``."""
+def _fresh_replies_first(push: Any) -> Any:
+    """Wrap Flower's ``_push_messages`` so that a stale reply never stands in for the next one.
+
+    Flower's SuperNode pulls one message, then pushes the replies that are ready,
+    waiting for at least one. When the aggregator dies after a device downloaded a
+    message but before the device confirmed it, Flower deletes that message as not
+    received; the worker still trains on it and leaves a reply in the node's state.
+    The next message pulled (the standby's replayed round) then pushes that stale
+    reply (its run is unknown there: a 500) and returns, and its own reply waits
+    for the message after: every reply one round late, the device dropped from
+    every round (seen after the fifth failover of ``bench/failover.py``).
+
+    A reply to a message this node no longer holds is dropped here, logged, and the
+    wait goes on for a reply to a message it does hold. Flower 1.42's in-memory
+    node state (``msg_store``, ``lock_msg_store``) is read; another state is left to
+    Flower's own push.
+    """
+    from flwr.common.logger import log
+
+    @functools.wraps(push)
+    def push_messages(state: Any, object_store: Any, send: Any, push_object: Any) -> None:
+        if not hasattr(state, "msg_store") or not hasattr(state, "lock_msg_store"):
+            return push(state, object_store, send, push_object)  # type: ignore[no-any-return]
+        while True:
+            with state.lock_msg_store:
+                held = [(e.message.metadata, e.is_retrieved) for e in state.msg_store.values()]
+            pulled = {m.message_id for m, _ in held if not m.reply_to_message_id}
+            ready = [m for m, taken in held if m.reply_to_message_id and not taken]
+            stale = [m for m in ready if m.reply_to_message_id not in pulled]
+            for m in stale:
+                log(WARNING, "Dropping reply %s of run %s: the message it answers (%s) was not received whole",
+                    m.message_id, m.run_id, m.reply_to_message_id)
+                state.delete_messages(message_ids=[m.message_id])
+                object_store.delete(m.message_id)
+            if len(ready) > len(stale):
+                return push(state, object_store, send, push_object)  # type: ignore[no-any-return]
+            time.sleep(min(REPLY_SLEEP_S, 0.05))
+
+    push_messages.drops_stale_replies = True  # type: ignore[attr-defined]
+    return push_messages
+
+
+def run_supernode(argv: Sequence[str], poll_s: float, reconnect_max_s: float = RECONNECT_MAX_S) -> None:
+    """Run Flower's SuperNode in this process, its idle poll set to ``poll_s``.
+
+    Flower retries a request that found no SuperLink after a random wait of up
+    to 1, 2, 4, ... 20 s ("full jitter"): a device that failed for 6 s while an
+    aggregator failed over could sleep 8 s more after the standby answered.
+    ``reconnect_max_s`` caps that doubling (Flower's own retry, same jitter), so
+    a device is back within that long of the aggregator's return; each device
+    still spreads its tries at random, a mean of one every ``reconnect_max_s / 2``.
+    """
+    import flwr.supercore.retry.grpc_retry as grpc_retry
+    import flwr.supercore.retry.http_retry as http_retry
     import flwr.supernode.start_client_internal as loop
     from flwr.supercore.logger import update_console_handler
     from flwr.supernode.cli.flower_supernode import flower_supernode
@@ -126,6 +182,10 @@ def run_supernode(argv: Sequence[str], poll_s: float) -> None:
     if poll_s < IDLE_SLEEP_S:
         # a stand-in for the time module (duck-typed), which that module imports without re-exporting
         loop.time = _PollClock(poll_s)  # type: ignore[assignment,attr-defined]
+    for retry in (http_retry, grpc_retry):  # read by each retry invoker's wait generator, at each request
+        retry.MAX_RETRY_DELAY = reconnect_max_s  # type: ignore[attr-defined]
+    if not getattr(loop._push_messages, "drops_stale_replies", False):
+        loop._push_messages = _fresh_replies_first(loop._push_messages)
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 
@@ -306,7 +366,8 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]], grace_s: float = 15.0) -> No
 def child_args(spec: AgentSpec) -> dict[str, list[str]]:
     """Return the arguments of the agent's two children (``python -m deploy.agent ROLE ...``), by role."""
     return {
-        "supernode": ["--poll-s", str(spec.poll_s), "--", *supernode_argv(spec)],
+        "supernode": ["--poll-s", str(spec.poll_s), "--reconnect-max-s", str(spec.reconnect_max_s), "--",
+                      *supernode_argv(spec)],
         "worker": ["--runtime", spec.runtime_address, "--poll-s", str(min(spec.poll_s, 0.2)),
                    "--task-input-s", str(spec.task_input_s)],
     }
@@ -356,6 +417,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="role", required=True)
     node = sub.add_parser("supernode")
     node.add_argument("--poll-s", type=float, default=1.0)
+    node.add_argument("--reconnect-max-s", type=float, default=RECONNECT_MAX_S)
     node.add_argument("rest", nargs=argparse.REMAINDER)
     worker = sub.add_parser("worker")
     worker.add_argument("--runtime", required=True)
@@ -364,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.role == "supernode":
         rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
-        run_supernode(rest, args.poll_s)
+        run_supernode(rest, args.poll_s, args.reconnect_max_s)
         return
     stop = threading.Event()
 

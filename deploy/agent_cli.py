@@ -139,6 +139,10 @@ def start(
     runtime_port: Annotated[int | None, typer.Option(
         min=1, max=65535, help="Local port between SuperNode and worker (127.0.0.1); default: a free one.")] = None,
     poll: Annotated[float, typer.Option(help="Seconds between polls while idle (Flower's default: 3).")] = 1.0,
+    reconnect_max: Annotated[float, typer.Option(
+        help="While the aggregator cannot be reached, the longest wait between two tries (each a random "
+             "wait up to a doubling bound: Flower's own is 20). Lower: back sooner after an aggregator "
+             "fails over; higher: fewer tries from a large fleet while it is down.")] = 4.0,
     workdir: Annotated[Path, typer.Option(help="Logs and Flower's state.")] = Path(".quorum-agent"),
     task_input_timeout: Annotated[float, typer.Option(
         help="Seconds one task waits for its model to arrive from the SuperNode before it fails and the "
@@ -164,11 +168,14 @@ def start(
             _fail(f"{path}: no such file")
     if not 0.05 <= poll <= 30:
         _fail(f"--poll {poll}: between 0.05 and 30 seconds")
+    if not 0.5 <= reconnect_max <= 600:
+        _fail(f"--reconnect-max {reconnect_max}: between 0.5 and 600 seconds")
     if task_input_timeout <= 0:
         _fail(f"--task-input-timeout {task_input_timeout}: must be a positive number of seconds")
     port, _lock = _preflight(server, None if insecure else ca, runtime_port, workdir, data)
     spec = AgentSpec(server=server, data=data, key=key, ca=ca, name=name, runtime_port=port,
                      poll_s=poll, insecure=insecure, workdir=workdir, task_input_s=task_input_timeout,
+                     reconnect_max_s=reconnect_max,
                      secagg_identity=secagg_identity, secagg_directory=secagg_directory)
     print(f"client agent {name or '(unnamed)'}: connecting to {server} (data {data}, logs {workdir / 'logs'})",
           flush=True)

@@ -4,12 +4,15 @@ the nginx allow-list, the agent's command line, the run lease."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from cryptography import x509
@@ -22,12 +25,14 @@ from core.records import RoundRecord
 from core.strategy import ServerState
 from deploy.agent import (
     IDLE_SLEEP_S,
+    RECONNECT_MAX_S,
     REPLY_SLEEP_S,
     TASK_INPUT_S,
     AgentSpec,
     _PollClock,
     child_args,
     main,
+    run_supernode,
     supernode_argv,
 )
 from deploy.config import ConfigError, load_config
@@ -254,6 +259,156 @@ def test_a_non_positive_task_input_timeout_is_refused_by_name(tmp_path: Path) ->
 
     assert result.exit_code != 0
     assert "--task-input-timeout 0.0: must be a positive number of seconds" in result.output
+
+
+def test_the_supernodes_reconnection_back_off_is_capped_in_flowers_own_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    import flwr.supercore.retry.grpc_retry as grpc_retry
+    import flwr.supercore.retry.http_retry as http_retry
+    import flwr.supernode.start_client_internal as loop
+
+    for module in (grpc_retry, http_retry):  # restored after the test: run_supernode sets them for its process
+        monkeypatch.setattr(module, "MAX_RETRY_DELAY", module.MAX_RETRY_DELAY)
+    monkeypatch.setattr(loop, "time", loop.time)
+    monkeypatch.setattr(loop, "_push_messages", loop._push_messages)
+    entry = importlib.import_module("flwr.supernode.cli.flower_supernode")  # the package re-exports the function
+    monkeypatch.setattr(entry, "flower_supernode", lambda: None)
+    monkeypatch.setattr("sys.argv", list(sys.argv))
+    flower_bounds = [next(g) for g in [http_retry.make_simple_http_retry_invoker().wait_gen_factory()]
+                     for _ in range(7)]
+
+    run_supernode(["--insecure"], poll_s=1.0, reconnect_max_s=2.5)
+
+    # Flower's own invokers, built after the cap as the SuperNode builds them per connection
+    for invoker in (http_retry.make_simple_http_retry_invoker(), grpc_retry.make_simple_grpc_retry_invoker()):
+        gen = invoker.wait_gen_factory()
+        assert [next(gen) for _ in range(7)] == [1, 2, 2.5, 2.5, 2.5, 2.5, 2.5]
+    assert flower_bounds == [1, 2, 4, 8, 16, 20, 20]  # what a device waited before: up to 20 s a try
+    # and the waits themselves: full jitter below the bound, one failing request retried 30 times
+    waits: list[float] = []
+    invoker = http_retry.make_simple_http_retry_invoker()
+    invoker.wait_function = waits.append
+    invoker.max_tries = 31
+    failures = iter(range(30))
+
+    def request() -> str:
+        if next(failures, None) is not None:
+            raise httpx.ConnectError("refused")
+        return "ok"
+
+    assert invoker.invoke(request) == "ok"
+    assert len(waits) == 30 and max(waits) <= 2.5 and min(waits) >= 0
+
+
+def test_the_agent_passes_its_reconnection_cap_to_the_supernode(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[tuple] = []
+    monkeypatch.setattr("deploy.agent.run_supernode", lambda *args: ran.append(args))
+    spec = AgentSpec(server="h:1", data=tmp_path / "d", key=None, ca=None, insecure=True, reconnect_max_s=3.0)
+
+    main(["supernode", *child_args(spec)["supernode"]])
+    main(["supernode", "--", "--insecure"])
+
+    assert [args[1:] for args in ran] == [(1.0, 3.0), (1.0, RECONNECT_MAX_S)]
+    assert ran[0][0][-2:] == supernode_argv(spec)[-2:]
+
+
+@pytest.mark.parametrize("value", ["0", "0.1", "nan", "inf", "-4", "1e308"])
+def test_a_reconnection_cap_out_of_range_is_refused_by_name(tmp_path: Path, value: str) -> None:
+    from typer.testing import CliRunner
+
+    from deploy.agent_cli import app
+
+    data = tmp_path / "d.csv"
+    data.write_text("x,label\n1,0\n")
+
+    result = CliRunner().invoke(app, ["start", "--server", "h:1", "--data", str(data), "--insecure",
+                                      "--reconnect-max", value])
+
+    assert result.exit_code != 0
+    assert "--reconnect-max" in result.output and "between 0.5 and 600 seconds" in result.output
+
+
+def _node_state() -> tuple:
+    """A SuperNode's own state and object store, as Flower 1.42 builds them."""
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supernode.nodestate import NodeStateFactory
+
+    objects = ObjectStoreFactory()
+    return NodeStateFactory(objects).state(), objects.store()
+
+
+def _instruction(run_id: int, round_: int) -> object:
+    """A train message as the SuperLink sends it (its id set from its content, as on the wire)."""
+    from flwr.app import ConfigRecord, Message, Metadata, RecordDict
+    from flwr.app.message.message import make_message
+
+    msg = make_message(Metadata(run_id=run_id, message_id="", src_node_id=1, dst_node_id=7,
+                                reply_to_message_id="", group_id=str(round_), created_at=1.0, ttl=3600.0,
+                                message_type="train"), RecordDict({"config": ConfigRecord({"round": round_})}))
+    msg.metadata.__dict__["_message_id"] = msg.object_id
+    assert isinstance(msg, Message)
+    return msg
+
+
+def _reply(to: object) -> object:
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    reply = Message(RecordDict({"metrics": ConfigRecord({"answers": to.metadata.message_id})}),  # type: ignore[attr-defined]
+                    reply_to=to)  # type: ignore[arg-type]
+    reply.metadata.__dict__["_message_id"] = reply.object_id
+    return reply
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["flowers-push", "fresh-replies-first"])
+def test_a_reply_to_a_message_never_received_whole_does_not_stand_in_for_the_next(
+        monkeypatch: pytest.MonkeyPatch, wrapped: bool) -> None:
+    import flwr.supernode.start_client_internal as loop
+
+    from deploy import agent
+
+    # Prepare: the leader died after this device downloaded round 6 of the old run, before it confirmed it:
+    # Flower deleted the message, the worker still replied. The standby's round 7 is then pulled; its reply
+    # comes while the SuperNode waits to push.
+    state, store = _node_state()
+    old, new = _instruction(111, 6), _instruction(222, 7)
+    assert len({old.metadata.message_id, new.metadata.message_id}) == 2  # type: ignore[attr-defined]
+    loop._insert_message(old, state, store)
+    stale = _reply(old)
+    loop._insert_message(stale, state, store)
+    state.delete_messages(message_ids=[old.metadata.message_id])  # "Failed to receive message"
+    loop._insert_message(new, state, store)
+    fresh = _reply(new)
+    assert stale.metadata.message_id in state.msg_store  # type: ignore[attr-defined]
+    sent: list[tuple[int, str]] = []
+
+    def send(message: object, tree: object, runtime: float) -> tuple[set[str], str]:
+        sent.append((message.metadata.run_id, message.metadata.reply_to_message_id))  # type: ignore[attr-defined]
+        return set(), "session"
+
+    class WorkerRepliesWhileWaiting:  # the worker's reply lands during the push's first wait, in either code
+        def sleep(self, _: float) -> None:
+            loop._insert_message(fresh, state, store)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(__import__("time"), name)
+
+    monkeypatch.setattr(agent, "time", WorkerRepliesWhileWaiting())
+    monkeypatch.setattr(loop, "time", WorkerRepliesWhileWaiting())
+    flowers = getattr(loop._push_messages, "__wrapped__", loop._push_messages)  # as Flower 1.42 ships it
+    push = agent._fresh_replies_first(flowers) if wrapped else flowers
+
+    # Execute: one push after the pull of round 7
+    push(state, store, send, lambda *_: None)
+
+    # Assert: Flower's own push sends the stale reply (one the standby's SuperLink cannot know) and leaves round
+    # 7's for the next pull; the wrapped push drops the stale one and sends round 7's now
+    if wrapped:
+        assert sent == [(222, new.metadata.message_id)]
+        assert stale.metadata.message_id not in state.msg_store
+    else:
+        assert sent == [(111, old.metadata.message_id)]  # type: ignore[attr-defined]
+        # round 7 still awaits its reply, which goes with the next message pulled: one round late, and on after
+        assert new.metadata.message_id in state.msg_store  # type: ignore[attr-defined]
 
 
 def test_only_flowers_idle_and_reply_sleeps_are_shortened(monkeypatch: pytest.MonkeyPatch) -> None:
