@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from flwr.proto.node_pb2 import NodeInfo
     from flwr.supercore.control import ControlHttpClient
 
-__all__ = ["CONNECTION", "flower_env", "write_flower_home", "superlink_command", "write_app", "stop_run",
+__all__ = ["CONNECTION", "warm_up", "flower_env", "write_flower_home", "superlink_command", "write_app", "stop_run",
            "control", "register_key", "unregister_node", "node_infos", "list_nodes", "submit_run", "bin_path"]
 
 CONNECTION = "quorum-local"
@@ -204,6 +204,17 @@ def node_infos(config: DeployConfig) -> list[NodeInfo]:
 def list_nodes(config: DeployConfig) -> list[dict[str, Any]]:
     """``flwr supernode list --format json``'s rows: ``node-id``, ``owner-name``, ``status``."""
     return [{"node-id": n.node_id, "owner-name": n.owner_name, "status": n.status} for n in node_infos(config)]
+
+
+def warm_up() -> None:
+    """Import what :func:`control` and :func:`submit_run` use (half a second idle, seconds on a loaded host)."""
+    import flwr.cli.build
+    import flwr.cli.cli_client_interceptor
+    import flwr.common.serde
+    import flwr.proto.control_pb2
+    import flwr.supercore.control
+    import flwr.supercore.fab
+    import flwr.supercore.interceptors  # noqa: F401
 
 
 def submit_run(config: DeployConfig, run_config: Mapping[str, str | float | int]) -> int:

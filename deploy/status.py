@@ -21,8 +21,8 @@ from deploy.errors import DeployError
 from deploy.flower import list_nodes
 from runstore.store import Run, RunStore
 
-__all__ = ["aggregator_resumes", "collect_status", "render_status", "find_stored_run", "serverapp_pids",
-           "ServerAppWatch", "stop_aggregator"]
+__all__ = ["aggregator_resumes", "running_aggregator", "collect_status", "render_status", "find_stored_run",
+           "serverapp_pids", "ServerAppWatch", "stop_aggregator"]
 
 #: How long a run may go without a ServerApp (Flower starts one in about a second) before it is called dead.
 START_GRACE_S = 120.0
@@ -170,6 +170,16 @@ def _current_run(config: DeployConfig) -> dict[str, Any] | None:
     run = next((r for r in runs if r.status == RunStatus.RUNNING), runs[0])
     return {"id": run.id, "name": run.name, "status": run.status, "rounds_done": run.rounds_done,
             "rounds_total": run.rounds_total, "error": run.error}
+
+
+def running_aggregator(config: DeployConfig) -> int | None:
+    """Return the pid of the ``quorum aggregator start`` this state folder's pid file names, while it runs."""
+    try:
+        pid = int(json.loads(config.state.pidfile.read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    words = _command(pid) if _alive(pid) else []
+    return pid if any(a == "aggregator" and b == "start" for a, b in zip(words, words[1:], strict=False)) else None
 
 
 def collect_status(config: DeployConfig) -> dict[str, Any]:

@@ -46,10 +46,11 @@ from deploy.config import DeployConfig
 from deploy.enroll import load_registry, publish_devices
 from deploy.errors import DeployError, ProcessFailed
 from deploy.failover import restore_devices
-from deploy.flower import flower_env, stop_run, superlink_command, write_flower_home
+from deploy.flower import flower_env, stop_run, superlink_command, warm_up, write_flower_home
 from deploy.pki import TlsFiles, ensure_tls, fingerprint
 from deploy.ports import describe_holders, wait_port_free
 from deploy.proxy import ProxySpec, nginx_command
+from deploy.status import running_aggregator
 from deploy.submit import submit
 from runstore.leader import Leadership, supports_leadership
 from runstore.store import RunStore
@@ -306,11 +307,30 @@ class Supervisor:
                                   "take over when it stops")
         except StoreError as exc:
             raise DeployError(str(exc)) from None
+        self._clear_for_standby()
         if not self.leadership.wait(self.stopping, say=self.say):
             return False
         self.took_over = True
         self.say(f"standby: took the lead of federation {cfg.aggregator.name!r}; starting")
         return True
+
+    def _clear_for_standby(self) -> None:
+        """Before a standby waits: what taking the lead would otherwise do on the clock.
+
+        A ServerApp this host left when it last led (killed, its ServerApps in sessions
+        of their own) is stopped now, not after the leader dies: one waiting for its
+        dead SuperLink takes up to 10 s to end on SIGTERM, and that was the front
+        door's worst delay. Skipped while this state folder's own aggregator runs (a
+        standby started by mistake on the leader's folder must not stop its ServerApps).
+        The Control API client and the app builder are imported now, not at the resume.
+        """
+        cfg = self.config
+        if running_aggregator(cfg) in (None, os.getpid()):
+            stopped = stop_leftover_serverapps(cfg.state.root)
+            if stopped:
+                self.say(f"standby: stopped {len(stopped)} ServerApp process(es) this host left when it led: "
+                         f"{stopped}")
+        warm_up()
 
     def _sync_devices(self) -> None:
         """Restore the store's enrolled devices into this host's files and SuperLink, or publish this host's."""

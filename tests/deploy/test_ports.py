@@ -63,3 +63,49 @@ def test_a_childs_whole_group_is_stopped_its_orphaned_worker_included(tmp_path: 
         assert wait_port_free("127.0.0.1", port, 10.0)
     finally:
         child.stop(1.0)
+
+
+#: Stand-ins whose command lines read as a ServerApp and as a running aggregator (what the checks look at).
+SERVERAPP = [sys.executable, "-c", "import signal; signal.pause()", "flwr-serverapp"]
+AGGREGATOR = [sys.executable, "-c", "import signal; signal.pause()", "quorum", "aggregator", "start"]
+
+
+@pytest.mark.parametrize("leader", ["dead", "alive"])
+def test_a_standby_stops_its_hosts_leftover_serverapps_before_it_waits_unless_its_aggregator_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, leader: str) -> None:
+    import json
+    import subprocess
+
+    from deploy.config import load_config
+    from deploy.supervisor import Supervisor
+
+    # Prepare: this host's state folder, a ServerApp it left (recorded as Flower's wrapper records it), and
+    # its pid file naming an aggregator that is gone (killed) or still runs
+    path = tmp_path / "federation.toml"
+    path.write_text('[aggregator]\nstate_dir = "st"\n')
+    cfg = load_config(path)
+    (cfg.state.root / "serverapps").mkdir(parents=True)
+    procs = [subprocess.Popen(SERVERAPP)]
+    if leader == "alive":
+        procs.append(subprocess.Popen(AGGREGATOR))
+    try:
+        (cfg.state.root / "serverapps" / f"{procs[0].pid}.json").write_text(json.dumps({"pid": procs[0].pid}))
+        cfg.state.pidfile.write_text(json.dumps({"pid": procs[-1].pid if leader == "alive" else 2**22 + 7}))
+        warmed: list[bool] = []
+        monkeypatch.setattr("deploy.supervisor.warm_up", lambda: warmed.append(True))
+        said: list[str] = []
+
+        # Execute
+        Supervisor(cfg, say=said.append, standby=True)._clear_for_standby()
+
+        # Assert: stopped (SIGTERM, within the grace) only when this folder's aggregator is not running
+        if leader == "dead":
+            assert procs[0].wait(timeout=15) == -signal.SIGTERM
+            assert said == [f"standby: stopped 1 ServerApp process(es) this host left when it led: [{procs[0].pid}]"]
+        else:
+            assert procs[0].poll() is None and said == []
+        assert warmed == [True]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
