@@ -7,6 +7,7 @@ process) is never reachable from devices.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -25,8 +26,9 @@ if TYPE_CHECKING:
     from flwr.proto.node_pb2 import NodeInfo
     from flwr.supercore.control import ControlHttpClient
 
-__all__ = ["CONNECTION", "warm_up", "flower_env", "write_flower_home", "superlink_command", "write_app", "stop_run",
-           "control", "register_key", "unregister_node", "node_infos", "list_nodes", "submit_run", "bin_path"]
+__all__ = ["CONNECTION", "warm_up", "stop_unfinished_runs", "flower_env", "write_flower_home", "superlink_command",
+           "write_app", "stop_run", "control", "register_key", "unregister_node", "node_infos", "list_nodes",
+           "submit_run", "bin_path"]
 
 CONNECTION = "quorum-local"
 REPO_ROOT = Path(deploy.__file__).resolve().parent.parent
@@ -191,6 +193,36 @@ def stop_run(config: DeployConfig, flower_run_id: int) -> bool:
             return bool(api.StopRun(StopRunRequest(run_id=flower_run_id)).success)
     except DeployError:
         return False
+
+
+def stop_unfinished_runs(config: DeployConfig, page: int = 100) -> list[int]:
+    """Stop every Flower run this host's SuperLink still counts as unfinished; return their ids.
+
+    Called when an aggregator starts, and after its SuperLink restarts, once no
+    ServerApp of this host runs: a run its link state still holds as running
+    lost its ServerApp with the aggregator or SuperLink that died. Left as it
+    was, its undelivered messages went to the devices when they reconnected
+    (the link state outlives the SuperLink in the state folder): a device then
+    waited some 40 s for the content of a message no ServerApp would ever send,
+    and missed the resumed run's round. Quorum's runs are resumed as new Flower
+    runs (``resume``), so nothing is lost by stopping these.
+    """
+    from flwr.proto.control_pb2 import ListRunsRequest, StopRunRequest
+
+    stopped: list[int] = []
+    with control(config) as api, _refusal("cannot list the SuperLink's runs"):
+        unfinished, skip = [], 0
+        while True:
+            runs = api.ListRuns(ListRunsRequest(limit=page, skip=skip)).run_dict
+            unfinished += [run_id for run_id, run in runs.items() if run.status.status != "finished"]
+            if len(runs) < page:
+                break
+            skip += page
+        for run_id in unfinished:
+            with contextlib.suppress(DeployError), _refusal(f"cannot stop run {run_id}"):
+                if api.StopRun(StopRunRequest(run_id=run_id)).success:
+                    stopped.append(int(run_id))
+    return stopped
 
 
 def node_infos(config: DeployConfig) -> list[NodeInfo]:

@@ -46,7 +46,14 @@ from deploy.config import DeployConfig
 from deploy.enroll import load_registry, publish_devices
 from deploy.errors import DeployError, ProcessFailed
 from deploy.failover import restore_devices
-from deploy.flower import flower_env, stop_run, superlink_command, warm_up, write_flower_home
+from deploy.flower import (
+    flower_env,
+    stop_run,
+    stop_unfinished_runs,
+    superlink_command,
+    warm_up,
+    write_flower_home,
+)
 from deploy.pki import TlsFiles, ensure_tls, fingerprint
 from deploy.ports import describe_holders, wait_port_free
 from deploy.proxy import ProxySpec, nginx_command
@@ -57,6 +64,8 @@ from runstore.store import RunStore
 
 #: How long a restarted child waits for its port to be let go by what its predecessor left, before naming the holder.
 PORT_WAIT_S = 5.0
+STABLE_S = 60.0   # a child up this long before it exited restarts at once again (its crash loop is over)
+ANSWER_S = 60.0   # a restarted SuperLink silent this long is reported (its runs wait for it still)
 
 __all__ = ["Supervisor", "prepare", "health_url", "wait_healthy", "resumable_runs", "stop_leftover_serverapps"]
 
@@ -175,9 +184,11 @@ class _Child:
     death_signal: signal.Signals = signal.SIGKILL
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    started_at: float = 0.0   # time.monotonic() of the last start
 
     def start(self) -> None:
         """Start it, in a new process group (its workers and ServerApps join that group)."""
+        self.started_at = time.monotonic()
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.env, process_group=0,
@@ -233,6 +244,8 @@ class Supervisor:
     leadership: Leadership | None = None
     took_over: bool = False     # this aggregator waited as a standby, then took the lead
     lost_lead: str | None = None  # why it stopped leading, when it did
+    resume_pending: float | None = None  # since when a restarted SuperLink's runs wait for it to answer
+    resume_late_said: bool = False       # ... and that it is late was said
 
     # -- start ------------------------------------------------------------
     def start(self) -> bool:
@@ -283,6 +296,7 @@ class Supervisor:
         wait_healthy(health_url("localhost", a.internal_port, self.tls is not None), ca,
                      self.children["superlink"].proc, 60.0, "the SuperLink", logs / "superlink.log")
         self._sync_devices()  # before the front door: no device reaches the SuperLink without its node
+        self._stop_orphaned_runs()  # ... nor pulls a message of a run whose ServerApp died
         self._start_front(ca)
         self._start_dashboard()
         self._write_pidfile()
@@ -343,6 +357,17 @@ class Supervisor:
                          "given back to this SuperLink)")
         elif load_registry(cfg):
             publish_devices(cfg)  # a store from before the devices table: this host's registry fills it
+
+    def _stop_orphaned_runs(self) -> None:
+        """Stop the Flower runs this host's link state kept from before (``deploy.flower.stop_unfinished_runs``)."""
+        try:
+            stopped = stop_unfinished_runs(self.config)
+        except DeployError as exc:
+            self.say(f"could not stop the SuperLink's earlier runs: {str(exc).splitlines()[0]}")
+            return
+        if stopped:
+            self.say(f"stopped {len(stopped)} Flower run(s) left in this SuperLink's state without a ServerApp: "
+                     f"{stopped}")
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str], log: Path,
                port: tuple[str, int] | None = None, death_signal: signal.Signals = signal.SIGKILL) -> None:
@@ -421,16 +446,22 @@ class Supervisor:
             for child in self.children.values():
                 if child.proc is not None and child.proc.poll() is not None and not self.stopping.is_set():
                     self._restart(child)
+            if self.resume_pending is not None and not self.stopping.is_set():
+                self._resume_after_superlink()
 
     def _restart(self, child: _Child) -> None:
         """Restart a child that exited: its process group stopped first, its port free or its holder named.
 
-        Before a SuperLink restarts, its runs' ServerApps are stopped (they run
-        in sessions of their own and would carry their round on with the new
+        A crash loop backs off (0, 1, 2, ... 10 s; from 0 again once a start
+        lasted :data:`STABLE_S`), in a wait that :meth:`stop` ends. Before a
+        SuperLink restarts, its runs' ServerApps are stopped (they run in
+        sessions of their own and would carry their round on with the new
         SuperLink, from replies it never had): their runs are resumed from
-        their last committed round, as when the whole aggregator restarts
-        (:meth:`_resume_after_superlink`).
+        their last committed round once it answers (:meth:`_resume_after_superlink`),
+        from the watch loop, which goes on checking the lead meanwhile.
         """
+        if child.started_at and time.monotonic() - child.started_at >= STABLE_S:
+            child.restarts = 0
         child.restarts += 1
         self.say(f"{child.name} exited (rc {child.proc.returncode if child.proc else '?'}); restarting "
                  f"(restart {child.restarts}, log {child.log})")
@@ -443,27 +474,36 @@ class Supervisor:
             stopped = stop_leftover_serverapps(self.config.state.root)
             if stopped:
                 self.say(f"stopped {len(stopped)} ServerApp process(es) of the SuperLink that exited: {stopped}")
-        time.sleep(min(10.0, child.restarts - 1))  # a crash loop backs off; the first restart is at once
+        if self.stopping.wait(min(10.0, child.restarts - 1)):  # the first restart is at once
+            return
         child.start()
         self._write_pidfile()
         if child.name == "superlink":
-            self._resume_after_superlink(child)
+            self.resume_pending, self.resume_late_said = time.monotonic(), False
 
-    def _resume_after_superlink(self, superlink: _Child) -> None:
-        """Once the restarted SuperLink answers, resume the runs its lost ServerApps drove (with ``resume``)."""
-        cfg = self.config
+    def _resume_after_superlink(self) -> None:
+        """Resume the runs a restarted SuperLink's lost ServerApps drove, once it answers (with ``resume``).
+
+        Called from the watch loop while :attr:`resume_pending`; nothing is
+        resumed by an aggregator that no longer leads (the standby resumes them).
+        """
+        cfg, since = self.config, self.resume_pending or 0.0
         ca = self.tls.ca_cert if self.tls else None
-        try:
-            wait_healthy(health_url("localhost", cfg.aggregator.internal_port, self.tls is not None), ca,
-                         superlink.proc, 60.0, "the restarted SuperLink", cfg.state.logs / "superlink.log")
-        except ProcessFailed as exc:
-            self.say(f"{str(exc).splitlines()[0]}; its runs are resumed once it answers")
+        if _get(health_url("localhost", cfg.aggregator.internal_port, self.tls is not None), ca, 1.0) != 200:
+            if not self.resume_late_said and time.monotonic() - since >= ANSWER_S:
+                self.say(f"the restarted SuperLink does not answer after {ANSWER_S:g} s (log "
+                         f"{cfg.state.logs / 'superlink.log'}); its runs are resumed once it answers")
+                self.resume_late_said = True
             return
+        self.resume_pending = None
+        if self.leadership is not None and not self.leadership.alive():
+            return  # the watch loop's lead check stops this aggregator; the standby resumes the runs
         if not self.resume:
             self.say("the SuperLink restarted; its runs stay interrupted (--no-resume): "
                      "quorum aggregator run --resume RUN continues one")
             return
         stop_leftover_serverapps(cfg.state.root)
+        self._stop_orphaned_runs()
         with RunStore(cfg.db_url) as store:
             for run_id in resumable_runs(cfg.db_url):
                 done = store.get_run(run_id).rounds_done

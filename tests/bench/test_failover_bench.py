@@ -30,4 +30,5 @@ def test_quick_benchmark_times_one_failover_against_a_round() -> None:
         assert math.isfinite(figures[key]) and figures[key] > 0, (key, figures)
     assert figures["median_s"] == figures["worst_s"] == failover_s
     assert figures["ratio"] == pytest.approx(failover_s / figures["round_s"], rel=0.01)
+    assert figures["rounds"] >= 2 and figures["dropped"] == 0, figures  # every device answered every round
     assert "failover 1/1:" in proc.stdout and "kill -> first message" in proc.stdout

@@ -165,7 +165,7 @@ def test_aggregator_killed_mid_run_resumes_to_the_same_model(fed: Fed) -> None:
     fed.lb.aggregator.kill_group(signal.SIGKILL)
     orphans = _serverapp_pids(fed)  # detached: they notice their SuperLink's death only later
     crashed_at = fed.store.get_run(run_id).rounds_done
-    fed.lb.start_aggregator()  # stops those orphans first, then resumes the run
+    restarted = fed.lb.start_aggregator()  # stops those orphans and their Flower run first, then resumes the run
     run = fed.wait_finished(run_id, timeout_s=240)
 
     # Assert: every round committed once, and the model is the uninterrupted run's
@@ -173,6 +173,11 @@ def test_aggregator_killed_mid_run_resumes_to_the_same_model(fed: Fed) -> None:
     assert [r.round for r in fed.store.rounds(run_id)] == [1, 2, 3]
     assert 1 <= crashed_at < 3
     assert not fed.lb.procs.wait_gone(orphans, 5), "the crashed aggregator's ServerApp is still running"
+    # the crashed Flower run, still "running" in the SuperLink's link state, was stopped before the front door
+    # opened: no device pulls a message of it again
+    log = " ".join(restarted.log.read_text(errors="replace").split())  # the console wraps its lines
+    assert f"stopped 1 Flower run(s) left in this SuperLink's state without a ServerApp: [{flower_run}]" in log, log
+    assert log.index("without a ServerApp") < log.index("aggregator ready")
     events = [e.message for e in fed.store.events(run_id)]
     assert any(m.startswith(f"resumed after round {crashed_at}") for m in events), events
     # Replies are folded as they arrive: arrival order moves the float32 sums in the last bits only.
