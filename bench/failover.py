@@ -172,6 +172,8 @@ def _bench(lb: LoopbackFederation, work: Path, reps: int) -> None:
         if i + 1 < reps:  # the killed host waits in its turn for the next failover
             up[leader] = lb.start_aggregator(config=leader, standby=True)
         leader, standby = standby, leader
+    last = store.get_run(run_id).rounds_done  # and the round replayed after the last failover commits, counted
+    _wait(lambda: store.get_run(run_id).rounds_done > last, 240, "the replayed round to commit")
     committed = store.rounds(run_id)
     rounds = [r.duration_s for r in committed]
     # every device answers every round, the replayed ones too: a device that came back without answering
