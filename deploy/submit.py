@@ -56,7 +56,7 @@ def run_config(config: DeployConfig, scenario: Path | None = None, resume: str |
             "overrides": json.dumps(dict(overrides or {})),
             "wait-clients-s": float(config.aggregator.wait_clients_s),
             "devices": json.dumps({str(k): v for k, v in device_names(config).items()}),
-            "state-dir": str(config.state.root)}
+            "state-dir": str(config.state.root), "federation": config.aggregator.name}
 
 
 def _check_resumable(run: Run, scenario: Path | None, overrides: Mapping[str, Any] | None) -> None:

@@ -154,13 +154,21 @@ def stop_leftover_serverapps(state_root: Path, grace_s: float = 10.0) -> list[in
     return found
 
 
-def resumable_runs(db_url: str) -> list[str]:
-    """Deployment runs a crash interrupted: unfinished, and not failed by an error of their own."""
+def resumable_runs(db_url: str, federation: str | None = None) -> list[str]:
+    """Deployment runs a crash interrupted: unfinished, and not failed by an error of their own.
+
+    With ``federation``, only that federation's runs (its ``aggregator.name``, which
+    ``quorum aggregator run`` records in the run's info) and runs from before
+    that record: two federations may share one PostgreSQL database, and a
+    standby of one must never resume the other's runs.
+    """
     with RunStore(db_url) as store:
         runs = store.list_runs()
     found = []
     for run in runs:
         if run.engine != "deployment" or run.rounds_done >= run.rounds_total:
+            continue
+        if federation is not None and (run.info or {}).get("federation", federation) != federation:
             continue
         crashed = run.status == RunStatus.FAILED and (run.error or "").startswith(("SystemExit", "KeyboardInterrupt"))
         if run.status in (RunStatus.RUNNING, RunStatus.INTERRUPTED) or crashed:
@@ -282,7 +290,7 @@ class Supervisor:
             self.say(f"stopped {len(stopped)} ServerApp process(es) left by the previous aggregator: {stopped}")
         if self.resume:  # a ServerApp stopped just now wrote "failed: SystemExit": the run awaits its resume
             with RunStore(cfg.db_url) as store:
-                for run_id in resumable_runs(cfg.db_url):
+                for run_id in resumable_runs(cfg.db_url, cfg.aggregator.name):
                     if self.took_over:
                         done = store.get_run(run_id).rounds_done
                         store.log(run_id, f"failover: {self.leadership.who if self.leadership else 'this host'} "
@@ -409,7 +417,7 @@ class Supervisor:
     def resume_interrupted(self) -> list[str]:
         """Submit every run a crash interrupted again, with ``resume``."""
         resumed = []
-        for run_id in resumable_runs(self.config.db_url):
+        for run_id in resumable_runs(self.config.db_url, self.config.aggregator.name):
             # The restarted SuperLink still counts the crashed Flower run as running: a
             # SuperNode caught mid-download of its message would keep waiting for it (about
             # a minute) instead of taking the resumed run's. Stopping it ends that at once.
@@ -505,7 +513,7 @@ class Supervisor:
         stop_leftover_serverapps(cfg.state.root)
         self._stop_orphaned_runs()
         with RunStore(cfg.db_url) as store:
-            for run_id in resumable_runs(cfg.db_url):
+            for run_id in resumable_runs(cfg.db_url, cfg.aggregator.name):
                 done = store.get_run(run_id).rounds_done
                 store.log(run_id, f"the SuperLink exited and was restarted after round {done}; resuming from it",
                           "warning")

@@ -471,6 +471,29 @@ def test_runs_a_crash_interrupted_are_resumed_and_others_are_not(db_url: str) ->
     assert other not in found
 
 
+def test_a_standby_resumes_only_its_own_federations_runs(db_url: str) -> None:
+    from aggregator.serverapp import _deployed_start
+    from tests.conftest import tiny_scenario
+
+    # Prepare: three runs opened by deployment ServerApps of two federations sharing one database, and one
+    # submitted by a Quorum from before the federation was recorded
+    store = TakenRunStore(db_url)
+    scenario = tiny_scenario()
+    ids = {}
+    for n, federation in enumerate(("north", "south", "")):
+        ids[federation] = store.create_run(name=federation or "old", scenario={}, seed=1, strategy="fedavg",
+                                           rounds=3, engine="deployment")
+        _, on_start = _deployed_start(_Grid([scenario.federation.clients]), store, scenario,
+                                      {"federation": federation, "devices": "{}"}, flower_run=n + 1, wait_s=1.0)
+        on_start(ids[federation])
+
+    # Execute / Assert: each federation's standby takes its own runs and the unrecorded one, never the other's
+    assert RunStore(db_url).get_run(ids["north"]).info["federation"] == "north"
+    assert set(resumable_runs(db_url, "north")) == {ids["north"], ids[""]}
+    assert set(resumable_runs(db_url, "south")) == {ids["south"], ids[""]}
+    assert set(resumable_runs(db_url)) == set(ids.values())
+
+
 class _Grid:
     def __init__(self, counts: list[int]) -> None:
         self.counts = counts

@@ -40,6 +40,7 @@ def test_the_run_s_own_scenario_is_submitted(tmp_path: Path) -> None:
     run_id = stored_run(cfg, "interrupted")
     submitted = run_config(cfg, resume=run_id[:10])
     assert submitted["resume"] == run_id and json.loads(submitted["scenario-json"]) == tiny_scenario().to_dict()
+    assert submitted["federation"] == cfg.aggregator.name  # which federation's standby may resume it
 
 
 def test_other_settings_are_refused_before_submitting(tmp_path: Path) -> None:

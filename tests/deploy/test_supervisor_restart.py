@@ -107,7 +107,7 @@ def test_a_restarted_superlinks_runs_are_resumed_only_by_the_aggregator_that_sti
     done: list[str] = []
     monkeypatch.setattr(sup_module, "_get", lambda *_: 200)
     monkeypatch.setattr(sup_module, "stop_leftover_serverapps", lambda _root: done.append("serverapps") or [])
-    monkeypatch.setattr(sup_module, "resumable_runs", lambda _url: [])
+    monkeypatch.setattr(sup_module, "resumable_runs", lambda *_: [])
     monkeypatch.setattr(sup_module, "RunStore", lambda _url: contextlib.nullcontext())
     monkeypatch.setattr(Supervisor, "_stop_orphaned_runs", lambda _self: done.append("orphans"))
     monkeypatch.setattr(Supervisor, "resume_interrupted", lambda _self: done.append("resumed") or [])
