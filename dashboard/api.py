@@ -14,6 +14,7 @@ from starlette.background import BackgroundTask
 
 from core.errors import StoreError
 from core.headline import Headline
+from dashboard.access import ScopedReader, may_download, principal_of
 from dashboard.live import run_events, runs_events
 from dashboard.metrics import CONTENT_TYPE, render_metrics
 from dashboard.privacy import HIDDEN_DETAIL, public_clients, run_hides_clients, without_private_runs
@@ -45,14 +46,17 @@ MAX_CLIENTS_PAGE = 1000
 #: Error answers, declared in /openapi.json so every status a route can give is documented.
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No such run, round, client or checkpoint."}}
 HIDDEN: dict[int | str, dict[str, Any]] = {403: {"description": "The run keeps its participants private."}}
+NOT_YOURS: dict[int | str, dict[str, Any]] = {
+    403: {"description": "Only an admin, or the lead that submitted the run, downloads its model."}}
 DAMAGED: dict[int | str, dict[str, Any]] = {
     409: {"description": "The checkpoint is damaged or is not a regular file: refused, never served; the detail "
                          "says why in one line."}}
 
 
 def reader_of(request: Request) -> Reader:
+    """Return the store's reader, showing per-client rows of the request's organisation only (``dashboard.access``)."""
     reader: Reader = request.app.state.reader  # set by dashboard.app.create_app
-    return reader
+    return ScopedReader(reader, principal_of(request))  # type: ignore[return-value]  # a Reader in all but name
 
 
 def _found(value: Any, what: str) -> Any:
@@ -160,7 +164,7 @@ def rounds_csv(request: Request, run_id: str) -> Response:
 
 @router.get("/runs/{run_id}/checkpoint", summary="A model checkpoint (safetensors; default the last round)",
             response_class=Response,
-            responses={200: {"content": {"application/octet-stream": {}}}, **NOT_FOUND, **DAMAGED})
+            responses={200: {"content": {"application/octet-stream": {}}}, **NOT_FOUND, **DAMAGED, **NOT_YOURS})
 def checkpoint(request: Request, run_id: str,
                server_round: Annotated[int | None, Query(alias="round", ge=1, le=MAX_INT)] = None) -> Response:
     """Download a round's checkpoint, checked (its safetensors header and length) before the first byte is sent.
@@ -168,8 +172,13 @@ def checkpoint(request: Request, run_id: str,
     Streamed from what was opened (a file opened without following a symbolic link, the database's chunks, an
     object); a damaged one, or one that is not a regular file, is a 409 naming why.
     """
+    reader = reader_of(request)
+    stored = reader.run(run_id)
+    if stored is not None and not may_download(principal_of(request), stored[0].info):
+        raise HTTPException(status_code=403, detail="forbidden: a model is downloaded by an admin or the lead "
+                                                    "that submitted its run")
     try:
-        found = reader_of(request).checkpoint(run_id, server_round)
+        found = reader.checkpoint(run_id, server_round)
     except StoreError as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     number, blob = _found(found, "checkpoint file for that round")

@@ -15,9 +15,11 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.engine import make_url
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Mount
 
 from dashboard import api, pages
-from dashboard.auth import ASGIApp, LoopbackHostGuard, Message, Receive, Scope, Send, TokenGuard
+from dashboard.access import AccessGuard, iter_routes
+from dashboard.auth import ASGIApp, LoopbackHostGuard, Message, Receive, Scope, Send
 from dashboard.metrics import make_registry
 from dashboard.queries import Reader
 from dashboard.views import fmt_bytes, fmt_duration, fmt_num, fmt_pct, fmt_time
@@ -44,7 +46,8 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
     db_url : str
         SQLAlchemy URL of the run store the aggregator writes (e.g. ``sqlite:///runs/quorum.db``).
     token : str, optional
-        When given, every page and API call must carry it (bearer header, cookie, or ``?token=``).
+        The single shared token: when given, every page and API call must carry it (bearer header, cookie,
+        or ``?token=``) or an account's token (``dashboard.access``); it acts as ``admin``.
     """
     app = FastAPI(title="Quorum dashboard", description=DESCRIPTION, version="1", lifespan=_lifespan,
                   docs_url=None, redoc_url=None)  # Swagger UI and ReDoc load from a CDN: offline here
@@ -60,9 +63,11 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_middleware(GZipMiddleware, minimum_size=1024, compresslevel=6)
-    if token:
-        app.add_middleware(TokenGuard, token=token, unauthorized=_unauthorized(app.state.templates))
-    else:  # no token: loopback only, which a Host header check keeps true against DNS rebinding
+    app.add_middleware(AccessGuard, store=app.state.reader.store,
+                       routes=[r for r in iter_routes(app.routes) if not isinstance(r, Mount)],
+                       token=token, unauthorized=_unauthorized(app.state.templates),
+                       forbidden=_forbidden(app.state.templates))
+    if not token:  # no shared token: loopback only, which a Host header check keeps true against DNS rebinding
         app.add_middleware(LoopbackHostGuard)
     app.add_middleware(SecurityHeaders)
     return app
@@ -119,6 +124,16 @@ def _unauthorized(templates: Jinja2Templates) -> Any:
                                 status_code=401, headers={"www-authenticate": "Bearer"})
         return templates.TemplateResponse(Request(scope), "login.html", {"nav": ""}, status_code=401,
                                           headers={"www-authenticate": "Bearer"})
+    return respond
+
+
+def _forbidden(templates: Jinja2Templates) -> Any:
+    def respond(scope: Scope, why: str) -> ASGIApp:
+        if _is_api(scope["path"]):
+            return JSONResponse({"detail": f"forbidden: {why}"}, status_code=403)
+        return templates.TemplateResponse(Request(scope), "error.html",
+                                          {"title": "Error 403", "detail": f"Forbidden: {why}.", "nav": ""},
+                                          status_code=403)
     return respond
 
 

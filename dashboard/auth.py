@@ -1,31 +1,27 @@
-"""Access control: a token when the dashboard is reachable beyond this machine.
+"""Where the dashboard may listen, and with which token: the checks before it serves, and the Host guard.
 
-A request carries the token as ``Authorization: Bearer TOKEN``, as a cookie
-set by an earlier request, or once as ``?token=TOKEN`` (which sets the cookie;
-a page request is then redirected to the same address without it, so the
-token does not linger in the address bar or the history).
+Who a request acts for, and what it may see, is ``dashboard.access``: a
+request carries an account's token or the single shared token as
+``Authorization: Bearer TOKEN``, as a cookie set by an earlier request, or once
+as ``?token=TOKEN`` (which sets the cookie; a page request is then redirected
+to the same address without it, so the token does not linger in the address
+bar or the history).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable, MutableMapping
-from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
 
 from dashboard.errors import InsecureBind
 
-__all__ = ["is_loopback", "host_is_loopback", "check_bind", "check_tls", "check_token", "TokenGuard",
-           "LoopbackHostGuard", "COOKIE", "TOKEN_ENV"]
+__all__ = ["is_loopback", "host_is_loopback", "check_bind", "check_tls", "check_token", "LoopbackHostGuard",
+           "COOKIE", "TOKEN_ENV"]
 
 COOKIE = "quorum_dashboard"
 TOKEN_ENV = "QUORUM_DASHBOARD_TOKEN"
-# Paths anyone may fetch: style sheets and the charting library (nothing from the store).
-PUBLIC_PREFIXES = ("/static/",)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -114,78 +110,6 @@ def check_bind(host: str, token: str | None) -> None:
         raise InsecureBind(
             f"--host {host!r} makes the dashboard reachable from other machines; give an access token "
             f"with --token or the {TOKEN_ENV} environment variable (or bind to 127.0.0.1)")
-
-
-def _digest(token: str) -> str:
-    return hashlib.sha256(f"quorum-dashboard:{token}".encode()).hexdigest()
-
-
-class TokenGuard:
-    """ASGI middleware: every request but static files must carry the token."""
-
-    def __init__(self, app: ASGIApp, token: str, unauthorized: Callable[[Scope], ASGIApp]) -> None:
-        self.app = app
-        self.token = token
-        self.cookie_value = _digest(token)
-        self.unauthorized = unauthorized
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass the request on if it carries the token, else answer it with ``unauthorized``.
-
-        The token counts in an ``Authorization: Bearer`` header, the session
-        cookie, or a ``token`` query parameter; the last sets the cookie (a
-        page GET is redirected to its URL without the token). Non-HTTP scopes
-        and static files pass unchecked.
-        """
-        if scope["type"] != "http" or scope["path"].startswith(PUBLIC_PREFIXES):
-            await self.app(scope, receive, send)
-            return
-        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
-        from_query = next((v for k, v in query if k == "token"), None)
-        if from_query is not None and hmac.compare_digest(from_query.encode(), self.token.encode()):
-            await self._accept_query_token(scope, receive, send, [(k, v) for k, v in query if k != "token"])
-        elif self._has_token(scope):
-            await self.app(scope, receive, send)
-        else:
-            await self.unauthorized(scope)(scope, receive, send)
-
-    @staticmethod
-    def _cookie(scope: Scope, value: str) -> bytes:
-        """Build the session cookie header; ``Secure`` when the request came over TLS, so it never travels in clear."""
-        secure = "; Secure" if scope.get("scheme") in ("https", "wss") else ""
-        return f"{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict{secure}".encode()
-
-    def _has_token(self, scope: Scope) -> bool:
-        headers = dict(scope.get("headers", []))
-        auth = headers.get(b"authorization", b"").decode("latin-1")
-        if auth[:7].lower() == "bearer " and hmac.compare_digest(auth[7:].strip().encode(), self.token.encode()):
-            return True
-        cookie = SimpleCookie()
-        try:
-            cookie.load(headers.get(b"cookie", b"").decode("latin-1"))
-        except CookieError:  # a malformed cookie header is just "no token"
-            return False
-        morsel = cookie.get(COOKIE)
-        return morsel is not None and hmac.compare_digest(morsel.value.encode(), self.cookie_value.encode())
-
-    async def _accept_query_token(self, scope: Scope, receive: Receive, send: Send,
-                                  rest: list[tuple[str, str]]) -> None:
-        cookie = self._cookie(scope, self.cookie_value)
-        is_page = scope["method"] == "GET" and not scope["path"].startswith(("/api/", "/metrics"))
-        if is_page:
-            location = scope.get("root_path", "") + scope["path"] + (f"?{urlencode(rest)}" if rest else "")
-            await send({"type": "http.response.start", "status": 303,
-                        "headers": [(b"location", location.encode()), (b"set-cookie", cookie),
-                                    (b"content-length", b"0")]})
-            await send({"type": "http.response.body", "body": b""})
-            return
-
-        async def send_with_cookie(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"set-cookie", cookie)]
-            await send(message)
-
-        await self.app(scope, receive, send_with_cookie)
 
 
 class LoopbackHostGuard:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from core.status import ClientStatus, RunStatus
+from dashboard.access import ScopedReader, may_download, principal_of
 from dashboard.api import MAX_INT, RoundPath
 from dashboard.privacy import run_hides_clients, without_private_runs
 from dashboard.queries import Reader
@@ -43,7 +44,7 @@ def _render(request: Request, template: str, **context: Any) -> HTMLResponse:
 
 def _reader(request: Request) -> Reader:
     reader: Reader = request.app.state.reader  # set by dashboard.app.create_app
-    return reader
+    return ScopedReader(reader, principal_of(request))  # type: ignore[return-value]  # per-client rows: its org's
 
 
 def _run_or_404(reader: Reader, run_id: str) -> tuple[dict[str, Any], dict[str, str], Any]:
@@ -91,7 +92,8 @@ def run_page(request: Request, run_id: str) -> HTMLResponse:
         has_dp=any(r["epsilon"] is not None for r in rounds),
         has_secagg=any(r["secagg"] for r in rounds), scenario=scenario_text(row.scenario or {}),
         description=(row.scenario or {}).get("description", ""), info=row.info or {},
-        events=reader.events(run_id), has_checkpoint=reader.store.has_checkpoint(run_id),
+        events=reader.events(run_id),
+        has_checkpoint=may_download(principal_of(request), row.info) and reader.store.has_checkpoint(run_id),
         chart_data={"run": run, "rounds": rounds})
 
 
@@ -122,7 +124,8 @@ def round_page(request: Request, run_id: str, number: RoundPath) -> HTMLResponse
                    names=device_names(stored),
                    dp_sgd_epsilon=fmt_num(max(sgd_eps), 3) if sgd_eps else None,
                    has_prev=number > 1, has_next=number < run["rounds_done"],
-                   has_checkpoint=reader.store.has_checkpoint(run_id, number))
+                   has_checkpoint=may_download(principal_of(request), stored.info)
+                   and reader.store.has_checkpoint(run_id, number))
 
 
 def device_names(stored: Any) -> dict[str, str]:

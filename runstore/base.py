@@ -8,4 +8,4 @@ __all__ = ["Base"]
 
 
 class Base(DeclarativeBase):
-    """The run store's tables: ``runstore.store``'s, ``runstore.checkpoints``' chunks and ``runstore.devices``."""
+    """The run store's tables: ``runstore.store``'s, ``checkpoints``' chunks, ``devices``, ``accounts``."""

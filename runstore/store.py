@@ -31,6 +31,7 @@ from core.records import ClientRecord, RoundRecord
 from core.replies import MAX_EXAMPLES, clean_metrics
 from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState
+from runstore.accounts import AccountRow as _AccountRow  # noqa: F401  (its tables are part of the store's schema)
 from runstore.base import Base
 from runstore.blobs import Blob, checked_reference
 from runstore.checkpoints import (

@@ -1,0 +1,290 @@
+"""Who is asking, and what they may see: accounts and roles on every route of the dashboard.
+
+A request acts for a :class:`runstore.accounts.Principal`, found in this order:
+
+1. an account's API token (``qrm_...``), as ``Authorization: Bearer``, or once
+   as ``?token=`` (which sets a session cookie holding the token's SHA-256,
+   never the token; a page is redirected to its address without it);
+2. the dashboard's single shared token (``--token``), as before: ``admin``;
+3. nothing, on a dashboard with no shared token whose store has no live
+   account: the one-person loopback setup, ``admin`` (``LoopbackHostGuard``
+   keeps it to loopback ``Host`` headers).
+
+Anything else is 401. Then every route has a rule (:data:`RULES`, by its path
+template; a route without one is refused, and ``tests/dashboard/test_access.py``
+fails on it): which roles may call it at all. What a role sees inside an
+allowed route is the handlers' part: per-client rows only of the account's
+own organisation's devices (:class:`ScopedReader`), a checkpoint only for an
+``admin`` or the lead who submitted its run (:func:`may_download`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from http.cookies import CookieError, SimpleCookie
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from starlette.routing import BaseRoute, Match
+
+from dashboard.auth import COOKIE, ASGIApp, Message, Receive, Scope, Send
+from runstore.accounts import Principal, authenticate_digest, token_digest
+
+__all__ = ["RULES", "READ", "AccessGuard", "principal_of", "ScopedReader", "may_download", "SESSION_COOKIE",
+           "LOCAL", "SHARED", "route_template"]
+
+SESSION_COOKIE = "quorum_session"
+#: The one-person setup (loopback, no token, no account) and the shared token: both may do everything.
+LOCAL = Principal(name="local", org="", role="admin")
+SHARED = Principal(name="token", org="", role="admin")
+#: Roles that may read runs, rounds and the pages.
+READ = frozenset({"admin", "lead", "member"})
+#: Every route of the dashboard, by path template: the roles that may call it. Static files are public.
+RULES: dict[str, frozenset[str]] = {
+    # pages
+    "/": READ, "/runs": READ, "/runs/{run_id}": READ, "/runs/{run_id}/rounds/{number}": READ,
+    "/clients": READ, "/clients/{client}": READ, "/docs": READ,
+    # the JSON API (its per-client rows filtered by organisation, ScopedReader)
+    "/openapi.json": READ,
+    "/api/runs": READ, "/api/runs/{run_id}": READ, "/api/runs/{run_id}/rounds": READ,
+    "/api/runs/{run_id}/rounds/{number}": READ, "/api/runs/{run_id}/rounds/{number}/clients": READ,
+    "/api/runs/{run_id}/log": READ, "/api/runs/{run_id}/events": READ, "/api/events": READ,
+    "/api/runs/{run_id}/metrics.csv": READ,
+    "/api/clients": READ, "/api/clients/{client}": READ,
+    # models: an admin, or the lead whose run it is (may_download)
+    "/api/runs/{run_id}/checkpoint": frozenset({"admin", "lead"}),
+    # Prometheus: every client's figures of every run
+    "/metrics": frozenset({"admin", "service"}),
+}
+PUBLIC_PREFIXES = ("/static/",)
+_ACCOUNTS_TTL_S = 2.0
+
+
+def route_template(routes: Iterable[BaseRoute], scope: Scope) -> str | None:
+    """Return the path template of the first route that matches ``scope``'s path (any method), else None."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match != Match.NONE:
+            return str(getattr(route, "path", ""))
+    return None
+
+
+def principal_of(request: Any) -> Principal:
+    """Return the principal :class:`AccessGuard` found for ``request`` (``LOCAL`` without the guard)."""
+    found = request.scope.get("state", {}).get("principal")
+    return found if isinstance(found, Principal) else LOCAL
+
+
+def _digest(token: str) -> str:
+    """Return the shared token's session cookie value (``dashboard.auth.COOKIE``): a hash, never the token."""
+    return hashlib.sha256(f"quorum-dashboard:{token}".encode()).hexdigest()
+
+
+class AccessGuard:
+    """ASGI middleware: find the request's principal, then apply its route's rule (see the module docstring).
+
+    ``store`` is the run store (``runstore.store.RunStore``) the accounts live in; ``routes``
+    the routes whose templates :data:`RULES` names; ``unauthorized`` builds the 401 answer.
+    """
+
+    def __init__(self, app: ASGIApp, store: Any, routes: Sequence[BaseRoute], token: str | None,
+                 unauthorized: Callable[[Scope], ASGIApp], forbidden: Callable[[Scope, str], ASGIApp]) -> None:
+        self.app = app
+        self.store = store
+        self.routes = routes
+        self.token = token
+        self.shared_cookie = _digest(token) if token else None
+        self.unauthorized = unauthorized
+        self.forbidden = forbidden
+        self._accounts: tuple[float, bool] = (0.0, False)
+
+    def _has_accounts(self) -> bool:
+        """Return whether the store has a live account (looked up at most every 2 s)."""
+        checked, found = self._accounts
+        now = time.monotonic()
+        if now - checked >= _ACCOUNTS_TTL_S:
+            from runstore.accounts import has_live_accounts
+
+            found = has_live_accounts(self.store)
+            self._accounts = (now, found)
+        return found
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Authenticate, check the route's rule, then pass the request on with ``state.principal`` set."""
+        if scope["type"] != "http" or scope["path"].startswith(PUBLIC_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        from_query = next((v for k, v in query if k == "token"), None)
+        cookie: bytes | None = None
+        principal = self._from_headers(scope)
+        if from_query is not None and principal is None:
+            principal, cookie = self._from_query(from_query)
+        if principal is None and self.token is None and not self._has_accounts():
+            principal = LOCAL
+        if principal is None:
+            await self.unauthorized(scope)(scope, receive, send)
+            return
+        template = route_template(self.routes, scope)
+        if template is not None:
+            allowed = RULES.get(template)
+            if allowed is None or principal.role not in allowed:
+                why = (f"role {principal.role!r} may not use {template}" if allowed is not None
+                       else f"{template} has no access rule")
+                await self.forbidden(scope, why)(scope, receive, send)
+                return
+        scope.setdefault("state", {})["principal"] = principal
+        if cookie is None:
+            await self.app(scope, receive, send)
+        else:
+            await self._with_cookie(scope, receive, send, cookie, [(k, v) for k, v in query if k != "token"])
+
+    def _from_headers(self, scope: Scope) -> Principal | None:
+        headers = dict(scope.get("headers", []))
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        if auth[:7].lower() == "bearer ":
+            presented = auth[7:].strip()
+            if self.token is not None and hmac.compare_digest(presented.encode("latin-1"), self.token.encode()):
+                return SHARED
+            from runstore.accounts import authenticate
+
+            return authenticate(self.store, presented)
+        jar = SimpleCookie()
+        try:
+            jar.load(headers.get(b"cookie", b"").decode("latin-1"))
+        except CookieError:  # a malformed cookie header is just "no credentials"
+            return None
+        shared = jar.get(COOKIE)
+        if shared is not None and self.shared_cookie is not None and hmac.compare_digest(
+                shared.value.encode("latin-1"), self.shared_cookie.encode()):
+            return SHARED
+        session = jar.get(SESSION_COOKIE)
+        return authenticate_digest(self.store, session.value) if session is not None else None
+
+    def _from_query(self, presented: str) -> tuple[Principal | None, bytes | None]:
+        if self.token is not None and hmac.compare_digest(presented.encode("latin-1", "replace"),
+                                                          self.token.encode()):
+            return SHARED, f"{COOKIE}={self.shared_cookie}".encode()
+        from runstore.accounts import authenticate
+
+        found = authenticate(self.store, presented)
+        return (found, f"{SESSION_COOKIE}={token_digest(presented)}".encode()) if found else (None, None)
+
+    async def _with_cookie(self, scope: Scope, receive: Receive, send: Send, cookie: bytes,
+                           rest: list[tuple[str, str]]) -> None:
+        """Set the session cookie; a page GET is redirected to its address without the token."""
+        secure = b"; Secure" if scope.get("scheme") in ("https", "wss") else b""
+        header = cookie + b"; Path=/; HttpOnly; SameSite=Strict" + secure
+        if scope["method"] == "GET" and not scope["path"].startswith(("/api/", "/metrics")):
+            location = scope.get("root_path", "") + scope["path"] + (f"?{urlencode(rest)}" if rest else "")
+            await send({"type": "http.response.start", "status": 303,
+                        "headers": [(b"location", location.encode()), (b"set-cookie", header),
+                                    (b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+        async def send_with_cookie(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"set-cookie", header)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_cookie)
+
+
+def _device_orgs(info: dict[str, Any] | None) -> dict[str, str]:
+    """Map client id -> organisation of a deployed run's devices (``info["devices"]`` and ``info["orgs"]``)."""
+    info = info or {}
+    devices, orgs = info.get("devices"), info.get("orgs")
+    if not isinstance(devices, dict) or not isinstance(orgs, dict):
+        return {}
+    return {str(node): str(orgs[name]) for node, name in devices.items() if isinstance(name, str) and name in orgs}
+
+
+class ScopedReader:
+    """A ``dashboard.queries.Reader`` that shows per-client rows of the principal's own organisation only.
+
+    An ``admin`` sees every row. Another role sees a client's rows only where
+    the run recorded that client's device as its organisation's
+    (``info["orgs"]``); a client of no known organisation (a simulation's,
+    a device enrolled without one) is seen by admins alone. Everything else is
+    the reader's own.
+    """
+
+    def __init__(self, reader: Any, principal: Principal) -> None:
+        self._reader = reader
+        self.principal = principal
+
+    def __getattr__(self, name: str) -> Any:
+        """Everything but the per-client queries is the reader's own."""
+        return getattr(self._reader, name)
+
+    @property
+    def scoped(self) -> bool:
+        """Return whether rows are filtered (not an admin)."""
+        return not self.principal.is_admin
+
+    def _own(self, run_ids: Iterable[str]) -> dict[str, set[str]]:
+        """Map run id -> the client ids of the principal's organisation in it."""
+        own: dict[str, set[str]] = {}
+        for run_id in set(run_ids):
+            found = self._reader.run(run_id)
+            orgs = _device_orgs(found[0].info if found else None)
+            own[run_id] = {client for client, org in orgs.items() if org == self.principal.org}
+        return own
+
+    def _visible(self, rows: Sequence[Any]) -> list[Any]:
+        if not self.scoped:
+            return list(rows)
+        own = self._own(r.run_id for r in rows)
+        return [r for r in rows if r.client in own.get(r.run_id, set())]
+
+    def round_clients(self, run_id: str, number: int) -> list[Any]:
+        """Return the round's client rows the principal may see."""
+        return self._visible(self._reader.round_clients(run_id, number))
+
+    def client_history(self, client: str, run_id: str | None = None, limit: int = 1000) -> list[Any]:
+        """Return the client's rows the principal may see."""
+        return self._visible(self._reader.client_history(client, run_id, limit))
+
+    def _own_clients(self, runs: str | Sequence[str] | None) -> set[str]:
+        ids = [runs] if isinstance(runs, str) else list(runs) if runs is not None else [
+            r.id for r, _ in self._reader.runs()]
+        return set().union(*self._own(ids).values()) if ids else set()
+
+    def clients(self, runs: str | Sequence[str] | None = None, limit: int | None = None, offset: int = 0,
+                public: bool = False) -> list[Any]:
+        """Return the client summaries the principal may see (paged after the organisation's filter)."""
+        if not self.scoped:
+            return list(self._reader.clients(runs, limit, offset, public=public))
+        own = self._own_clients(runs)
+        rows = [c for c in self._reader.clients(runs, None, 0, public=public) if c.client in own]
+        return rows[offset:None if limit is None else offset + limit]
+
+    def count_clients(self, runs: str | Sequence[str] | None = None, public: bool = False) -> int:
+        """Return how many clients :meth:`clients` would list."""
+        if not self.scoped:
+            return int(self._reader.count_clients(runs, public=public))
+        return len(self.clients(runs, public=public))
+
+
+def may_download(principal: Principal, run_info: dict[str, Any] | None) -> bool:
+    """Return whether ``principal`` may download a run's model: an admin, or the lead that submitted it."""
+    if principal.is_admin:
+        return True
+    submitted_by = (run_info or {}).get("submitted_by")
+    return principal.role == "lead" and isinstance(submitted_by, str) and submitted_by == principal.name
+
+
+def iter_routes(routes: Iterable[Any]) -> Iterator[Any]:
+    """Every route under ``routes``, routers included by FastAPI flattened (for the rules' test)."""
+    for route in routes:
+        nested = getattr(route, "effective_candidates", None)
+        if callable(nested):
+            yield from iter_routes(nested())
+        elif getattr(route, "routes", None) and not getattr(route, "path", ""):
+            yield from iter_routes(route.routes)
+        else:
+            yield route
