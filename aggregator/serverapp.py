@@ -354,7 +354,7 @@ DEPLOYMENT = "deployment"
 
 
 def record_failed_start(store: TakenRunStore, scenario: Scenario, flower_run: int, devices: dict[str, Any],
-                        why: str, federation: str = "") -> str:
+                        why: str, recorded: dict[str, Any] | None = None) -> str:
     """Store a run that never started as ``failed``, with the reason, under its Flower run id."""
     try:  # as every run records its scenario, unless the task is what failed to load
         record = scenario_record(scenario, load_task(scenario))
@@ -362,8 +362,7 @@ def record_failed_start(store: TakenRunStore, scenario: Scenario, flower_run: in
         record = scenario.to_dict()
     run_id = store.create_run(name=scenario.name, scenario=record, seed=scenario.seed,
                               strategy=scenario.strategy.name, rounds=scenario.rounds, engine=DEPLOYMENT,
-                              info={"flower_run_id": flower_run, "devices": devices,
-                                    **({"federation": federation} if federation else {})})
+                              info={"flower_run_id": flower_run, "devices": devices, **(recorded or {})})
     store.take(run_id)
     store.set_status(run_id, RunStatus.FAILED, f"never started: {why}")
     return run_id
@@ -424,19 +423,20 @@ def _deployed_start(grid: Grid, store: TakenRunStore, scenario: Scenario, config
     """
     devices = json.loads(str(config.get("devices") or "{}"))
     federation = str(config.get("federation") or "")  # whose standby may resume it (deploy.supervisor)
+    orgs = json.loads(str(config.get("orgs") or "{}"))  # device name -> its organisation (dashboard.access)
+    recorded = {**({"federation": federation} if federation else {}), **({"orgs": orgs} if orgs else {})}
     resume = _deployed_resume(store, config, flower_run)
     fed = scenario.federation
     try:
         wait_for_nodes(grid, fed.clients, wait_s, least=fed.min_clients)
     except TooFewClients as exc:
         if not resume:  # a run that never started is still a stored, visible, failed run
-            record_failed_start(store, scenario, flower_run, devices, str(exc), federation)
+            record_failed_start(store, scenario, flower_run, devices, str(exc), recorded)
         raise
 
     def on_start(run_id: str) -> None:
         store.take(run_id)
-        store.update_info(run_id, flower_run_id=flower_run, devices=devices,
-                          **({"federation": federation} if federation else {}))
+        store.update_info(run_id, flower_run_id=flower_run, devices=devices, **recorded)
 
     return resume, on_start
 

@@ -35,6 +35,9 @@ def enroll(
     secagg_public_key: Annotated[Path | None, typer.Option(
         help="The device's own secure-aggregation identity, a file holding its Ed25519 public key as 64 hex "
              "digits. Without it one is made here.")] = None,
+    org: Annotated[str, typer.Option(
+        help="The organisation (site) that owns the device: accounts of that organisation see its per-client "
+             "rows on the dashboard (quorum accounts). Without it, only admins see them.")] = "",
 ) -> None:
     """Register a device with the running aggregator and print what the device needs (run on the aggregator).
 
@@ -48,7 +51,7 @@ def enroll(
 
     try:
         cfg = load_config(config)
-        done = do_enroll(cfg, name, public_key, secagg_public_key)
+        done = do_enroll(cfg, name, public_key, secagg_public_key, org)
     except QuorumError as exc:
         _fail(str(exc))
     d = done.device

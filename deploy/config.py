@@ -265,5 +265,5 @@ def load_config(path: Path | None) -> DeployConfig:
 APP_CONFIG: dict[str, str | int | float] = {
     "engine": "deployment",  # aggregator.serverapp.main's deployment options (its docstring)
     "scenario": "", "scenario-json": "", "db": "", "resume": "", "overrides": "{}",
-    "wait-clients-s": 120.0, "devices": "{}", "state-dir": "", "federation": "",
+    "wait-clients-s": 120.0, "devices": "{}", "state-dir": "", "federation": "", "orgs": "{}",
 }

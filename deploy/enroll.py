@@ -42,9 +42,9 @@ from runstore.devices import DeviceRow, save_devices
 from runstore.store import RunStore
 
 __all__ = ["Device", "Enrolled", "enroll", "revoke", "load_registry", "save_registry", "device_names",
-           "directory_path", "revoked_entries", "write_revoked", "revoked_devices", "publish_devices"]
+           "device_orgs", "directory_path", "revoked_entries", "write_revoked", "revoked_devices", "publish_devices"]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # whole names only (fullmatch: no trailing newline)
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class Device:
     enrolled_at: float
     key_made_here: bool
     secagg_public_key: str = ""  # hex of its Ed25519 secure-aggregation identity ("" in older registries)
+    org: str = ""  # the organisation (site) that owns it: its accounts see its per-client rows ("": admins only)
 
 
 @dataclass(frozen=True)
@@ -146,14 +147,23 @@ def device_names(config: DeployConfig) -> dict[int, str]:
     return {d.node_id: d.name for d in load_registry(config).values()}
 
 
+def device_orgs(config: DeployConfig) -> dict[str, str]:
+    """Device name -> its organisation, for the devices enrolled with one (``dashboard.access`` scopes by it)."""
+    return {d.name: d.org for d in load_registry(config).values() if d.org}
+
+
 def enroll(config: DeployConfig, name: str, public_key: Path | None = None,
-           secagg_public_key: Path | None = None) -> Enrolled:
+           secagg_public_key: Path | None = None, org: str = "") -> Enrolled:
     """Register ``name``'s key with the SuperLink and its secure-aggregation identity in the directory.
 
-    Either key pair is made here when its public half is not given.
+    Either key pair is made here when its public half is not given. ``org`` is
+    the organisation that owns the device: the accounts of that organisation see
+    its per-client rows on the dashboard (no organisation: admins only).
     """
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise EnrollError(f"device name {name!r}: use letters, digits, '.', '_' and '-' (at most 63)")
+    if org and not _NAME.fullmatch(org):
+        raise EnrollError(f"organisation {org!r}: use letters, digits, '.', '_' and '-' (at most 63)")
     devices = load_registry(config)
     if name in devices:
         raise EnrollError(f"{name!r} is already enrolled (node {devices[name].node_id}); "
@@ -170,7 +180,8 @@ def enroll(config: DeployConfig, name: str, public_key: Path | None = None,
     secagg_public, secagg_private = _secagg_identity(config, name, secagg_public_key)
     node_id = register_key(config, Path(public_key), name)
     device = Device(name=name, node_id=node_id, fingerprint=public_key_fingerprint(text), public_key=text,
-                    enrolled_at=time.time(), key_made_here=private is not None, secagg_public_key=secagg_public)
+                    enrolled_at=time.time(), key_made_here=private is not None, secagg_public_key=secagg_public,
+                    org=org)
     devices[name] = device
     save_registry(config, devices)
     publish_devices(config)

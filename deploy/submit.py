@@ -10,7 +10,7 @@ from typing import Any
 from aggregator.errors import ResumeRefused
 from aggregator.resume import check_same_scenario, has_ended
 from deploy.config import DeployConfig
-from deploy.enroll import device_names
+from deploy.enroll import device_names, device_orgs
 from deploy.errors import DeployError
 from deploy.flower import submit_run
 from runstore.store import Run, RunStore
@@ -56,6 +56,7 @@ def run_config(config: DeployConfig, scenario: Path | None = None, resume: str |
             "overrides": json.dumps(dict(overrides or {})),
             "wait-clients-s": float(config.aggregator.wait_clients_s),
             "devices": json.dumps({str(k): v for k, v in device_names(config).items()}),
+            "orgs": json.dumps(device_orgs(config)),
             "state-dir": str(config.state.root), "federation": config.aggregator.name}
 
 

@@ -484,11 +484,13 @@ def test_a_standby_resumes_only_its_own_federations_runs(db_url: str) -> None:
         ids[federation] = store.create_run(name=federation or "old", scenario={}, seed=1, strategy="fedavg",
                                            rounds=3, engine="deployment")
         _, on_start = _deployed_start(_Grid([scenario.federation.clients]), store, scenario,
-                                      {"federation": federation, "devices": "{}"}, flower_run=n + 1, wait_s=1.0)
+                                      {"federation": federation, "devices": "{}", "orgs": '{"dev0": "north"}'},
+                                      flower_run=n + 1, wait_s=1.0)
         on_start(ids[federation])
 
     # Execute / Assert: each federation's standby takes its own runs and the unrecorded one, never the other's
     assert RunStore(db_url).get_run(ids["north"]).info["federation"] == "north"
+    assert RunStore(db_url).get_run(ids["south"]).info["orgs"] == {"dev0": "north"}  # whose rows are whose
     assert set(resumable_runs(db_url, "north")) == {ids["north"], ids[""]}
     assert set(resumable_runs(db_url, "south")) == {ids["south"], ids[""]}
     assert set(resumable_runs(db_url)) == set(ids.values())

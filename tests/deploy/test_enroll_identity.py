@@ -120,3 +120,25 @@ def test_a_revoked_device_is_listed_as_revoked_under_its_name(config: DeployConf
         ("hospital-a", "online"), ("hospital-b", "revoked"), ("", "online")}
     table = capsys.readouterr().out
     assert "hospital-b" in table and "revoked" in table and "unregistered" not in table
+
+
+def test_a_device_enrolled_for_an_organisation_is_recorded_for_the_runs_it_serves(
+        config: DeployConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Execute: two sites' devices (one through the command line), and one enrolled without an organisation
+    monkeypatch.setattr("deploy.config.load_config", lambda _path: config)
+    result = CliRunner().invoke(client_cli, ["enroll", "scanner-1", "--org", "north-hospital"])
+    enrolling.enroll(config, "scanner-2", org="south-clinic")
+    enrolling.enroll(config, "kiosk")
+
+    # Assert: what a submitted run records (deploy.submit's "orgs"), read back from the registry file
+    assert result.exit_code == 0, result.output
+    assert enrolling.device_orgs(config) == {"scanner-1": "north-hospital", "scanner-2": "south-clinic"}
+    assert enrolling.load_registry(config)["kiosk"].org == ""
+
+
+@pytest.mark.parametrize("org", ["a b", "x\n", "-lead", "é", "o" * 64],
+                         ids=["space", "newline", "dash", "accent", "long"])
+def test_a_bad_organisation_is_refused_by_name_and_enrols_nothing(config: DeployConfig, org: str) -> None:
+    with pytest.raises(EnrollError, match="organisation"):
+        enrolling.enroll(config, "scanner-9", org=org)
+    assert enrolling.load_registry(config) == {}

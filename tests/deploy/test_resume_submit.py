@@ -41,6 +41,7 @@ def test_the_run_s_own_scenario_is_submitted(tmp_path: Path) -> None:
     submitted = run_config(cfg, resume=run_id[:10])
     assert submitted["resume"] == run_id and json.loads(submitted["scenario-json"]) == tiny_scenario().to_dict()
     assert submitted["federation"] == cfg.aggregator.name  # which federation's standby may resume it
+    assert json.loads(str(submitted["orgs"])) == {}  # no device enrolled with an organisation here
 
 
 def test_other_settings_are_refused_before_submitting(tmp_path: Path) -> None:
