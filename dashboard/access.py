@@ -28,13 +28,16 @@ from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.routing import BaseRoute, Match
 
+from core.errors import QuorumError
 from dashboard.auth import COOKIE, ASGIApp, Message, Receive, Scope, Send
-from runstore.accounts import Principal, authenticate_digest, token_digest
+from runstore.accounts import Principal, authenticate, authenticate_digest, has_live_accounts, token_digest
+from runstore.audit import LOGIN, LOGIN_FAILED, append
 
 __all__ = ["RULES", "READ", "AccessGuard", "principal_of", "ScopedReader", "may_download", "SESSION_COOKIE",
-           "LOCAL", "SHARED", "route_template"]
+           "LOCAL", "SHARED", "route_template", "record", "iter_routes"]
 
 SESSION_COOKIE = "quorum_session"
 #: The one-person setup (loopback, no token, no account) and the shared token: both may do everything.
@@ -106,8 +109,6 @@ class AccessGuard:
         checked, found = self._accounts
         now = time.monotonic()
         if now - checked >= _ACCOUNTS_TTL_S:
-            from runstore.accounts import has_live_accounts
-
             found = has_live_accounts(self.store)
             self._accounts = (now, found)
         return found
@@ -120,9 +121,14 @@ class AccessGuard:
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         from_query = next((v for k, v in query if k == "token"), None)
         cookie: bytes | None = None
-        principal = self._from_headers(scope)
+        principal, presented = self._from_headers(scope)
         if from_query is not None and principal is None:
+            presented = "query"
             principal, cookie = self._from_query(from_query)
+            if principal is not None:
+                record(self.store, LOGIN, principal, path=scope["path"])
+        if principal is None and presented is not None:
+            record(self.store, LOGIN_FAILED, None, presented=presented, path=scope["path"][:200])
         if principal is None and self.token is None and not self._has_accounts():
             principal = LOCAL
         if principal is None:
@@ -142,34 +148,33 @@ class AccessGuard:
         else:
             await self._with_cookie(scope, receive, send, cookie, [(k, v) for k, v in query if k != "token"])
 
-    def _from_headers(self, scope: Scope) -> Principal | None:
+    def _from_headers(self, scope: Scope) -> tuple[Principal | None, str | None]:
+        """Return the principal of the request's bearer token or cookie, and which of them it presented."""
         headers = dict(scope.get("headers", []))
         auth = headers.get(b"authorization", b"").decode("latin-1")
         if auth[:7].lower() == "bearer ":
             presented = auth[7:].strip()
             if self.token is not None and hmac.compare_digest(presented.encode("latin-1"), self.token.encode()):
-                return SHARED
-            from runstore.accounts import authenticate
-
-            return authenticate(self.store, presented)
+                return SHARED, "bearer"
+            return authenticate(self.store, presented), "bearer"
         jar = SimpleCookie()
         try:
             jar.load(headers.get(b"cookie", b"").decode("latin-1"))
         except CookieError:  # a malformed cookie header is just "no credentials"
-            return None
+            return None, None
         shared = jar.get(COOKIE)
         if shared is not None and self.shared_cookie is not None and hmac.compare_digest(
                 shared.value.encode("latin-1"), self.shared_cookie.encode()):
-            return SHARED
+            return SHARED, "cookie"
         session = jar.get(SESSION_COOKIE)
-        return authenticate_digest(self.store, session.value) if session is not None else None
+        if session is None:
+            return None, "cookie" if shared is not None else None
+        return authenticate_digest(self.store, session.value), "cookie"
 
     def _from_query(self, presented: str) -> tuple[Principal | None, bytes | None]:
         if self.token is not None and hmac.compare_digest(presented.encode("latin-1", "replace"),
                                                           self.token.encode()):
             return SHARED, f"{COOKIE}={self.shared_cookie}".encode()
-        from runstore.accounts import authenticate
-
         found = authenticate(self.store, presented)
         return (found, f"{SESSION_COOKIE}={token_digest(presented)}".encode()) if found else (None, None)
 
@@ -192,6 +197,24 @@ class AccessGuard:
             await send(message)
 
         await self.app(scope, receive, send_with_cookie)
+
+
+def record(store: Any, action: str, principal: Principal | None, required: bool = False, target: str = "",
+           **detail: Any) -> bool:
+    """Append ``action`` by ``principal`` to the audit trail (``runstore/audit.py``); whether it was written.
+
+    Logins and failed logins are best effort (a store the dashboard may not
+    write to still serves); with ``required`` (a model download) the error
+    propagates, so what cannot be recorded is not done.
+    """
+    who = principal or Principal(name="anonymous", org="", role="")
+    try:
+        append(store, who.name, action, target=target, org=who.org, detail=detail)
+    except (QuorumError, SQLAlchemyError):
+        if required:
+            raise
+        return False
+    return True
 
 
 def _device_orgs(info: dict[str, Any] | None) -> dict[str, str]:

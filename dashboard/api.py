@@ -10,11 +10,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.background import BackgroundTask
 
-from core.errors import StoreError
+from core.errors import QuorumError, StoreError
 from core.headline import Headline
-from dashboard.access import ScopedReader, may_download, principal_of
+from dashboard.access import ScopedReader, may_download, principal_of, record
 from dashboard.live import run_events, runs_events
 from dashboard.metrics import CONTENT_TYPE, render_metrics
 from dashboard.privacy import HIDDEN_DETAIL, public_clients, run_hides_clients, without_private_runs
@@ -28,6 +29,7 @@ from dashboard.views import (
     round_data,
     run_data,
 )
+from runstore.audit import DOWNLOAD_CHECKPOINT
 
 __all__ = ["router", "metrics_router", "MAX_INT", "RoundPath"]
 
@@ -182,6 +184,12 @@ def checkpoint(request: Request, run_id: str,
     except StoreError as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     number, blob = _found(found, "checkpoint file for that round")
+    try:  # who downloaded which model: recorded first, or not served
+        record(reader.store, DOWNLOAD_CHECKPOINT, principal_of(request), required=True, target=run_id, round=number)
+    except (QuorumError, SQLAlchemyError) as exc:
+        blob.release()
+        raise HTTPException(status_code=503, detail=f"the download could not be recorded in the audit trail "
+                                                    f"({str(exc).splitlines()[0]}); not served") from None
     name = f"{run_id}-round-{number:05d}.safetensors"
     headers = {"content-disposition": f'attachment; filename="{name}"', "content-length": str(blob.size)}
     return StreamingResponse(blob.pieces, media_type="application/octet-stream", headers=headers,

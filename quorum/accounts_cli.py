@@ -2,12 +2,14 @@
 
 Accounts and their API tokens live in the run store (``runstore/accounts.py``),
 so an aggregator, its standby and its dashboard share them. A token is shown
-once, when it is issued; the store keeps only its SHA-256.
+once, when it is issued; the store keeps only its SHA-256. Every change is
+appended to the audit trail (``quorum audit``) as done by ``cli:USER``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Annotated, NoReturn
 
@@ -45,6 +47,19 @@ def _open(db: str):  # type: ignore[no-untyped-def]  # a RunStore; imported when
         _fail(str(exc))
 
 
+def _audit(store: object, action: str, target: str, org: str = "", **detail: object) -> None:
+    """Append who did this (``cli:USER``) to the store's audit trail (``runstore/audit.py``)."""
+    import getpass
+
+    from runstore.audit import append
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = str(os.getuid())
+    append(store, f"cli:{user}"[:64], action, target=target, org=org, detail=detail)  # type: ignore[arg-type]
+
+
 def _token_note(token: str, days: float) -> None:
     console.print(f"token (shown once; valid {days:g} days): {token}", soft_wrap=True)
     console.print("use it as `Authorization: Bearer TOKEN`, or open the dashboard at /?token=TOKEN once")
@@ -63,15 +78,19 @@ def add(
 ) -> None:
     """Add an account (and issue its first API token, shown once)."""
     from runstore.accounts import AccountError, add_account, check_days, issue_token
+    from runstore.audit import ACCOUNT_ADD, TOKEN_ISSUE
 
     store = _open(db)
     try:
         if token:
             check_days(days)  # before the account exists: a bad lifetime adds nothing
         account = add_account(store, name, org, role)
+        _audit(store, ACCOUNT_ADD, name, org, role=role)
         console.print(f"account {account.name}: {account.role} of {account.org}")
         if token:
-            _token_note(issue_token(store, name, days), days)
+            issued = issue_token(store, name, days)
+            _audit(store, TOKEN_ISSUE, name, org, shown=issued[:12], days=days)
+            _token_note(issued, days)
     except AccountError as exc:
         _fail(str(exc))
 
@@ -84,10 +103,13 @@ def token_command(
 ) -> None:
     """Issue another API token for an account (shown once)."""
     from runstore.accounts import AccountError, issue_token
+    from runstore.audit import TOKEN_ISSUE
 
     store = _open(db)
     try:
-        _token_note(issue_token(store, name, days), days)
+        issued = issue_token(store, name, days)
+        _audit(store, TOKEN_ISSUE, name, shown=issued[:12], days=days)
+        _token_note(issued, days)
     except AccountError as exc:
         _fail(str(exc))
 
@@ -132,11 +154,14 @@ def revoke(
 ) -> None:
     """Revoke an account and every token it has (its requests get 401 from then on)."""
     from runstore.accounts import AccountError, revoke_account
+    from runstore.audit import ACCOUNT_REVOKE
 
+    store = _open(db)
     try:
-        live = revoke_account(_open(db), name)
+        live = revoke_account(store, name)
     except AccountError as exc:
         _fail(str(exc))
+    _audit(store, ACCOUNT_REVOKE, name, tokens=live)
     console.print(f"account {name} revoked ({live} live token(s) with it)")
 
 
@@ -147,9 +172,12 @@ def revoke_token_command(
 ) -> None:
     """Revoke one API token."""
     from runstore.accounts import AccountError, revoke_token
+    from runstore.audit import TOKEN_REVOKE
 
+    store = _open(db)
     try:
-        owner = revoke_token(_open(db), token)
+        owner = revoke_token(store, token)
     except AccountError as exc:
         _fail(str(exc))
+    _audit(store, TOKEN_REVOKE, owner, shown=token[:12])
     console.print(f"token {token[:12]}… of {owner} revoked")

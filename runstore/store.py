@@ -32,6 +32,7 @@ from core.replies import MAX_EXAMPLES, clean_metrics
 from core.status import ClientStatus, RunStatus
 from core.strategy import ServerState
 from runstore.accounts import AccountRow as _AccountRow  # noqa: F401  (its tables are part of the store's schema)
+from runstore.audit import AuditLog as _AuditLog  # noqa: F401  (its table is part of the store's schema)
 from runstore.base import Base
 from runstore.blobs import Blob, checked_reference
 from runstore.checkpoints import (

@@ -246,3 +246,32 @@ def test_garbage_credentials_are_401_never_5xx(site: Site, value: str, where: st
         query = f"token={quote(value, safe='')}"
     status, _ = _call(site.app, f"/api/runs/{site.run_id}", headers, query)
     assert status == 401 or (status == 200 and value.strip() in (SHARED_TOKEN, *site.tokens.values()))
+
+
+def test_logins_failed_logins_and_model_downloads_are_in_the_audit_trail(site: Site) -> None:
+    from runstore.audit import DOWNLOAD_CHECKPOINT, LOGIN, LOGIN_FAILED, rows, verify
+
+    store = RunStore(site.url)
+    before = {a: len(rows(store, limit=10_000, action=a)) for a in (LOGIN, LOGIN_FAILED, DOWNLOAD_CHECKPOINT)}
+    forged = "qrm_" + "A" * 43
+
+    # Execute: a login by query token, a forged bearer token, a model download by the run's lead, a refused one
+    _call(site.app, "/", query=f"token={site.tokens['member-n']}")
+    assert _call(site.app, f"/api/runs/{site.run_id}", {"authorization": f"Bearer {forged}"})[0] == 401
+    assert _call(site.app, f"/api/runs/{site.run_id}/checkpoint",
+                 {"authorization": f"Bearer {site.tokens['lead-n']}"})[0] == 200
+    assert _call(site.app, f"/api/runs/{site.run_id}/checkpoint",
+                 {"authorization": f"Bearer {site.tokens['member-s']}"})[0] == 403
+
+    # Assert: one row each, by whom, never holding a token; the chain verifies
+    login = rows(store, limit=10_000, action=LOGIN)
+    failed = rows(store, limit=10_000, action=LOGIN_FAILED)
+    downloads = rows(store, limit=10_000, action=DOWNLOAD_CHECKPOINT)
+    assert (len(login), len(failed), len(downloads)) == (before[LOGIN] + 1, before[LOGIN_FAILED] + 1,
+                                                        before[DOWNLOAD_CHECKPOINT] + 1)
+    assert (login[0].actor, login[0].org) == ("member-n", "north")
+    assert failed[0].actor == "anonymous" and failed[0].detail["presented"] == "bearer"
+    assert (downloads[0].actor, downloads[0].target, downloads[0].detail) == ("lead-n", site.run_id, {"round": 1})
+    everything = repr([r.detail for r in rows(store, limit=10_000)])
+    assert forged not in everything and not any(t in everything for t in site.tokens.values())
+    assert verify(store).ok

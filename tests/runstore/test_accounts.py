@@ -81,3 +81,25 @@ def test_anything_but_an_issued_token_authenticates_no_one(tmp_path_factory: pyt
         add_account(store, "ana", "north", "admin")
     assert authenticate(store, token) is None
     assert authenticate(store, token + "\n") is None
+
+
+def test_every_account_change_is_in_the_audit_trail_and_no_token_is(tmp_path: Path) -> None:
+    from runstore.audit import rows, verify
+
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    out = _run("add", "ana", "--org", "north", "--role", "member", "--db", db)[1]
+    token = re.search(r"qrm_[A-Za-z0-9_-]{43}", out.replace("\n", ""))
+    assert token is not None
+    _run("token", "ana", "--days", "3", "--db", db)
+    _run("revoke-token", token.group(0)[:12], "--db", db)
+    _run("revoke", "ana", "--db", db)
+    _run("revoke", "nobody", "--db", db)  # refused: nothing recorded
+
+    store = RunStore(db)
+    trail = list(reversed(rows(store, limit=100)))
+    assert [(r.action, r.target) for r in trail] == [("account_add", "ana"), ("token_issue", "ana"),
+                                                     ("token_issue", "ana"), ("token_revoke", "ana"),
+                                                     ("account_revoke", "ana")]
+    assert all(r.actor.startswith("cli:") for r in trail)
+    assert trail[0].detail == {"role": "member"} and trail[-1].detail == {"tokens": 1}
+    assert token.group(0) not in repr([r.detail for r in trail]) and verify(store).ok
