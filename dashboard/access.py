@@ -36,7 +36,7 @@ from dashboard.auth import COOKIE, ASGIApp, Message, Receive, Scope, Send
 from runstore.accounts import Principal, authenticate, authenticate_digest, has_live_accounts, token_digest
 from runstore.audit import LOGIN, LOGIN_FAILED, append
 
-__all__ = ["RULES", "READ", "AccessGuard", "principal_of", "ScopedReader", "may_download", "SESSION_COOKIE",
+__all__ = ["RULES", "READ", "ANYONE", "AccessGuard", "principal_of", "ScopedReader", "may_download", "SESSION_COOKIE",
            "LOCAL", "SHARED", "route_template", "record", "iter_routes"]
 
 SESSION_COOKIE = "quorum_session"
@@ -45,6 +45,8 @@ LOCAL = Principal(name="local", org="", role="admin")
 SHARED = Principal(name="token", org="", role="admin")
 #: Roles that may read runs, rounds and the pages.
 READ = frozenset({"admin", "lead", "member"})
+#: The rule of a route that anyone may call, before logging in (a login page, an identity provider's callback).
+ANYONE = frozenset({"anyone"})
 #: Every route of the dashboard, by path template: the roles that may call it. Static files are public.
 RULES: dict[str, frozenset[str]] = {
     # pages
@@ -131,10 +133,15 @@ class AccessGuard:
             record(self.store, LOGIN_FAILED, None, presented=presented, path=scope["path"][:200])
         if principal is None and self.token is None and not self._has_accounts():
             principal = LOCAL
+        template = route_template(self.routes, scope)
+        if template is not None and RULES.get(template) is ANYONE:
+            if principal is not None:
+                scope.setdefault("state", {})["principal"] = principal
+            await self.app(scope, receive, send)
+            return
         if principal is None:
             await self.unauthorized(scope)(scope, receive, send)
             return
-        template = route_template(self.routes, scope)
         if template is not None:
             allowed = RULES.get(template)
             if allowed is None or principal.role not in allowed:
