@@ -36,8 +36,9 @@ from dashboard.auth import COOKIE, ASGIApp, Message, Receive, Scope, Send
 from runstore.accounts import Principal, authenticate, authenticate_digest, has_live_accounts, token_digest
 from runstore.audit import LOGIN, LOGIN_FAILED, append
 
-__all__ = ["RULES", "READ", "ANYONE", "AccessGuard", "principal_of", "ScopedReader", "may_download", "SESSION_COOKIE",
-           "LOCAL", "SHARED", "route_template", "record", "iter_routes"]
+__all__ = ["RULES", "WRITES", "READ", "ANYONE", "CSRF_HEADER", "Buckets", "rule_of", "AccessGuard", "principal_of",
+           "ScopedReader", "may_download", "SESSION_COOKIE", "LOCAL", "SHARED", "route_template", "record",
+           "iter_routes"]
 
 SESSION_COOKIE = "quorum_session"
 #: The one-person setup (loopback, no token, no account) and the shared token: both may do everything.
@@ -64,6 +65,15 @@ RULES: dict[str, frozenset[str]] = {
     # Prometheus: every client's figures of every run
     "/metrics": frozenset({"admin", "service"}),
 }
+#: Routes that change something, by ``METHOD template``: the roles that may call them (none yet in this module:
+#: a package that adds a write route adds its rule here). Cookie sessions must send :data:`CSRF_HEADER` with them.
+WRITES: dict[str, frozenset[str]] = {}
+#: What a write through a cookie session must carry: a header a page of another site cannot make a browser send
+#: (it would need this server's CORS consent, never given). A bearer token is not sent by a browser on its own.
+CSRF_HEADER = ("x-requested-with", "quorum")
+#: Writes per account: a burst of this many, refilled at WRITE_RATE per second (429 past it).
+WRITE_BURST, WRITE_RATE = 10, 0.5
+READ_METHODS = ("GET", "HEAD")
 PUBLIC_PREFIXES = ("/static/",)
 _ACCOUNTS_TTL_S = 2.0
 
@@ -75,6 +85,35 @@ def route_template(routes: Iterable[BaseRoute], scope: Scope) -> str | None:
         if match != Match.NONE:
             return str(getattr(route, "path", ""))
     return None
+
+
+def rule_of(method: str, template: str) -> frozenset[str] | None:
+    """Return the roles that may call ``method`` on ``template`` (:data:`RULES` for reads, :data:`WRITES` else)."""
+    return RULES.get(template) if method in READ_METHODS else WRITES.get(f"{method} {template}")
+
+
+def _has_csrf_header(scope: Scope) -> bool:
+    name, value = CSRF_HEADER
+    return dict(scope.get("headers", [])).get(name.encode(), b"").decode("latin-1").strip().lower() == value
+
+
+class Buckets:
+    """One token bucket per key: ``burst`` at once, refilled at ``rate`` per second."""
+
+    def __init__(self, burst: float, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst, self.rate, self.clock = burst, rate, clock
+        self._level: dict[str, tuple[float, float]] = {}
+
+    def take(self, key: str) -> bool:
+        """Take one token for ``key``; False when its bucket is empty."""
+        now = self.clock()
+        level, then = self._level.get(key, (self.burst, now))
+        level = min(self.burst, level + (now - then) * self.rate)
+        if level < 1:
+            self._level[key] = (level, now)
+            return False
+        self._level[key] = (level - 1, now)
+        return True
 
 
 def principal_of(request: Any) -> Principal:
@@ -96,7 +135,8 @@ class AccessGuard:
     """
 
     def __init__(self, app: ASGIApp, store: Any, routes: Sequence[BaseRoute], token: str | None,
-                 unauthorized: Callable[[Scope], ASGIApp], forbidden: Callable[[Scope, str], ASGIApp]) -> None:
+                 unauthorized: Callable[[Scope], ASGIApp], forbidden: Callable[[Scope, str], ASGIApp],
+                 too_many: Callable[[Scope], ASGIApp] | None = None) -> None:
         self.app = app
         self.store = store
         self.routes = routes
@@ -104,7 +144,9 @@ class AccessGuard:
         self.shared_cookie = _digest(token) if token else None
         self.unauthorized = unauthorized
         self.forbidden = forbidden
+        self.too_many = too_many or _too_many
         self._accounts: tuple[float, bool] = (0.0, False)
+        self._writes = Buckets(WRITE_BURST, WRITE_RATE)
 
     def _has_accounts(self) -> bool:
         """Return whether the store has a live account (looked up at most every 2 s)."""
@@ -134,7 +176,8 @@ class AccessGuard:
         if principal is None and self.token is None and not self._has_accounts():
             principal = LOCAL
         template = route_template(self.routes, scope)
-        if template is not None and RULES.get(template) is ANYONE:
+        method = str(scope.get("method", "GET")).upper()
+        if template is not None and rule_of(method, template) is ANYONE:
             if principal is not None:
                 scope.setdefault("state", {})["principal"] = principal
             await self.app(scope, receive, send)
@@ -143,11 +186,18 @@ class AccessGuard:
             await self.unauthorized(scope)(scope, receive, send)
             return
         if template is not None:
-            allowed = RULES.get(template)
+            allowed = rule_of(method, template)
+            why = None
             if allowed is None or principal.role not in allowed:
-                why = (f"role {principal.role!r} may not use {template}" if allowed is not None
-                       else f"{template} has no access rule")
+                why = (f"role {principal.role!r} may not {method} {template}" if allowed is not None
+                       else f"{method} {template} has no access rule")
+            elif method not in READ_METHODS and presented == "cookie" and not _has_csrf_header(scope):
+                why = f"a change through a session cookie needs the header {CSRF_HEADER[0]}: {CSRF_HEADER[1]}"
+            if why is not None:
                 await self.forbidden(scope, why)(scope, receive, send)
+                return
+            if method not in READ_METHODS and not self._writes.take(principal.name):
+                await self.too_many(scope)(scope, receive, send)
                 return
         scope.setdefault("state", {})["principal"] = principal
         if cookie is None:
@@ -222,6 +272,16 @@ def record(store: Any, action: str, principal: Principal | None, required: bool 
             raise
         return False
     return True
+
+
+def _too_many(_scope: Scope) -> ASGIApp:
+    async def answer(_scope: Scope, _receive: Receive, send: Send) -> None:
+        body = b'{"detail": "too many changes: wait a few seconds"}'
+        await send({"type": "http.response.start", "status": 429,
+                    "headers": [(b"content-type", b"application/json"), (b"retry-after", b"2"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+    return answer
 
 
 def _device_orgs(info: dict[str, Any] | None) -> dict[str, str]:

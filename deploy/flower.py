@@ -207,6 +207,7 @@ def stop_unfinished_runs(config: DeployConfig, page: int = 100) -> list[int]:
     and missed the resumed run's round. Quorum's runs are resumed as new Flower
     runs (``resume``), so nothing is lost by stopping these.
     """
+    from flwr.common.constant import Status
     from flwr.proto.control_pb2 import ListRunsRequest, StopRunRequest
 
     stopped: list[int] = []
@@ -214,7 +215,7 @@ def stop_unfinished_runs(config: DeployConfig, page: int = 100) -> list[int]:
         unfinished, skip = [], 0
         while True:
             runs = api.ListRuns(ListRunsRequest(limit=page, skip=skip)).run_dict
-            unfinished += [run_id for run_id, run in runs.items() if run.status.status != "finished"]
+            unfinished += [run_id for run_id, run in runs.items() if run.status.status != Status.FINISHED]
             if len(runs) < page:
                 break
             skip += page

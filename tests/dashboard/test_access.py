@@ -275,3 +275,18 @@ def test_logins_failed_logins_and_model_downloads_are_in_the_audit_trail(site: S
     everything = repr([r.detail for r in rows(store, limit=10_000)])
     assert forged not in everything and not any(t in everything for t in site.tokens.values())
     assert verify(store).ok
+
+
+def test_a_write_bucket_gives_its_burst_then_one_token_per_refill() -> None:
+    from dashboard.access import Buckets
+
+    now = [100.0]
+    buckets = Buckets(burst=3, rate=0.5, clock=lambda: now[0])
+    assert [buckets.take("lead-n") for _ in range(4)] == [True, True, True, False]
+    assert buckets.take("lead-s")  # another account's bucket is its own
+    now[0] += 1.9  # 0.95 of a token since it emptied: not yet
+    assert not buckets.take("lead-n")
+    now[0] += 0.2  # 1.05 in all: one change, then none
+    assert buckets.take("lead-n") and not buckets.take("lead-n")
+    now[0] += 1000.0  # a long pause refills to the burst, not beyond
+    assert [buckets.take("lead-n") for _ in range(4)] == [True, True, True, False]
