@@ -19,7 +19,7 @@ from core.errors import UpdateRejected
 from core.eval_replies import parse_eval_reply
 from core.instructions import TrainConfig, evaluate_instruction
 from core.layouts import ParamLayout
-from core.outcomes import DROPPED, FAILED, error_outcome
+from core.outcomes import DROPPED, FAILED, REFUSED, error_outcome
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
 from learning.task import Metrics, TaskModel
@@ -39,6 +39,7 @@ class EvalSummary:
     per_client_metrics: dict[int, dict[str, int | float]] = field(default_factory=dict)  # node -> its named figures
     rejected: dict[int, str] = field(default_factory=dict)  # node -> why its reply was refused (a NaN loss, ...)
     failed: dict[int, str] = field(default_factory=dict)  # node -> the error its evaluate task raised
+    refused: dict[int, str] = field(default_factory=dict)  # node -> the rule its site policy refused by
     dropped: tuple[int, ...] = ()  # the nodes asked that never answered within the deadline
     bytes_in: int = 0  # the replies, as serialised on Flower's wire
     bytes_out: int = 0  # the instructions sent
@@ -53,7 +54,8 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     so no client that claims a huge test set decides the federated score. A
     refused reply (a NaN loss, an accuracy of 2) counts for nothing, and its
     reason is kept in :attr:`EvalSummary.rejected`; the error of a task that
-    raised, in :attr:`EvalSummary.failed` (a node that is gone is not asked again);
+    raised, in :attr:`EvalSummary.failed` (a node that is gone is not asked again); the rule
+    of a device whose site policy refused, in :attr:`EvalSummary.refused`;
     a node that never answered within ``deadline_s``, in :attr:`EvalSummary.dropped`.
     """
     instruction = evaluate_instruction(params, config, layout)  # one message content for every node
@@ -64,6 +66,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     train: list[tuple[float, int]] = []
     rejected: dict[int, str] = {}
     failed: dict[int, str] = {}
+    refused: dict[int, str] = {}
     gone: set[int] = set()  # answered by the SuperLink with an error that the node is unavailable
 
     def on_reply(node: int, reply: Message) -> None:
@@ -71,6 +74,8 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
             outcome, reason = error_outcome(reply.error)
             if outcome == FAILED:
                 failed[node] = reason
+            elif outcome == REFUSED:
+                refused[node] = reason
             elif outcome == DROPPED:  # the SuperLink says the node is gone: as good as no reply
                 gone.add(node)
             return
@@ -87,7 +92,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
 
     missing = collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
     summary = _summarise(results, named, train, traffic["in"], wire_bytes(instruction) * len(nodes))
-    return replace(summary, rejected=rejected, failed=failed, per_client_metrics=named,
+    return replace(summary, rejected=rejected, failed=failed, refused=refused, per_client_metrics=named,
                    dropped=tuple(sorted(missing | gone)))
 
 

@@ -46,7 +46,7 @@ from aggregator.evaluation import ServerEvaluator, task_round_metrics
 from aggregator.step import advance, round_codec, train_config
 from core.aggregate import step_problem
 from core.errors import UpdateRejected
-from core.instructions import broadcast_of, train_instruction
+from core.instructions import COHORT, broadcast_of, train_instruction
 from core.layouts import ParamLayout
 from core.outcomes import error_outcome
 from core.records import ClientRecord, RoundRecord
@@ -315,6 +315,7 @@ class _Dispatcher:
         seed = int(np.random.SeedSequence([scenario.seed, state.round, self.seq]).generate_state(
             1, np.uint64)[0] >> np.uint64(1))
         config = replace(train_config(scenario, self.loop.strategy, state.round + 1), seed=seed)
+        config = config.with_settings({COHORT: scenario.asynchronous.buffer_size})  # the updates one step folds
         content = train_instruction(state.params, config, self.loop.layout)
         self.bytes_out += wire_bytes(content)
         # what the client decodes (the broadcast's precision): its delta is relative to this

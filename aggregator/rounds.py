@@ -22,9 +22,9 @@ from aggregator.evaluation import EvalSummary, ServerEvaluator, federated_evalua
 from aggregator.step import advance, train_config
 from core.aggregate import step_problem
 from core.buffer import Marked
-from core.instructions import TrainConfig
+from core.instructions import COHORT, TrainConfig
 from core.layouts import ParamLayout
-from core.outcomes import DROPPED, FAILED, OK, REJECTED
+from core.outcomes import DROPPED, FAILED, OK, REFUSED, REJECTED
 from core.records import ClientRecord, RoundRecord
 from core.status import ClientStatus, RoundStatus, RunStatus
 from core.strategy import (
@@ -100,7 +100,7 @@ class RoundLoop:
         nodes = sample_clients(strategy, list(grid.get_node_ids()), fed.per_round, self.scenario.seed, server_round)
         strategy = bind_cohort(strategy, len(nodes))
         request = TrainRequest(server_round=server_round, nodes=nodes, state=state,
-                             config=self._train_config(strategy, server_round),
+                             config=self._train_config(strategy, server_round).with_settings({COHORT: len(nodes)}),
                              deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20),
                              layout=self.layout)
         outcome = self.train(grid, request, strategy)
@@ -242,15 +242,16 @@ def _with_refused_evals(records: list[ClientRecord], summary: EvalSummary) -> li
     """Mark the clients whose evaluate reply was refused, at stage ``evaluate``, with the reason.
 
     A refused reply is ``rejected``; an evaluate task that raised is
-    ``failed``; a client that never answered within the deadline is
-    ``dropped`` (its evaluation is missing from the round's scores, and the
-    round says so). A client that was asked to evaluate only
+    ``failed``; one its device's site policy refused, ``refused``; a client
+    that never answered within the deadline is ``dropped`` (its evaluation is
+    missing from the round's scores, and the round says so). A client that was asked to evaluate only
     (``evaluation.clients = "all"``) gets a record of its own. A client whose
     training reply was already refused keeps that first reason.
     """
     marks = {str(node): (DROPPED, "no evaluation reply within the round's deadline") for node in summary.dropped}
     marks.update({str(node): (REJECTED, f"eval reply rejected: {why}") for node, why in summary.rejected.items()})
     marks.update({str(node): (FAILED, why) for node, why in summary.failed.items()})
+    marks.update({str(node): (REFUSED, why) for node, why in summary.refused.items()})
     marked = [replace(r, outcome=marks[r.client][0], stage="evaluate", reason=marks[r.client][1])
               if r.client in marks and r.outcome == OK else r for r in records]
     known = {r.client for r in records}

@@ -39,7 +39,7 @@ from aggregator.train import PlainTrain
 from core.errors import RunNotFound
 from core.headline import Headline
 from core.layouts import ParamLayout
-from core.outcomes import run_problems
+from core.outcomes import refusal_summary, run_problems
 from core.records import RoundRecord
 from core.status import ENDED, NOT_LEARNED, RoundStatus, RunStatus
 from core.strategy import ServerState, describe, initial_state
@@ -286,9 +286,12 @@ def final_status(store: RunStore, run_id: str, loop_status: str) -> tuple[str, s
     """How a run that ran to its end really ended: ``finished``, ``degraded`` or ``failed``.
 
     ``failed`` when no committed round took a client update into the model
-    (all skipped, rejected or empty); ``degraded``, with the reasons, when some
-    round did not, when a client failed or was rejected in some round, or when a
-    sampled client never contributed (unless the scenario injects dropouts);
+    (all skipped, rejected or empty; the sites that refused under their own
+    policy are named); ``degraded``, with the reasons, when some round did
+    not, when a site's policy refused a round ("1 of 3 sites refused: secure
+    aggregation required (dev0)"), when a client failed or was rejected in
+    some round, or when a sampled client never contributed (unless the
+    scenario injects dropouts);
     ``finished`` otherwise. Other endings (a spent privacy budget) are kept as
     the loop reported them.
     """
@@ -297,19 +300,20 @@ def final_status(store: RunStore, run_id: str, loop_status: str) -> tuple[str, s
     statuses = [(r.round, (r.metrics or {}).get("status", RoundStatus.OK), (r.metrics or {}).get("reason"))
                 for r in store.rounds(run_id)]
     idle = [(n, status, reason) for n, status, reason in statuses if status in NOT_LEARNED]
-    problems = []
-    if idle:
-        last, status, reason = idle[-1]
-        why = f"round {last} {status}" + (f": {reason}" if reason else "")
-        if len(idle) == len(statuses):
-            return RunStatus.FAILED, (f"no round changed the model: all {len(statuses)} rounds skipped or rejected "
-                                      f"({why})")
-        problems.append(f"{len(idle)} of {len(statuses)} rounds skipped or rejected ({why})")
     run = store.get_run(run_id)
     names = {str(k): str(v) for k, v in ((run.info or {}).get("devices") or {}).items()}
     with store.session() as s:  # four columns, not a row object per client and round (10,000 x 100 of them)
         results = s.execute(select(ClientResult.client, ClientResult.outcome, ClientResult.reason,
                                    ClientResult.round).where(ClientResult.run_id == run_id)).all()
+    problems = []
+    if idle:
+        last, status, reason = idle[-1]
+        why = f"round {last} {status}" + (f": {reason}" if reason else "")
+        if len(idle) == len(statuses):
+            refused = refusal_summary(results, names)  # the cause, when the sites' own policies refused
+            return RunStatus.FAILED, (f"no round changed the model: all {len(statuses)} rounds skipped or rejected "
+                                      f"({why})" + (f"; {refused}" if refused else ""))
+        problems.append(f"{len(idle)} of {len(statuses)} rounds skipped or rejected ({why})")
     problems += run_problems(results, names, drops_expected=_injects_drops(run.scenario))
     return (RunStatus.DEGRADED, "; ".join(problems)) if problems else (RunStatus.FINISHED, None)
 

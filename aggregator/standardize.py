@@ -22,7 +22,7 @@ from flwr.serverapp import Grid
 from aggregator.step import train_config
 from aggregator.strategies import FedAvg
 from aggregator.train import PlainTrain
-from core.instructions import STD_LIMIT, STD_MEAN, STD_PASS, STD_SCALES, TrainConfig
+from core.instructions import COHORT, STD_LIMIT, STD_MEAN, STD_PASS, STD_SCALES, TrainConfig
 from core.status import ClientStatus
 from core.strategy import ServerState, sample_clients
 from core.train import TrainOutcome, TrainRequest, TrainWorkflow
@@ -102,7 +102,7 @@ def _pass(grid: Grid, scenario: Scenario, nodes: list[int], config: TrainConfig,
     """One pass: the clients' weighted mean vector, and how many clients it holds."""
     fed = scenario.federation
     request = TrainRequest(server_round=0, nodes=nodes, state=ServerState(params=np.zeros(size, np.float32)),
-                         config=config.with_settings({STD_LIMIT: LIMIT}),
+                         config=config.with_settings({STD_LIMIT: LIMIT, COHORT: len(nodes)}),
                          deadline_s=fed.deadline_s, max_update_bytes=int(fed.max_update_mb * 2**20))
     outcome = statistics_train(scenario, size)(grid, request, FedAvg())
     answered = sum(c.outcome == ClientStatus.OK for c in outcome.clients)

@@ -1,1 +1,1 @@
-"""The ClientApp (``clientapp.py``) and the Byzantine attack harness it runs as a mod (``attacks.py``)."""
+"""The ClientApp (``clientapp.py``), the device's site policy (``policy/``) and the attack harness (``attacks.py``)."""

@@ -23,6 +23,7 @@ from flwr.clientapp import ClientApp
 
 from clients.attacks import AttackMod, AttackPlan, flip_labels
 from clients.mods import StatisticsMod, compression_mod, data_view, dp_mod, standardize_mod
+from clients.policy.mod import policy_mod
 from core.errors import UpdateRejected
 from core.eval_replies import eval_reply
 from core.instructions import Instruction, TrainConfig, client_seed, control_of, parse_instruction, read_instruction
@@ -149,10 +150,13 @@ def _keep_buffers(runtime: _Runtime, context: Context) -> None:
 
 
 def client_mods() -> list[Any]:
-    """Return the ClientApp mods, outermost first: secure aggregation, the attack harness, statistics, compression, DP.
+    """Return the ClientApp mods, outermost first: secagg, site policy, attacks, statistics, compression, DP.
 
     Secure aggregation answers its own protocol stages and masks the reply
-    the mods inside it made; the attack harness (``[faults] byzantine``, off
+    the mods inside it made; the node's site policy (``clients.policy``)
+    refuses a message that breaks it before anything inside reads the node's
+    data (inside secure aggregation's mod, it knows when the reply will be
+    masked); the attack harness (``[faults] byzantine``, off
     unless a scenario asks) forges the train replies of its Byzantine nodes;
     the statistics mod answers ``[data] standardize``'s passes itself (no
     training, no DP, no compression); compression encodes the update DP
@@ -160,7 +164,7 @@ def client_mods() -> list[Any]:
     node's data as the instruction scales it (``clients.mods``). The train
     handler only trains.
     """
-    return [secagg_mod, AttackMod(honest=_honest_update, plan_of=_attack_plan),
+    return [secagg_mod, policy_mod, AttackMod(honest=_honest_update, plan_of=_attack_plan),
             StatisticsMod(features_of=lambda context: _runtime(context).data.train), compression_mod, dp_mod,
             standardize_mod]
 

@@ -35,7 +35,7 @@ __all__ = [
     "with_control", "control_of", "quorum_settings", "Setting", "SettingValue", "SETTINGS",
     "DOWNLINK_BITS", "SCAFFOLD_CONTROL", "CODEC_BITS", "CODEC_TOPK", "CODEC_RANDOMK", "CODEC_FEEDBACK", "CODEC_SEED",
     "CODEC_RESCALE", "DP_CLIP", "DP_NOISE_STD", "DP_ADAPTIVE", "DP_COUNT_NOISE_STD", "DP_DISCRETE", "STD_PASS",
-    "STD_LIMIT", "STD_SCALES", "STD_MEAN", "STD_STD",
+    "STD_LIMIT", "STD_SCALES", "STD_MEAN", "STD_STD", "COHORT",
 ]
 
 #: What one of Quorum's instruction settings may hold (a ``ConfigRecord`` value).
@@ -127,12 +127,15 @@ STD_LIMIT = Setting("std-limit", float, "[data] standardize")
 STD_SCALES: Setting[list[float]] = Setting("std-scales", list, "[data] standardize")
 STD_MEAN: Setting[list[float]] = Setting("std-mean", list, "[data] standardize")
 STD_STD: Setting[list[float]] = Setting("std-std", list, "[data] standardize")
+#: How many clients the round asked (its cohort; FedBuff's: the updates one step folds), as the aggregator
+#: states it: what a device's site policy checks ``min_cohort`` against (``clients.policy``).
+COHORT = Setting("cohort", int, "the round loop")
 
 #: Every setting an instruction may carry, by key: the one table.
 SETTINGS: dict[str, Setting[Any]] = {s.key: s for s in (
     DOWNLINK_BITS, SCAFFOLD_CONTROL, CODEC_BITS, CODEC_TOPK, CODEC_RANDOMK, CODEC_FEEDBACK, CODEC_SEED,
     CODEC_RESCALE, DP_CLIP, DP_NOISE_STD, DP_ADAPTIVE, DP_COUNT_NOISE_STD, DP_DISCRETE, STD_PASS, STD_LIMIT,
-    STD_SCALES, STD_MEAN, STD_STD)}
+    STD_SCALES, STD_MEAN, STD_STD, COHORT)}
 
 
 def client_seed(seed: int, server_round: int, node: int) -> int:

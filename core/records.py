@@ -19,7 +19,7 @@ class ClientRecord:
     """One client's part in one round, as the round loop saw it."""
 
     client: str
-    outcome: str  # ok | dropped | rejected | failed | late (core/outcomes.py; "error" in older stores)
+    outcome: str  # ok | dropped | rejected | failed | refused | late (core/outcomes.py; "error" in older stores)
     num_examples: int = 0
     train_loss: float | None = None
     eval_loss: float | None = None

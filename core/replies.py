@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, MetricRecord, RecordDict
 
 from core.aggregate import all_finite
 from core.boundary import rejects_any
@@ -32,7 +32,7 @@ from core.layouts import ParamLayout, encode_named, gather, npy_bytes, npy_view
 __all__ = [
     "TrainReply", "encode_flat", "decode_flat", "train_reply", "parse_train_reply", "clean_metrics", "MAX_EXAMPLES",
     "MAX_LOSS", "MAX_METRICS", "MAX_METRIC_VALUE",
-    "MAX_KEY_CHARS", "own_update", "rewrite_update",
+    "MAX_KEY_CHARS", "own_update", "rewrite_update", "REFUSAL_CODE", "refusal", "refusal_reason",
 ]
 
 
@@ -148,6 +148,31 @@ def rewrite_update(content: RecordDict, delta: np.ndarray | None = None,
             raise TypeError(f"reply 'metrics' is a {type(record).__name__}, expected a MetricRecord")
         for key, value in metrics.items():
             record[key] = value
+
+
+#: The error code of a device's refusal under its own site policy (``clients.policy``): none of Flower's
+#: (``flwr.common.constant.ErrorCode``, 0 to 8), so no crash, lost node or raised task reads as one.
+REFUSAL_CODE = 4030
+_REFUSED = "refused by site policy: "
+
+
+def refusal(reason: str) -> Error:
+    """Return the error reply of a device that refuses a message under its site policy: ``reason`` names the rule.
+
+    An error reply, not content: every workflow (plain, secure aggregation,
+    evaluation, FedBuff) reads it where it reads a client's error, before any
+    update is parsed, and no mod of the device (DP, compression, secure
+    aggregation's masking) can mistake it for an update.
+    """
+    return Error(code=REFUSAL_CODE, reason=_REFUSED + " ".join(reason.split()))
+
+
+def refusal_reason(error: Error) -> str | None:
+    """Return the rule a refusal names (:func:`refusal`), or ``None`` for any other error."""
+    if getattr(error, "code", None) != REFUSAL_CODE:  # an error without a code is no refusal either
+        return None
+    reason = str(error.reason)
+    return reason[len(_REFUSED):] if reason.startswith(_REFUSED) else reason
 
 
 #: The most examples one client may claim: beyond it a reply is refused, so a

@@ -19,7 +19,7 @@ class RunStatus(StrEnum):
     RUNNING = "running"
     #: every round ran and every client contributed
     FINISHED = "finished"
-    #: it reached its end, but some client failed, was rejected, or never contributed
+    #: it reached its end, but some client failed, was rejected, refused by its site policy, or never contributed
     DEGRADED = "degraded"
     FAILED = "failed"
     #: DP's privacy budget was spent before the last round, as the scenario allows
@@ -44,6 +44,9 @@ class ClientStatus(StrEnum):
     REJECTED = "rejected"
     #: its task raised
     FAILED = "failed"
+    #: its device's own site policy refused the round before touching its data (``clients.policy``; the reason
+    #: names the rule)
+    REFUSED = "refused"
     #: what stores written before ``failed`` existed hold (counted as failed)
     ERROR = "error"
 

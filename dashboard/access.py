@@ -94,7 +94,8 @@ def rule_of(method: str, template: str) -> frozenset[str] | None:
 
 def _has_csrf_header(scope: Scope) -> bool:
     name, value = CSRF_HEADER
-    return dict(scope.get("headers", [])).get(name.encode(), b"").decode("latin-1").strip().lower() == value
+    presented: bytes = dict(scope.get("headers", [])).get(name.encode(), b"")
+    return presented.decode("latin-1").strip().lower() == value
 
 
 class Buckets:

@@ -139,7 +139,7 @@ def round_data(r: Round) -> dict[str, Any]:
     return {
         "round": r.round, "started_at": r.started_at, "duration_s": r.duration_s,
         "sampled": r.sampled, "answered": r.answered, "dropped": r.dropped, "rejected": r.rejected,
-        "failed": r.failed or 0,
+        "failed": r.failed or 0, "refused": _refused(r.metrics),
         "train_loss": _clean(r.train_loss), "fed_loss": _clean(r.fed_loss),
         "fed_accuracy": _clean(r.fed_accuracy), "server_loss": _clean(r.server_loss),
         "server_accuracy": _clean(r.server_accuracy), "accuracy": _clean(accuracy),
@@ -147,6 +147,12 @@ def round_data(r: Round) -> dict[str, Any]:
         "secagg": r.secagg, "metrics": r.metrics or {},
         "metric": _clean(r.headline), "scores": round_scores(r),
     }
+
+
+def _refused(metrics: Mapping[str, Any] | None) -> int:
+    """Return the round's clients that their site policy refused (the store keeps the count in the metrics)."""
+    n = (metrics or {}).get("refused", 0)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
 
 
 def round_display(d: Mapping[str, Any], metric: str = "accuracy") -> dict[str, str]:
@@ -165,7 +171,7 @@ def round_display(d: Mapping[str, Any], metric: str = "accuracy") -> dict[str, s
         "duration": fmt_duration(d["duration_s"]),
         "clients": f"{d['answered']} / {d['sampled']}", "sampled": str(d["sampled"]),
         "answered": str(d["answered"]), "dropped": str(d["dropped"]), "rejected": str(d["rejected"]),
-        "failed": str(d["failed"]),
+        "failed": str(d["failed"]), "refused": str(d.get("refused", 0)),
         "accuracy": fmt_pct(d["accuracy"]), "server_accuracy": fmt_pct(d["server_accuracy"]),
         "fed_accuracy": fmt_pct(d["fed_accuracy"]), "train_loss": fmt_num(d["train_loss"]),
         "fed_loss": fmt_num(d["fed_loss"]), "server_loss": fmt_num(d["server_loss"]),
@@ -212,6 +218,9 @@ def outcome_text(outcome: str, stage: str | None, reason: str | None) -> str:
     """One line for a client's part in a round: "ok", "dropped at train", ..."""
     if outcome == ClientStatus.OK:
         return "ok"
+    if outcome == ClientStatus.REFUSED:  # the device's own site policy: the reason is its rule
+        text = "refused by its site policy" + (f" at {stage}" if stage else "")
+        return f"{text}: {reason}" if reason else text
     text = outcome if not stage else f"{outcome} at {stage}"
     return f"{text}: {reason}" if reason else text
 

@@ -18,7 +18,11 @@
   aggregator (the app bundle Quorum submits carries configuration only).
 
 The device's data file is opened by the worker only; nothing but model
-updates and metrics leaves the device.
+updates and metrics leaves the device. The data owner's site policy
+(``--policy``, ``clients.policy``) travels to the worker in the SuperNode's
+node config, the device's own, with the file that counts its rounds in the
+agent's folder; the worker reads it at start and again whenever it changes,
+and refuses a round that breaks it before the data file is opened.
 """
 
 from __future__ import annotations
@@ -70,6 +74,12 @@ class AgentSpec:
     # identity key (a file holding its hex) and the operator's enrolment directory (JSON)
     secagg_identity: Path | None = None
     secagg_directory: Path | None = None
+    policy: Path | None = None  # the data owner's site policy (policy.toml, clients.policy)
+
+    @property
+    def rounds_file(self) -> Path:
+        """Return where the device counts the rounds it trained (``max_rounds_per_day``): in its own folder."""
+        return self.workdir / "policy-rounds.json"
 
     @property
     def runtime_address(self) -> str:
@@ -86,6 +96,8 @@ def supernode_argv(spec: AgentSpec) -> list[str]:
         node_config += f' secagg-identity-key-file="{spec.secagg_identity.resolve()}"'
     if spec.secagg_directory is not None:
         node_config += f' secagg-directory="{spec.secagg_directory.resolve()}"'
+    if spec.policy is not None:
+        node_config += f' site-policy="{spec.policy.resolve()}" site-policy-rounds="{spec.rounds_file.resolve()}"'
     argv = ["--superlink", spec.server, "--isolation", "process", "--host", "127.0.0.1",
             "--port", str(spec.runtime_port), "--node-config", node_config]
     if spec.insecure:
@@ -369,7 +381,8 @@ def child_args(spec: AgentSpec) -> dict[str, list[str]]:
         "supernode": ["--poll-s", str(spec.poll_s), "--reconnect-max-s", str(spec.reconnect_max_s), "--",
                       *supernode_argv(spec)],
         "worker": ["--runtime", spec.runtime_address, "--poll-s", str(min(spec.poll_s, 0.2)),
-                   "--task-input-s", str(spec.task_input_s)],
+                   "--task-input-s", str(spec.task_input_s),
+                   *(["--policy", str(spec.policy.resolve())] if spec.policy is not None else [])],
     }
 
 
@@ -423,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     worker.add_argument("--runtime", required=True)
     worker.add_argument("--poll-s", type=float, default=0.2)
     worker.add_argument("--task-input-s", type=float, default=TASK_INPUT_S)
+    worker.add_argument("--policy", default=None)
     args = parser.parse_args(argv)
     if args.role == "supernode":
         rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
@@ -437,7 +451,21 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    if args.policy is not None:
+        _announce_policy(Path(args.policy))
     serve_tasks(args.runtime, args.poll_s, stop, args.task_input_s)
+
+
+def _announce_policy(path: Path) -> None:
+    """Read the site policy once at start and say which rules hold (the ClientApp reads it again when it changes)."""
+    from clients.policy.errors import PolicyError
+    from clients.policy.mod import current_policy
+
+    try:
+        said = f"site policy {path}: {current_policy(path).describe()}"
+    except PolicyError as exc:
+        said = f"site policy refused, every task will be refused until it is mended: {exc}"
+    print(f"{time.strftime('%H:%M:%S')} quorum-worker: {said}", flush=True)
 
 
 if __name__ == "__main__":

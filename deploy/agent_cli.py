@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -20,7 +20,7 @@ ConfigOption = Annotated[Path | None, typer.Option(
     "--config", "-c", help="The aggregator's federation.toml.", envvar="QUORUM_FEDERATION")]
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(2)
 
@@ -155,6 +155,10 @@ def start(
         help="Secure aggregation: this device's enrolled Ed25519 identity key (hex, keep it 0600).")] = None,
     secagg_directory: Annotated[Path | None, typer.Option(
         help="Secure aggregation: the operator's enrolment directory (JSON, id -> public key).")] = None,
+    policy: Annotated[Path | None, typer.Option(
+        help="This device's site policy (policy.toml: secure aggregation required, DP budget, cohort, tasks, "
+             "rounds a day), enforced here before the data is read; the aggregator cannot change it. "
+             "Default: policy.toml in --workdir, when there is one.")] = None,
 ) -> None:
     """Run the client agent: a SuperNode plus a warm ClientApp worker, restarted if they die (run on the device)."""
     from deploy.agent import AgentSpec, run_agent
@@ -175,14 +179,35 @@ def start(
         _fail(f"--reconnect-max {reconnect_max}: between 0.5 and 600 seconds")
     if task_input_timeout <= 0:
         _fail(f"--task-input-timeout {task_input_timeout}: must be a positive number of seconds")
+    policy, rules = _site_policy(policy, workdir)
     port, _lock = _preflight(server, None if insecure else ca, runtime_port, workdir, data)
     spec = AgentSpec(server=server, data=data, key=key, ca=ca, name=name, runtime_port=port,
                      poll_s=poll, insecure=insecure, workdir=workdir, task_input_s=task_input_timeout,
                      reconnect_max_s=reconnect_max,
-                     secagg_identity=secagg_identity, secagg_directory=secagg_directory)
+                     secagg_identity=secagg_identity, secagg_directory=secagg_directory, policy=policy)
     print(f"client agent {name or '(unnamed)'}: connecting to {server} (data {data}, logs {workdir / 'logs'})",
           flush=True)
+    print(f"site policy: {rules}", flush=True)
     raise typer.Exit(run_agent(spec, say=lambda m: console.print(m, markup=False, highlight=False)))
+
+
+def _site_policy(given: Path | None, workdir: Path) -> tuple[Path | None, str]:
+    """Return the policy file the agent enforces (``given``, else ``WORKDIR/policy.toml`` if there) and its rules.
+
+    A policy that cannot be used stops the agent before it joins, in one line naming the key and value.
+    """
+    from clients.policy.errors import PolicyError
+    from clients.policy.spec import load_policy
+
+    path = given if given is not None else (workdir / "policy.toml" if (workdir / "policy.toml").is_file() else None)
+    if path is None:
+        return None, "none (every round the aggregator asks for is accepted)"
+    if not path.is_file():
+        _fail(f"--policy {path}: no such file")
+    try:
+        return path, f"{path}: {load_policy(path).describe()}"
+    except PolicyError as exc:
+        _fail(str(exc))
 
 
 @app.command(name="status")
@@ -206,3 +231,60 @@ def agent_status(
     console.print(f"node id: {report['node_id'] or 'not connected yet'}", markup=False)
     for line in report["tasks"] or ["no task yet"]:
         console.print(f"  {line}", markup=False)
+
+
+policy_app = typer.Typer(help="This device's site policy: which runs it accepts, and why not.", no_args_is_help=True,
+                         add_completion=False, pretty_exceptions_show_locals=False)
+app.add_typer(policy_app, name="policy")
+
+
+@policy_app.command(name="check")
+def policy_check(
+    scenarios: Annotated[list[Path] | None, typer.Argument(help="Scenario files to judge.")] = None,
+    policy: Annotated[Path, typer.Option(help="The site policy (policy.toml).")] = Path(".quorum-agent/policy.toml"),
+    db: Annotated[str | None, typer.Option(help="A run store URL: judge its running runs (the current ones).")]
+    = None,
+    every: Annotated[bool, typer.Option("--all", help="With --db: every run of the store, not only running ones.")]
+    = False,
+    rounds_file: Annotated[Path | None, typer.Option(
+        help="The device's round count (default: policy-rounds.json beside the policy), for max_rounds_per_day.")]
+    = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Say which runs this device's site policy would accept, and why not (run on the device).
+
+    Exits 0 when every run would be accepted, 1 when one would be refused or cannot be judged, 2 on a bad policy.
+    """
+    import json
+
+    from clients.policy.errors import PolicyError
+    from clients.policy.ledger import RoundLedger
+    from clients.policy.spec import load_policy
+    from core.errors import QuorumError
+    from deploy.policy_check import check_scenarios, check_store
+
+    if not scenarios and db is None:
+        _fail("give scenario files, or --db URL to judge the runs of a run store")
+    try:
+        rules = load_policy(policy)
+        trained = RoundLedger(rounds_file or policy.with_name("policy-rounds.json")).count() \
+            if rules.max_rounds_per_day is not None else 0
+    except PolicyError as exc:
+        _fail(str(exc))
+    verdicts = check_scenarios(rules, scenarios or [], trained)
+    if db is not None:
+        try:
+            verdicts += check_store(rules, db, every, trained)
+        except QuorumError as exc:
+            _fail(str(exc))
+    code = 0 if all(v.accepted for v in verdicts) else 1
+    if json_out:
+        print(json.dumps({"policy": str(policy), "rules": rules.describe(), "trained_last_24h": trained,
+                          "verdicts": [v.to_json() for v in verdicts]}), flush=True)
+        raise typer.Exit(code)
+    print(f"site policy {policy}: {rules.describe()}", flush=True)
+    for verdict in verdicts or []:
+        print(verdict.line(), flush=True)
+    if not verdicts:
+        print("no run to judge", flush=True)
+    raise typer.Exit(code)

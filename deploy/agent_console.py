@@ -54,11 +54,19 @@ def public_reason(exc: BaseException, limit: int = 200) -> str:
 
 
 def reply_summary(reply: Any) -> str:
-    """`` (train, loss 0.412, num-examples 40)``: the kind of message and the numbers it carries back."""
+    """`` (train, loss 0.412, num-examples 40)``: the kind of message and the numbers it carries back.
+
+    A refusal under the site policy says ``(refused: <the rules>)``.
+    """
     if reply is None:
         return ""
+    from core.replies import refusal_reason
+
     with contextlib.suppress(Exception):
         if reply.has_error():  # an error reply (e.g. from a mod) is not a completed task
+            refused = refusal_reason(reply.error)
+            if refused is not None:
+                return f" (refused: {refused})"
             return f" (answered with an error: {reply.error.reason})"
     kind = str(getattr(getattr(reply, "metadata", None), "message_type", "") or "")
     numbers = []

@@ -258,12 +258,13 @@ class LoopbackFederation:
         return self.deploy.state.keys / f"{name}.key"
 
     def start_agent(self, name: str, data: Path, key: Path | None = None, runtime_port: int | None = None,
-                    connect_timeout_s: float = 90.0, wait: bool = True) -> Started:
+                    connect_timeout_s: float = 90.0, wait: bool = True, policy: Path | None = None) -> Started:
         """Start ``client start`` for device ``name`` on ``data``; return the agent process.
 
         It uses the device's key and the federation's CA (or ``--insecure``),
-        and its secure-aggregation identity when enrolment issued one. With
-        ``wait``, block until its SuperNode logs its node id.
+        its secure-aggregation identity when enrolment issued one, and the
+        site policy ``policy`` when given (``--policy``). With ``wait``, block
+        until its SuperNode logs its node id.
 
         Raises
         ------
@@ -278,6 +279,8 @@ class LoopbackFederation:
         identity = self.deploy.state.keys / f"{name}.secagg.key"  # issued by `quorum client enroll`
         if identity.exists():
             argv += ["--secagg-identity", str(identity), "--secagg-directory", str(directory_path(self.deploy))]
+        if policy is not None:
+            argv += ["--policy", str(policy)]
         agent = self.procs.start(f"agent-{name}", argv)
         self.agents[name] = agent
         if wait:

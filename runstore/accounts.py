@@ -13,6 +13,12 @@ bits): only its SHA-256 is stored (a random secret of that size needs no slow
 hash; the dashboard checks it on every request), with its first 12 characters
 to tell tokens apart in ``quorum accounts list``. Tokens expire (90 days by
 default) and are revoked with their account or one by one.
+
+An account may be linked to one identity at an OpenID provider, its issuer
+and subject (``sub``): a login there (``dashboard/login.py``) opens a browser
+session, a token row of its own (``qrs_``, 8 hours by default) whose secret
+nobody ever sees: the session cookie holds its SHA-256, as a ``?token=``
+login's does, and logging out revokes it.
 """
 
 from __future__ import annotations
@@ -35,15 +41,21 @@ if TYPE_CHECKING:
 
 __all__ = ["ROLES", "AccountError", "AccountRow", "TokenRow", "Principal", "add_account", "list_accounts",
            "revoke_account", "issue_token", "revoke_token", "authenticate", "authenticate_digest",
-           "has_live_accounts", "token_digest", "TOKEN_PREFIX", "DEFAULT_TOKEN_DAYS", "check_days"]
+           "has_live_accounts", "token_digest", "TOKEN_PREFIX", "DEFAULT_TOKEN_DAYS", "check_days",
+           "account_for_identity", "issue_session", "end_session", "SESSION_PREFIX", "DEFAULT_SESSION_HOURS"]
 
 ROLES = ("admin", "lead", "member", "service")
 TOKEN_PREFIX = "qrm_"
 DEFAULT_TOKEN_DAYS = 90.0
 MAX_TOKEN_DAYS = 3650.0
+SESSION_PREFIX = "qrs_"
+DEFAULT_SESSION_HOURS = 8.0
+MAX_SESSION_HOURS = 24.0 * 30
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 _TOKEN = re.compile(r"qrm_[A-Za-z0-9_-]{43}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+_ISSUER = re.compile(r"https?://[^\s?#]{1,240}")
+_SUBJECT = re.compile(r"[\x21-\x7e]{1,255}")  # OpenID Connect: at most 255 ASCII characters; printable here
 
 
 class AccountError(QuorumError):
@@ -116,21 +128,37 @@ def check_days(days: float) -> float:
     return float(days)
 
 
-def add_account(store: RunStore, name: str, org: str, role: str) -> AccountRow:
-    """Create an account.
+def _check_identity(issuer: str | None, subject: str | None) -> None:
+    if (issuer is None) != (subject is None):
+        raise AccountError("give both the OpenID issuer and the subject of the account's identity, or neither")
+    if issuer is not None and (not isinstance(issuer, str) or not _ISSUER.fullmatch(issuer)):
+        raise AccountError(f"OpenID issuer {issuer!r}: its URL, http(s)://..., as the provider names itself")
+    if subject is not None and (not isinstance(subject, str) or not _SUBJECT.fullmatch(subject)):
+        raise AccountError(f"OpenID subject {subject!r}: 1-255 printable ASCII characters, no spaces "
+                           "(the `sub` claim of the account's ID tokens)")
+
+
+def add_account(store: RunStore, name: str, org: str, role: str, issuer: str | None = None,
+                subject: str | None = None) -> AccountRow:
+    """Create an account, linked to the OpenID identity ``(issuer, subject)`` when both are given.
 
     Raises
     ------
     AccountError
-        A bad name, organisation or role, or an account of that name exists already.
+        A bad name, organisation, role or identity, an account of that name
+        exists already, or another account has that identity.
     """
     _check_name("account", name)
     _check_name("organisation", org)
     _check_role(role)
+    _check_identity(issuer, subject)
     with store.session() as s, s.begin():
         if s.scalar(select(AccountRow).where(AccountRow.name == name)) is not None:
             raise AccountError(f"account {name!r} exists already (quorum accounts list)")
-        row = AccountRow(name=name, org=org, role=role, created_at=time.time())
+        if issuer is not None and (other := s.scalar(select(AccountRow.name).where(
+                AccountRow.issuer == issuer, AccountRow.subject == subject))) is not None:
+            raise AccountError(f"the identity {subject!r} of {issuer} is account {other!r}'s already")
+        row = AccountRow(name=name, org=org, role=role, issuer=issuer, subject=subject, created_at=time.time())
         s.add(row)
         s.flush()
         s.expunge(row)
@@ -242,3 +270,54 @@ def has_live_accounts(store: RunStore) -> bool:
     """Whether the store has an account that is not revoked (then every dashboard request needs a token)."""
     with store.session() as s:
         return s.scalar(select(AccountRow.id).where(AccountRow.revoked_at.is_(None)).limit(1)) is not None
+
+
+def account_for_identity(store: RunStore, issuer: str, subject: str) -> AccountRow | None:
+    """Return the account linked to the OpenID identity ``(issuer, subject)``, revoked or not; None if none is."""
+    with store.session() as s:
+        found = list(s.scalars(select(AccountRow).where(AccountRow.issuer == issuer, AccountRow.subject == subject)
+                               .order_by(AccountRow.id).limit(2)))
+        s.expunge_all()
+    return found[0] if len(found) == 1 else None  # two (a race past add_account's check): neither is trusted
+
+
+def issue_session(store: RunStore, name: str, hours: float = DEFAULT_SESSION_HOURS) -> str:
+    """Open a browser session for account ``name``, valid ``hours``; return its digest, the session cookie's value.
+
+    The session is a token row whose secret (``qrs_...``) is thrown away: the
+    digest alone is what a cookie presents (``authenticate_digest``).
+
+    Raises
+    ------
+    AccountError
+        No such account, a revoked one, or a lifetime out of (0, 720] hours.
+    """
+    if not isinstance(hours, int | float) or not 0 < hours <= MAX_SESSION_HOURS:
+        raise AccountError(f"session lifetime {hours!r} hours: more than 0, at most {MAX_SESSION_HOURS:g}")
+    secret = SESSION_PREFIX + secrets.token_urlsafe(32)
+    digest = token_digest(secret)
+    now = time.time()
+    with store.session() as s, s.begin():
+        account = _account(s, name)
+        if account.revoked_at is not None:
+            raise AccountError(f"account {name!r} is revoked")
+        s.add(TokenRow(account_id=account.id, digest=digest, shown=secret[:12], created_at=now,
+                       expires_at=now + hours * 3600.0))
+    return digest
+
+
+def end_session(store: RunStore, digest: str) -> str | None:
+    """Revoke the browser session whose cookie holds ``digest``; return its account's name (None: no live session).
+
+    Only sessions are revoked: the cookie of a ``?token=`` login holds an API
+    token's digest, and logging out of the browser must not revoke the token.
+    """
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        return None
+    with store.session() as s, s.begin():
+        row = s.scalar(select(TokenRow).where(TokenRow.digest == digest))
+        if row is None or row.revoked_at is not None or not row.shown.startswith(SESSION_PREFIX):
+            return None
+        row.revoked_at = time.time()
+        account = s.get(AccountRow, row.account_id)
+        return account.name if account else None

@@ -501,8 +501,14 @@ def _round_row(run_id: str, r: RoundRecord, checkpoint: str, headline: Headline)
                  train_loss=_real(r.train_loss),
                  fed_loss=_real(r.fed_loss), fed_accuracy=_real(r.fed_accuracy), server_loss=_real(r.server_loss),
                  server_accuracy=_real(r.server_accuracy), bytes_in=r.bytes_in, bytes_out=r.bytes_out,
-                 epsilon=_real(r.epsilon), secagg=r.secagg, metrics=r.metrics or {}, checkpoint=checkpoint,
+                 epsilon=_real(r.epsilon), secagg=r.secagg, metrics=_with_refused(r), checkpoint=checkpoint,
                  headline=_real(round_value(headline, r)[0]))
+
+
+def _with_refused(r: RoundRecord) -> dict[str, Any]:
+    """Return the round's metrics, with ``refused``: its clients whose site policy refused (no column of its own)."""
+    refused = r.count(ClientStatus.REFUSED)
+    return {**(r.metrics or {}), "refused": refused} if refused else dict(r.metrics or {})
 
 
 def _client_rows(run_id: str, r: RoundRecord) -> Iterable[dict[str, Any]]:

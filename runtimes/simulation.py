@@ -21,7 +21,7 @@ from clients.clientapp import app as client_app
 from core.headline import Headline, round_scores
 from core.records import RoundRecord
 from runstore.report import headline_summary
-from runstore.store import RunStore
+from runstore.store import Round, RunStore
 from runstore.takeover import TakenRunStore
 from runtimes.enrolment import secagg_identities
 from runtimes.faults import FaultPlan
@@ -48,7 +48,7 @@ class RunSummary:
     wall_s: float
     db: str
     error: str | None = None  # why the run failed or degraded, as stored with it
-    clients: dict[str, int] | None = None  # answered, dropped, rejected, failed: summed over the rounds
+    clients: dict[str, int] | None = None  # answered, dropped, rejected, failed, refused: summed over the rounds
     # The task's headline metric (core.headline): name, direction, final (and its split), best over the rounds
     metric: dict[str, Any] | None = None
     final_scores: dict[str, dict[str, float]] | None = None  # the last round's scores by split, in the task's names
@@ -163,5 +163,12 @@ def summarize(store: RunStore, run_id: str, wall_s: float) -> RunSummary:
                       final_train_loss=last.train_loss if last else None, wall_s=round(wall_s, 3),
                       db=store.url, error=run.error, metric=headline_summary(Headline.from_info(run.info), rounds),
                       final_scores=round_scores(last) if last is not None else {},
-                      clients={k: sum(getattr(r, k) or 0 for r in rounds)
-                               for k in ("answered", "dropped", "rejected", "failed")})
+                      clients={**{k: sum(getattr(r, k) or 0 for r in rounds)
+                                  for k in ("answered", "dropped", "rejected", "failed")},
+                               "refused": sum(_refused(r) for r in rounds)})
+
+
+def _refused(r: Round) -> int:
+    """Count the round's clients refused by their site policy (a count the store keeps in the round's metrics)."""
+    n = (r.metrics or {}).get("refused", 0)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0

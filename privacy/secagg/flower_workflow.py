@@ -21,7 +21,7 @@ from flwr.app.message_type import MessageType
 from flwr.serverapp import Grid
 
 from core.boundary import one_line
-from core.outcomes import FAILED, error_outcome
+from core.outcomes import FAILED, REFUSED, error_outcome
 from core.replies import clean_metrics
 from core.wire import wire_bytes
 from privacy.secagg.config import SecAggConfig
@@ -51,6 +51,7 @@ class _Stage:
         self.wire_down: dict[int, int] = {}
         self.rejected: dict[int, str] = {}
         self.failed: dict[int, str] = {}
+        self.refused: dict[int, str] = {}
 
 
 def _messages(stage: Stage, round_id: int, requests: Mapping[int, Request],
@@ -73,6 +74,8 @@ def _accept(server: ServerRound, stage: Stage, round_id: int, node: int, reply: 
         outcome, reason = error_outcome(reply.error)
         if outcome == FAILED:
             book.failed[node] = reason
+        elif outcome == REFUSED:  # its site policy refused the round (clients.policy): kept, with the rule
+            book.refused[node] = reason
         return
     if reply.metadata.src_node_id != node:
         return
@@ -115,7 +118,7 @@ def _run_stage(grid: Grid, server: ServerRound, stage: Stage, round_id: int,
     book.server.run(server.close)
     return StageStats(stage, server.completed[stage], book.up, book.down,
                       clock() - book.start, book.server.total, book.wire_up, book.wire_down, book.rejected,
-                      book.failed)
+                      book.failed, book.refused)
 
 
 def run_secagg(grid: Grid, node_ids: Sequence[int], train_content: RecordDict, config: SecAggConfig,

@@ -57,6 +57,9 @@ class StageStats:
     failed : Mapping[int, str]
         Per client whose task raised at this stage (an error reply that is not a
         node gone): the error it reported, on one line.
+    refused : Mapping[int, str]
+        Per client whose site policy refused the round at this stage
+        (``core.replies.refusal``): the rule it named, on one line.
     """
 
     stage: Stage
@@ -69,6 +72,7 @@ class StageStats:
     wire_down: Mapping[int, int] = field(default_factory=dict)
     rejected: Mapping[int, str] = field(default_factory=dict)
     failed: Mapping[int, str] = field(default_factory=dict)
+    refused: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)

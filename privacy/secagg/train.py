@@ -138,6 +138,8 @@ def _client_record(node: int, result: SecureSumResult, survivors: set[int]) -> C
                             reason=f"secure-aggregation stage {stage}: {failed.rejected[node]}")
     if failed is not None and node in failed.failed:
         return ClientRecord(client=str(node), outcome=ClientStatus.FAILED, stage=stage, reason=failed.failed[node])
+    if failed is not None and node in failed.refused:
+        return ClientRecord(client=str(node), outcome=ClientStatus.REFUSED, stage=stage, reason=failed.refused[node])
     return ClientRecord(client=str(node), outcome=ClientStatus.DROPPED, stage=stage,
                         reason=f"no valid reply at secure-aggregation stage {stage}")
 

@@ -190,7 +190,7 @@ def test_simulate_and_resume_exit_3_when_a_client_failed_every_round_and_name_it
     assert again.exit_code == 3, (again.stderr, again.exception)
     assert "degraded: client 3 failed in 1 of 1 rounds (DataError: no label column 'label')" in " ".join(
         again.stderr.split())
-    assert summary["clients"] == {"answered": 2, "dropped": 0, "rejected": 0, "failed": 1}
+    assert summary["clients"] == {"answered": 2, "dropped": 0, "rejected": 0, "failed": 1, "refused": 0}
     assert summary["error"].startswith("client 3 failed in 1 of 1 rounds")
 
 
