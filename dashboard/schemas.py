@@ -66,6 +66,7 @@ class RoundOut(BaseModel):
     dropped: int
     rejected: int = Field(description="Clients whose reply was refused (with the reason).")
     failed: int = Field(0, description="Clients whose task raised (with the error).")
+    refused: int = Field(0, description="Clients whose site policy refused the round (with the rule).")
     train_loss: float | None
     fed_loss: float | None
     fed_accuracy: float | None

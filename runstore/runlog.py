@@ -14,8 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.records import RoundRecord
+from sqlalchemy.exc import SQLAlchemyError
+
+from core.errors import QuorumError
+from core.records import ClientRecord, RoundRecord
+from core.status import ClientStatus
 from core.strategy import ServerState
+from runstore.audit import POLICY_REFUSAL, append
 from runstore.lease import Heartbeat
 from runstore.store import RunStore
 
@@ -41,8 +46,29 @@ class RunLog:
         self.store.log(self.run_id, message, level)
 
     def commit(self, record: RoundRecord, state: ServerState) -> None:
-        """Commit one round (or FedBuff step) with the state after it, checkpoint first, in one transaction."""
+        """Commit one round (or FedBuff step) with the state after it, checkpoint first, in one transaction.
+
+        Then each client its site policy refused is appended to the audit trail
+        (``device:NAME``, the run, the round and the rule), after the round: a
+        trail that cannot be written loses no round, and says so in the run's log.
+        """
         self.store.commit_round(self.run_id, record, state)
+        refused = [c for c in record.clients if c.outcome == ClientStatus.REFUSED]
+        if refused:
+            self._audit_refusals(record.round, refused)
+
+    def _audit_refusals(self, server_round: int, refused: list[ClientRecord]) -> None:
+        devices = (self.store.get_run(self.run_id).info or {}).get("devices") or {}
+        orgs = (self.store.get_run(self.run_id).info or {}).get("orgs") or {}
+        try:
+            for c in refused:
+                name = str(devices.get(c.client, c.client))[:56] if isinstance(devices, dict) else c.client[:56]
+                append(self.store, f"device:{name}", POLICY_REFUSAL, target=self.run_id,
+                       org=str(orgs.get(name, "") if isinstance(orgs, dict) else "")[:64],
+                       detail={"round": server_round, "client": c.client[:64], "reason": (c.reason or "")[:500]})
+        except (QuorumError, SQLAlchemyError) as exc:
+            self.log(f"round {server_round}: {len(refused)} site policy refusal(s) not in the audit trail: "
+                     f"{str(exc).splitlines()[0]}", "warning")
 
     def release(self) -> None:
         """Stop renewing the lease, the run's status left as it is."""

@@ -44,3 +44,16 @@ def test_the_run_and_round_pages_show_the_refusals_and_their_rule(tmp_path: Path
     assert round_page.count(f"refused by its site policy at train: {RULE}") == 2
     assert f"2 of 3 sites refused: {RULE} (client 1, client 2)" in run_page
     assert rounds[0]["metrics"]["refused"] == 2 and rounds[0]["answered"] == 1
+
+
+def test_the_api_round_counts_refusals_in_a_field_of_its_own(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    store = RunStore(url)
+    run_id = store.create_run(name="r", scenario={"name": "r"}, seed=0, strategy="fedavg", rounds=1)
+    clients = [ClientRecord("1", "ok", num_examples=3), ClientRecord("2", "refused", stage="train", reason="x"),
+               ClientRecord("3", "refused", stage="train", reason="y")]
+    store.commit_round(run_id, RoundRecord(round=1, started_at=0.0, duration_s=1.0, sampled=3, clients=clients),
+                       state(1))
+    with TestClient(create_app(url), base_url="http://127.0.0.1") as client:
+        got = client.get(f"/api/runs/{run_id}/rounds/1").json()
+    assert (got["answered"], got["refused"]) == (1, 2)

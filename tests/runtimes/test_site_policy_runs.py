@@ -71,6 +71,15 @@ def test_refusing_sites_are_named_in_each_round_line_the_summary_and_its_json(tm
     assert summary["error"] == ("3 of 6 sites refused: secure aggregation required (client 1, client 2); "
                                 "cohort 6 under min_cohort 10 (client 3)")
     assert summary["clients"] == {"answered": 6, "dropped": 0, "rejected": 0, "failed": 0, "refused": 6}
+    # and each refusal is in the audit trail, as the device's, with its round and rule
+    from runstore.audit import POLICY_REFUSAL, rows as audit_rows, verify
+
+    trail = sorted((r.detail["round"], r.actor, r.detail["reason"]) for r in audit_rows(store, limit=100)
+                   if r.action == POLICY_REFUSAL and r.target == run_id)
+    assert trail == sorted((n, f"device:{c}", why) for n in (1, 2) for c, why in
+                           (("1", "secure aggregation required"), ("2", "secure aggregation required"),
+                            ("3", "cohort 6 under min_cohort 10")))
+    assert verify(store).ok
 
 
 def test_the_same_sites_accept_a_run_under_secure_aggregation(tmp_path: Path, db_url: str) -> None:
