@@ -72,7 +72,8 @@ def test_refusing_sites_are_named_in_each_round_line_the_summary_and_its_json(tm
                                 "cohort 6 under min_cohort 10 (client 3)")
     assert summary["clients"] == {"answered": 6, "dropped": 0, "rejected": 0, "failed": 0, "refused": 6}
     # and each refusal is in the audit trail, as the device's, with its round and rule
-    from runstore.audit import POLICY_REFUSAL, rows as audit_rows, verify
+    from runstore.audit import POLICY_REFUSAL, verify
+    from runstore.audit import rows as audit_rows
 
     trail = sorted((r.detail["round"], r.actor, r.detail["reason"]) for r in audit_rows(store, limit=100)
                    if r.action == POLICY_REFUSAL and r.target == run_id)
