@@ -14,7 +14,7 @@ PYTEST      := $(PY) -m pytest -q -p no:cacheprovider
 FAST_TIER   := $(PYTEST) -n 2 --dist worksteal -m "not e2e"
 E2E_TIER    := $(PYTEST) -n 2 --dist loadfile -m e2e
 
-.PHONY: setup setup-llm demo lint test test-fast test-e2e system bench clean
+.PHONY: setup setup-llm demo lint test test-fast test-e2e system oidc-provider bench clean
 
 # Bytecode: pip would compile all 22,000 installed modules, one at a time (about 50 s of a fresh setup's
 # 87 s); with --no-compile a module is compiled the first time something imports it, and its .pyc kept.
@@ -50,6 +50,18 @@ system:
 	  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium nginx-light postgresql >/dev/null; }
 
+# The OpenID provider that the dashboard's login tests start (tests/dashboard/test_oidc_browser.py): panva's
+# oidc-provider from the npm registry, pinned by tests/oidc/package-lock.json, installed once into
+# tests/oidc/node_modules (gitignored; npm keeps its own download cache) and run with the machine's Node.js (20+).
+OIDC_PROVIDER := tests/oidc/node_modules/.installed
+$(OIDC_PROVIDER): tests/oidc/package.json tests/oidc/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	npm ci --prefix tests/oidc --no-audit --no-fund --loglevel=error
+	touch $@
+
+oidc-provider: $(OIDC_PROVIDER)
+
 # The layers contract, the linters, then the suite.
 lint: setup
 	$(VENV)/bin/lint-imports
@@ -66,7 +78,7 @@ WARM_IMPORTS := torch, flwr.serverapp, flwr.clientapp, flwr.supernode.cli, sklea
 
 # Both tiers, the fast one first: CI runs this, nothing is skipped. The linters run beside the warm-up; either
 # failing fails the target.
-test: setup system
+test: setup system $(OIDC_PROVIDER)
 	@$(PY) -c "import $(WARM_IMPORTS)" & warm=$$!; \
 	  $(MAKE) --no-print-directory lint; linted=$$?; wait $$warm; warmed=$$?; \
 	  [ $$linted -eq 0 ] || exit $$linted; [ $$warmed -eq 0 ] || { echo "the warm-up imports failed"; exit $$warmed; }
@@ -77,7 +89,7 @@ test: setup system
 test-fast: setup
 	$(FAST_TIER)
 
-test-e2e: setup system
+test-e2e: setup system $(OIDC_PROVIDER)
 	$(E2E_TIER)
 
 bench: setup
@@ -85,4 +97,4 @@ bench: setup
 	$(PY) bench/secagg.py
 
 clean:
-	rm -rf $(VENV) runs test-output .pytest_cache
+	rm -rf $(VENV) runs test-output .pytest_cache tests/oidc/node_modules

@@ -54,6 +54,7 @@ from privacy.dp.build import make_dp_strategy
 from privacy.secagg.train import SecAggTrain
 from runstore.runlog import RunLog
 from runstore.store import ClientResult, Run, RunStore, default_db_url
+from runstore.submissions import attach_run
 from runstore.takeover import TakenRunStore
 from scenarios.bounds import MAX_WAIT_S
 from scenarios.errors import ScenarioError
@@ -428,7 +429,8 @@ def _deployed_start(grid: Grid, store: TakenRunStore, scenario: Scenario, config
     devices = json.loads(str(config.get("devices") or "{}"))
     federation = str(config.get("federation") or "")  # whose standby may resume it (deploy.supervisor)
     orgs = json.loads(str(config.get("orgs") or "{}"))  # device name -> its organisation (dashboard.access)
-    recorded = {**({"federation": federation} if federation else {}), **({"orgs": orgs} if orgs else {})}
+    recorded = {**({"federation": federation} if federation else {}), **({"orgs": orgs} if orgs else {}),
+                **_submitted(config)}
     resume = _deployed_resume(store, config, flower_run)
     fed = scenario.federation
     try:
@@ -441,8 +443,19 @@ def _deployed_start(grid: Grid, store: TakenRunStore, scenario: Scenario, config
     def on_start(run_id: str) -> None:
         store.take(run_id)
         store.update_info(run_id, flower_run_id=flower_run, devices=devices, **recorded)
+        if recorded.get("submission"):  # a remote submission learns its stored run (GET /api/submissions/ID)
+            attach_run(store, int(recorded["submission"]), run_id)
 
     return resume, on_start
+
+
+def _submitted(config: dict[str, Any]) -> dict[str, Any]:
+    """Who submitted the run remotely (``deploy.submissions``): the lead that may stop it and download its model."""
+    by = str(config.get("submitted-by") or "")
+    if not by:
+        return {}
+    return {"submitted_by": by, "submitted_org": str(config.get("submitted-org") or ""),
+            "submission": int(config.get("submission") or 0)}
 
 
 app = ServerApp()

@@ -34,11 +34,11 @@ from starlette.routing import BaseRoute, Match
 from core.errors import QuorumError
 from dashboard.auth import COOKIE, ASGIApp, Message, Receive, Scope, Send
 from runstore.accounts import Principal, authenticate, authenticate_digest, has_live_accounts, token_digest
-from runstore.audit import LOGIN, LOGIN_FAILED, append
+from runstore.audit import LOGIN, LOGIN_FAILED, RESUME, STOP, SUBMIT, append
 
 __all__ = ["RULES", "WRITES", "READ", "ANYONE", "CSRF_HEADER", "Buckets", "rule_of", "AccessGuard", "principal_of",
            "ScopedReader", "may_download", "SESSION_COOKIE", "LOCAL", "SHARED", "route_template", "record",
-           "iter_routes"]
+           "iter_routes", "AUDITED_WRITES"]
 
 SESSION_COOKIE = "quorum_session"
 #: The one-person setup (loopback, no token, no account) and the shared token: both may do everything.
@@ -64,10 +64,23 @@ RULES: dict[str, frozenset[str]] = {
     "/api/runs/{run_id}/checkpoint": frozenset({"admin", "lead"}),
     # Prometheus: every client's figures of every run
     "/metrics": frozenset({"admin", "service"}),
+    # logging in at the organisation's identity provider, and out (dashboard/login.py)
+    "/auth/login": ANYONE, "/auth/callback": ANYONE, "/auth/logout": ANYONE,
+    # how a remote submission went (dashboard/submit.py: the submitter's own, or any for an admin)
+    "/api/submissions/{submission}": frozenset({"admin", "lead"}),
 }
-#: Routes that change something, by ``METHOD template``: the roles that may call them (none yet in this module:
-#: a package that adds a write route adds its rule here). Cookie sessions must send :data:`CSRF_HEADER` with them.
-WRITES: dict[str, frozenset[str]] = {}
+#: Routes that change something, by ``METHOD template``: the roles that may call them (a package that adds a
+#: write route adds its rule here). Cookie sessions must send :data:`CSRF_HEADER` with them.
+WRITES: dict[str, frozenset[str]] = {
+    # a plain form ends the browser's own session (dashboard/login.py checks its Origin instead of the header)
+    "POST /auth/logout": ANYONE,
+    # remote run submission (dashboard/submit.py): queued for the leading aggregator
+    "POST /api/runs": frozenset({"admin", "lead"}), "POST /api/runs/{run_id}/stop": frozenset({"admin", "lead"}),
+    "POST /api/runs/{run_id}/resume": frozenset({"admin", "lead"}),
+}
+#: Write routes whose every attempt goes to the audit trail, refused ones too (a role, a missing CSRF header).
+AUDITED_WRITES: dict[str, str] = {"POST /api/runs": SUBMIT, "POST /api/runs/{run_id}/stop": STOP,
+                                  "POST /api/runs/{run_id}/resume": RESUME}
 #: What a write through a cookie session must carry: a header a page of another site cannot make a browser send
 #: (it would need this server's CORS consent, never given). A bearer token is not sent by a browser on its own.
 CSRF_HEADER = ("x-requested-with", "quorum")
@@ -195,6 +208,7 @@ class AccessGuard:
             elif method not in READ_METHODS and presented == "cookie" and not _has_csrf_header(scope):
                 why = f"a change through a session cookie needs the header {CSRF_HEADER[0]}: {CSRF_HEADER[1]}"
             if why is not None:
+                self._record_refusal(scope, method, template, principal, why)
                 await self.forbidden(scope, why)(scope, receive, send)
                 return
             if method not in READ_METHODS and not self._writes.take(principal.name):
@@ -205,6 +219,12 @@ class AccessGuard:
             await self.app(scope, receive, send)
         else:
             await self._with_cookie(scope, receive, send, cookie, [(k, v) for k, v in query if k != "token"])
+
+    def _record_refusal(self, scope: Scope, method: str, template: str, principal: Principal, why: str) -> None:
+        """Record a refused attempt at an audited write route (:data:`AUDITED_WRITES`); best effort."""
+        action = AUDITED_WRITES.get(f"{method} {template}")
+        if action is not None:
+            record(self.store, action, principal, target=scope["path"][:255], allowed=False, status=403, reason=why)
 
     def _from_headers(self, scope: Scope) -> tuple[Principal | None, str | None]:
         """Return the principal of the request's bearer token or cookie, and which of them it presented."""

@@ -1,4 +1,4 @@
-"""The dashboard's FastAPI application: ``create_app(db_url, token)``."""
+"""The dashboard's FastAPI application: ``create_app(db_url, token, oidc)``."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from sqlalchemy.engine import make_url
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Mount
 
-from dashboard import api, pages
+from dashboard import api, login, pages, submit
 from dashboard.access import AccessGuard, iter_routes
 from dashboard.auth import ASGIApp, LoopbackHostGuard, Message, Receive, Scope, Send
 from dashboard.metrics import make_registry
+from dashboard.oidc import OidcClient
 from dashboard.queries import Reader
 from dashboard.views import fmt_bytes, fmt_duration, fmt_num, fmt_pct, fmt_time
 
@@ -38,7 +39,7 @@ DESCRIPTION = ("Read-only view of a Quorum run store: runs, rounds, client outco
                "Live updates are Server-Sent Events; `/metrics` serves Prometheus text.")
 
 
-def create_app(db_url: str, token: str | None = None) -> FastAPI:
+def create_app(db_url: str, token: str | None = None, oidc: OidcClient | None = None) -> FastAPI:
     """Build the dashboard over the run store at ``db_url``.
 
     Parameters
@@ -48,15 +49,23 @@ def create_app(db_url: str, token: str | None = None) -> FastAPI:
     token : str, optional
         The single shared token: when given, every page and API call must carry it (bearer header, cookie,
         or ``?token=``) or an account's token (``dashboard.access``); it acts as ``admin``.
+    oidc : OidcClient, optional
+        The organisation's identity provider: accounts linked to one of its identities log in at
+        ``/auth/login`` (``dashboard.login``). Without it those routes answer 404.
     """
     app = FastAPI(title="Quorum dashboard", description=DESCRIPTION, version="1", lifespan=_lifespan,
                   docs_url=None, redoc_url=None)  # Swagger UI and ReDoc load from a CDN: offline here
     app.state.reader = Reader(db_url)
     app.state.registry = make_registry(app.state.reader)
     app.state.templates = _templates(db_url, token_required=bool(token))
+    app.state.templates.env.globals["oidc_login"] = oidc is not None
+    app.state.oidc = oidc
+    app.state.pending_logins = login.PendingLogins()
     app.include_router(api.router)
     app.include_router(api.metrics_router)
     app.include_router(pages.router)
+    app.include_router(login.router)
+    app.include_router(submit.router)
     vendor = plotly_dir()
     if vendor is not None:
         app.mount("/static/vendor/plotly", StaticFiles(directory=vendor), name="plotly")

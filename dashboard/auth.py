@@ -18,10 +18,12 @@ from typing import Any
 from dashboard.errors import InsecureBind
 
 __all__ = ["is_loopback", "host_is_loopback", "check_bind", "check_tls", "check_token", "LoopbackHostGuard",
-           "COOKIE", "TOKEN_ENV"]
+           "COOKIE", "TOKEN_ENV", "OIDC_SECRET_ENV"]
 
 COOKIE = "quorum_dashboard"
 TOKEN_ENV = "QUORUM_DASHBOARD_TOKEN"
+#: The OpenID client secret of ``--oidc-client-id`` (an environment variable, never a flag: flags show in ``ps``).
+OIDC_SECRET_ENV = "QUORUM_OIDC_CLIENT_SECRET"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

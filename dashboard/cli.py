@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, NoReturn
 
 import typer
@@ -9,8 +10,8 @@ from rich.console import Console
 from rich.text import Text
 
 from core.errors import QuorumError
-from dashboard.auth import TOKEN_ENV, check_bind, check_tls, check_token, is_loopback
-from dashboard.errors import InsecureBind
+from dashboard.auth import OIDC_SECRET_ENV, TOKEN_ENV, check_bind, check_tls, check_token, is_loopback
+from dashboard.errors import InsecureBind, OidcConfigError
 from runstore.store_url import default_db_url
 
 __all__ = ["app"]
@@ -32,12 +33,32 @@ def app(
     plain_http: Annotated[bool, typer.Option(help="Serve plain HTTP beyond loopback (only behind a proxy that "
                                                   "terminates TLS): the token would otherwise travel in clear.")]
     = False,
+    oidc_issuer: Annotated[str | None, typer.Option(
+        help="Let accounts log in at this OpenID provider (its issuer URL, as its discovery document names it; "
+             "https beyond loopback). Accounts are linked to their identity there with `quorum accounts add NAME "
+             "--oidc-issuer URL --oidc-subject SUB`. The client secret, if the provider gave one, is read from "
+             f"{OIDC_SECRET_ENV}, never from a flag.")] = None,
+    oidc_client_id: Annotated[str | None, typer.Option(
+        help="The dashboard's client id at that provider; register the redirect URL PUBLIC-URL/auth/callback "
+             "there.")] = None,
+    public_url: Annotated[str | None, typer.Option(
+        help="The address browsers reach the dashboard at (e.g. https://quorum.example.org behind a proxy): the "
+             "provider sends them back to PUBLIC-URL/auth/callback. Default: the address of the request.")] = None,
 ) -> None:
     """Serve the live web dashboard (read-only) over the run store."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
+    from dashboard.oidc import OidcClient, oidc_settings
+
+    oidc = None
     try:
+        if oidc_issuer is not None or oidc_client_id is not None or public_url is not None:
+            if oidc_issuer is None or oidc_client_id is None:
+                raise OidcConfigError("give --oidc-issuer and --oidc-client-id together (and --public-url only "
+                                      "with them)")
+            oidc = OidcClient(oidc_settings(oidc_issuer, oidc_client_id, os.environ.get(OIDC_SECRET_ENV),
+                                            public_url))
         check_token(token)
         check_bind(host, token)
         check_tls(tls_cert, tls_key)
@@ -45,7 +66,7 @@ def app(
             raise InsecureBind(f"--host {host!r} serves beyond loopback: give --tls-cert and --tls-key so the "
                                "token and the session cookie travel over HTTPS (or --plain-http behind a TLS proxy)")
         shown_db = make_url(db).render_as_string(hide_password=True)
-    except InsecureBind as exc:
+    except (InsecureBind, OidcConfigError) as exc:
         _fail(str(exc))
     except ArgumentError:
         _fail(f"--db {db!r} is not an SQLAlchemy URL (e.g. sqlite:///runs/quorum.db)")
@@ -54,13 +75,14 @@ def app(
     from dashboard.app import create_app
 
     try:  # the store opened before the address is announced: a bad one is one line (runstore/opening.py)
-        dashboard = create_app(db, token=token or None)
+        dashboard = create_app(db, token=token or None, oidc=oidc)
     except QuorumError as exc:
         _fail(str(exc))
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if tls_cert else "http"
     console.print(Text.assemble("Quorum dashboard on ", (f"{scheme}://{shown}:{port}/", "bold"),
-                                f" (store {shown_db})" + (", token required" if token else "")))
+                                f" (store {shown_db})" + (", token required" if token else "")
+                                + (f", login at {oidc_issuer}" if oidc else "")))
     uvicorn.run(dashboard, host=host, port=port, log_level="warning",
                 timeout_graceful_shutdown=2, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
 

@@ -266,4 +266,5 @@ APP_CONFIG: dict[str, str | int | float] = {
     "engine": "deployment",  # aggregator.serverapp.main's deployment options (its docstring)
     "scenario": "", "scenario-json": "", "db": "", "resume": "", "overrides": "{}",
     "wait-clients-s": 120.0, "devices": "{}", "state-dir": "", "federation": "", "orgs": "{}",
+    "submitted-by": "", "submitted-org": "", "submission": 0,  # a remote submission's (deploy/submissions.py)
 }

@@ -40,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from core.errors import StoreError
 from core.status import RunStatus
 from deploy.config import DeployConfig
@@ -58,6 +60,7 @@ from deploy.pki import TlsFiles, ensure_tls, fingerprint
 from deploy.ports import describe_holders, wait_port_free
 from deploy.proxy import ProxySpec, nginx_command
 from deploy.status import running_aggregator
+from deploy.submissions import process_pending
 from deploy.submit import submit
 from runstore.leader import Leadership, supports_leadership
 from runstore.store import RunStore
@@ -66,6 +69,7 @@ from runstore.store import RunStore
 PORT_WAIT_S = 5.0
 STABLE_S = 60.0   # a child up this long before it exited restarts at once again (its crash loop is over)
 ANSWER_S = 60.0   # a restarted SuperLink silent this long is reported (its runs wait for it still)
+SUBMISSIONS_S = 1.0  # how often the leading aggregator looks for the dashboard's queued submissions
 
 __all__ = ["Supervisor", "prepare", "health_url", "wait_healthy", "resumable_runs", "stop_leftover_serverapps"]
 
@@ -254,6 +258,7 @@ class Supervisor:
     lost_lead: str | None = None  # why it stopped leading, when it did
     resume_pending: float | None = None  # since when a restarted SuperLink's runs wait for it to answer
     resume_late_said: bool = False       # ... and that it is late was said
+    submissions_store: RunStore | None = None  # the run store the watch loop reads queued submissions from
 
     # -- start ------------------------------------------------------------
     def start(self) -> bool:
@@ -442,7 +447,7 @@ class Supervisor:
         once lost, :attr:`lost_lead` says why and the watch ends (the caller
         stops the children: the standby leads now).
         """
-        checked = time.monotonic()
+        checked = polled = time.monotonic()
         while not self.stopping.wait(poll_s):
             if self.leadership is not None and time.monotonic() - checked >= lead_check_s:
                 checked = time.monotonic()
@@ -456,6 +461,18 @@ class Supervisor:
                     self._restart(child)
             if self.resume_pending is not None and not self.stopping.is_set():
                 self._resume_after_superlink()
+            if time.monotonic() - polled >= SUBMISSIONS_S and not self.stopping.is_set():
+                polled = time.monotonic()
+                self._take_submissions()
+
+    def _take_submissions(self) -> None:
+        """Carry out the dashboard's queued submissions (``deploy.submissions``); a store that fails is said."""
+        try:
+            if self.submissions_store is None:  # one engine for the loop's every-second look, not one per look
+                self.submissions_store = RunStore(self.config.db_url)
+            process_pending(self.config, self.say, store=self.submissions_store)
+        except (StoreError, SQLAlchemyError) as exc:
+            self.say(f"could not read the queued submissions: {(str(exc).splitlines() or ['?'])[0]}")
 
     def _restart(self, child: _Child) -> None:
         """Restart a child that exited: its process group stopped first, its port free or its holder named.
@@ -530,5 +547,7 @@ class Supervisor:
             child.stop(grace_s)
         with contextlib.suppress(FileNotFoundError):
             self.config.state.pidfile.unlink()
+        if self.submissions_store is not None:
+            self.submissions_store.close()
         if self.leadership is not None:  # last: a standby starts only once this host's processes are gone
             self.leadership.release()

@@ -74,6 +74,12 @@ def add(
                        "member: views, its organisation's clients only; service: /metrics only.")] = "member",
     days: DaysOption = 90.0,
     token: Annotated[bool, typer.Option("--token/--no-token", help="Issue a first API token now.")] = True,
+    oidc_issuer: Annotated[str | None, typer.Option(
+        "--oidc-issuer", help="Link the account to an identity at this OpenID provider (its issuer URL, as given "
+                              "to `quorum dashboard --oidc-issuer`): it then logs in there.")] = None,
+    oidc_subject: Annotated[str | None, typer.Option(
+        "--oidc-subject", help="The identity's subject: the `sub` claim the provider puts in its ID tokens (the "
+                               "dashboard's refusal page shows it).")] = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Add an account (and issue its first API token, shown once)."""
@@ -84,9 +90,11 @@ def add(
     try:
         if token:
             check_days(days)  # before the account exists: a bad lifetime adds nothing
-        account = add_account(store, name, org, role)
-        _audit(store, ACCOUNT_ADD, name, org, role=role)
-        console.print(f"account {account.name}: {account.role} of {account.org}")
+        account = add_account(store, name, org, role, issuer=oidc_issuer, subject=oidc_subject)
+        linked = {"oidc_issuer": oidc_issuer, "oidc_subject": oidc_subject} if oidc_issuer else {}
+        _audit(store, ACCOUNT_ADD, name, org, role=role, **linked)
+        console.print(f"account {account.name}: {account.role} of {account.org}"
+                      + (f", logs in at {oidc_issuer} as {oidc_subject}" if oidc_issuer else ""))
         if token:
             issued = issue_token(store, name, days)
             _audit(store, TOKEN_ISSUE, name, org, shown=issued[:12], days=days)
@@ -133,7 +141,8 @@ def list_command(
     if json_out:
         for account, tokens in rows:
             print(json.dumps({"name": account.name, "org": account.org, "role": account.role,
-                              "status": state(account.revoked_at),
+                              "status": state(account.revoked_at), "oidc_issuer": account.issuer,
+                              "oidc_subject": account.subject,
                               "tokens": [{"shown": t.shown, "status": state(t.revoked_at, t.expires_at),
                                           "expires_at": t.expires_at} for t in tokens]}))
         return

@@ -27,6 +27,7 @@ from privacy.dp.cli import app as privacy_app
 from quorum.accounts_cli import accounts_app
 from quorum.audit_cli import audit_command
 from quorum.flower import app as flower_app
+from quorum.submit_cli import submit_command
 from runstore.store_url import default_db_url
 from runtimes.parallel.cli import parallel as parallel_command
 from scenarios.errors import ScenarioError
@@ -405,6 +406,7 @@ def _mount_subcommands() -> None:
     app.add_typer(client_app, name="client", help="Enroll, revoke and run edge client agents.")
     app.command(name="parallel")(parallel_command)
     app.command(name="audit")(audit_command)
+    app.command(name="submit")(submit_command)
     app.add_typer(flower_app, name="flower", help="Run a stock Flower app in this process under Quorum's ServerApp.")
     app.add_typer(accounts_app, name="accounts",
                   help="Accounts and API tokens for the dashboard: who may do what (roles, organisations).")

@@ -49,6 +49,7 @@ from runstore.devices import DeviceRow as _DeviceRow  # noqa: F401  (its table i
 from runstore.lease import INTERRUPTED, lease_expired, lease_seconds
 from runstore.opening import open_engine
 from runstore.store_url import default_db_url
+from runstore.submissions import SubmissionRow as _SubmissionRow  # noqa: F401  (its table is part of the store's schema)
 
 #: The environment variable naming where checkpoints go (``runstore.checkpoints.checkpoints_at``).
 CHECKPOINTS_ENV = "QUORUM_CHECKPOINTS"

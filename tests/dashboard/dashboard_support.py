@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,6 +18,10 @@ if str(ROOT) not in sys.path:  # the repo root is the import root when quorum is
 from core.records import ClientRecord, RoundRecord  # noqa: E402
 from core.strategy import ServerState  # noqa: E402
 from runstore.store import RunStore  # noqa: E402 (after the path fix)
+
+#: Debian's Chromium, driven by Playwright (never a browser build Playwright would download), and its flags.
+CHROMIUM = shutil.which("chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 XSS_NAME = "<script>alert(1)</script>"
 XSS_CLIENT = "<img src=x onerror=alert(2)>"

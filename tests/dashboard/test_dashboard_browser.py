@@ -9,7 +9,6 @@ and waits for a round committed after the page loaded. Screenshots go to
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,14 +18,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dashboard_support import ROOT, XSS_NAME, add_xss_run, free_port, stop
+from dashboard_support import CHROMIUM, CHROMIUM_ARGS, ROOT, XSS_NAME, add_xss_run, free_port, stop
 from playwright.sync_api import Page, sync_playwright
 
 from runstore.store import RunStore
 from tests.conftest import wait_for
 
-CHROMIUM = shutil.which("chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 SHOTS = ROOT / "test-output"
 # Rounds of the live run: enough that it is still running when each page looks for a new one. With 6, a
 # quickstart round of about 3 s finished the run before a loaded machine's Chromium had opened the runs
