@@ -150,8 +150,9 @@ class AccessGuard:
 
     def __init__(self, app: ASGIApp, store: Any, routes: Sequence[BaseRoute], token: str | None,
                  unauthorized: Callable[[Scope], ASGIApp], forbidden: Callable[[Scope, str], ASGIApp],
-                 too_many: Callable[[Scope], ASGIApp] | None = None) -> None:
+                 too_many: Callable[[Scope], ASGIApp] | None = None, open_local: bool = True) -> None:
         self.app = app
+        self.open_local = open_local  # False: never LOCAL, even with no account left (``--accounts``)
         self.store = store
         self.routes = routes
         self.token = token
@@ -187,7 +188,7 @@ class AccessGuard:
                 record(self.store, LOGIN, principal, path=scope["path"])
         if principal is None and presented is not None:
             record(self.store, LOGIN_FAILED, None, presented=presented, path=scope["path"][:200])
-        if principal is None and self.token is None and not self._has_accounts():
+        if principal is None and self.token is None and self.open_local and not self._has_accounts():
             principal = LOCAL
         template = route_template(self.routes, scope)
         method = str(scope.get("method", "GET")).upper()

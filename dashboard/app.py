@@ -39,7 +39,8 @@ DESCRIPTION = ("Read-only view of a Quorum run store: runs, rounds, client outco
                "Live updates are Server-Sent Events; `/metrics` serves Prometheus text.")
 
 
-def create_app(db_url: str, token: str | None = None, oidc: OidcClient | None = None) -> FastAPI:
+def create_app(db_url: str, token: str | None = None, oidc: OidcClient | None = None,
+               accounts_only: bool = False) -> FastAPI:
     """Build the dashboard over the run store at ``db_url``.
 
     Parameters
@@ -49,6 +50,9 @@ def create_app(db_url: str, token: str | None = None, oidc: OidcClient | None = 
     token : str, optional
         The single shared token: when given, every page and API call must carry it (bearer header, cookie,
         or ``?token=``) or an account's token (``dashboard.access``); it acts as ``admin``.
+    accounts_only : bool
+        Every request needs an account's token or login (or ``token``): never the open loopback mode, even
+        once no account is left (``quorum dashboard --accounts``, which may then listen beyond loopback).
     oidc : OidcClient, optional
         The organisation's identity provider: accounts linked to one of its identities log in at
         ``/auth/login`` (``dashboard.login``). Without it those routes answer 404.
@@ -75,8 +79,8 @@ def create_app(db_url: str, token: str | None = None, oidc: OidcClient | None = 
     app.add_middleware(AccessGuard, store=app.state.reader.store,
                        routes=[r for r in iter_routes(app.routes) if not isinstance(r, Mount)],
                        token=token, unauthorized=_unauthorized(app.state.templates),
-                       forbidden=_forbidden(app.state.templates))
-    if not token:  # no shared token: loopback only, which a Host header check keeps true against DNS rebinding
+                       forbidden=_forbidden(app.state.templates), open_local=not accounts_only)
+    if not token and not accounts_only:  # open to this machine: loopback only, kept true against DNS rebinding
         app.add_middleware(LoopbackHostGuard)
     app.add_middleware(SecurityHeaders)
     return app

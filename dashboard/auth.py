@@ -100,18 +100,21 @@ def check_token(token: str | None) -> None:
                            "them; give it without")
 
 
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to serve beyond loopback without a token.
+def check_bind(host: str, token: str | None, accounts: bool = False) -> None:
+    """Refuse to serve beyond loopback unless every request must carry credentials.
+
+    That is a shared token, or ``accounts``: only the run store's accounts (``quorum dashboard --accounts``).
 
     Raises
     ------
     InsecureBind
-        ``host`` is not a loopback address and ``token`` is empty.
+        ``host`` is not a loopback address, ``token`` is empty and ``accounts`` is off.
     """
-    if not is_loopback(host) and not token:
+    if not is_loopback(host) and not token and not accounts:
         raise InsecureBind(
             f"--host {host!r} makes the dashboard reachable from other machines; give an access token "
-            f"with --token or the {TOKEN_ENV} environment variable (or bind to 127.0.0.1)")
+            f"with --token or the {TOKEN_ENV} environment variable, or serve accounts only with --accounts "
+            "(quorum accounts add), or bind to 127.0.0.1")
 
 
 class LoopbackHostGuard:

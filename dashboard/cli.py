@@ -41,6 +41,10 @@ def app(
     oidc_client_id: Annotated[str | None, typer.Option(
         help="The dashboard's client id at that provider; register the redirect URL PUBLIC-URL/auth/callback "
              "there.")] = None,
+    accounts: Annotated[bool, typer.Option(
+        "--accounts", help="Serve the run store's accounts only (quorum accounts): every request needs an "
+                           "account's token or login, never the open loopback mode; with it the dashboard may "
+                           "listen beyond loopback without --token.")] = False,
     public_url: Annotated[str | None, typer.Option(
         help="The address browsers reach the dashboard at (e.g. https://quorum.example.org behind a proxy): the "
              "provider sends them back to PUBLIC-URL/auth/callback. Default: the address of the request.")] = None,
@@ -60,7 +64,7 @@ def app(
             oidc = OidcClient(oidc_settings(oidc_issuer, oidc_client_id, os.environ.get(OIDC_SECRET_ENV),
                                             public_url))
         check_token(token)
-        check_bind(host, token)
+        check_bind(host, token, accounts)
         check_tls(tls_cert, tls_key)
         if not is_loopback(host) and not tls_cert and not plain_http:
             raise InsecureBind(f"--host {host!r} serves beyond loopback: give --tls-cert and --tls-key so the "
@@ -73,15 +77,20 @@ def app(
     import uvicorn
 
     from dashboard.app import create_app
+    from runstore.accounts import has_live_accounts
 
     try:  # the store opened before the address is announced: a bad one is one line (runstore/opening.py)
-        dashboard = create_app(db, token=token or None, oidc=oidc)
+        dashboard = create_app(db, token=token or None, oidc=oidc, accounts_only=accounts)
     except QuorumError as exc:
         _fail(str(exc))
+    if accounts and not has_live_accounts(dashboard.state.reader.store):
+        _fail(f"--accounts: the store {shown_db} has no account: add one first (quorum accounts add NAME --org ORG "
+              "--role admin --db ...)")
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if tls_cert else "http"
     console.print(Text.assemble("Quorum dashboard on ", (f"{scheme}://{shown}:{port}/", "bold"),
                                 f" (store {shown_db})" + (", token required" if token else "")
+                                + (", accounts only" if accounts else "")
                                 + (f", login at {oidc_issuer}" if oidc else "")))
     uvicorn.run(dashboard, host=host, port=port, log_level="warning",
                 timeout_graceful_shutdown=2, ssl_certfile=tls_cert, ssl_keyfile=tls_key)

@@ -313,3 +313,38 @@ def test_a_write_bucket_gives_its_burst_then_one_token_per_refill() -> None:
     assert buckets.take("lead-n") and not buckets.take("lead-n")
     now[0] += 1000.0  # a long pause refills to the burst, not beyond
     assert [buckets.take("lead-n") for _ in range(4)] == [True, True, True, False]
+
+
+def test_an_accounts_only_dashboard_never_falls_back_to_the_open_loopback_mode(tmp_path: Path) -> None:
+    from dashboard.auth import check_bind
+    from dashboard.errors import InsecureBind
+
+    url = f"sqlite:///{tmp_path / 'only.db'}"
+    store = RunStore(url)
+    add_account(store, "ana", "north", "admin")
+    token = issue_token(store, "ana", days=1)
+    only, open_ = create_app(url, accounts_only=True), create_app(url)
+
+    # with a live account both ask for a token; with none left, only the open one lets this machine in
+    assert _call(only, "/api/runs")[0] == _call(open_, "/api/runs")[0] == 401
+    assert _call(only, "/api/runs", {"authorization": f"Bearer {token}"})[0] == 200
+    revoke_account(store, "ana")
+    open_ = create_app(url)  # (an app looks its accounts up every 2 s: a new one sees the revocation at once)
+    assert _call(open_, "/api/runs")[0] == 200  # the one-person setup: every account revoked
+    assert _call(only, "/api/runs")[0] == 401  # never, here
+    # and a Host of another machine reaches the accounts-only app (no loopback guard), still without access
+    assert _call(only, "/api/runs", {"host": "quorum.example.org"})[0] == 401
+    assert _call(open_, "/api/runs", {"host": "quorum.example.org"})[0] == 400
+    check_bind("0.0.0.0", None, accounts=True)
+    with pytest.raises(InsecureBind, match="--accounts"):
+        check_bind("0.0.0.0", None)
+
+
+def test_dashboard_accounts_refuses_a_store_without_an_account(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from quorum.cli import app as cli
+
+    db = f"sqlite:///{tmp_path / 'none.db'}"
+    result = CliRunner().invoke(cli, ["dashboard", "--db", db, "--accounts", "--port", "1"])
+    assert result.exit_code == 2 and "has no account" in " ".join(result.output.split())
