@@ -24,6 +24,7 @@ from deploy.flower import stop_run
 from deploy.submit import submit
 from runstore.store import RunStore
 from runstore.submissions import Submission, finish, take
+from runstore.takeover import TakenRunStore
 
 __all__ = ["process_pending", "carry_out", "taker_name"]
 
@@ -69,7 +70,10 @@ def carry_out(config: DeployConfig, store: RunStore, found: Submission) -> tuple
             return _stop(config, store, found, run_id, old)
         if old is not None:  # a crashed run's Flower run may still count as running (Supervisor.resume_interrupted)
             stop_run(config, int(old))
-        return True, {"flower_run_id": submit(config, resume=run_id), "run_id": run_id}
+        flower_run = submit(config, resume=run_id)
+        # recorded now, not only once its ServerApp opens the run: a stop meanwhile stops this Flower run
+        store.update_info(run_id, flower_run_id=flower_run)
+        return True, {"flower_run_id": flower_run, "run_id": run_id}
     except (QuorumError, ValueError, OSError) as exc:
         return False, {"error": (str(exc).splitlines() or [type(exc).__name__])[0][:500]}
 
@@ -78,12 +82,17 @@ def _stop(config: DeployConfig, store: RunStore, found: Submission, run_id: str,
           flower_run: Any) -> tuple[bool, dict[str, Any]]:
     """Stop the run's Flower run, and record it failed, "stopped by" its stopper (a lead may resume it later).
 
-    Not ``interrupted``: a restarted aggregator resumes those on its own.
+    Not ``interrupted``: a restarted aggregator resumes those on its own. The run is taken from its ServerApp
+    first (``runstore.takeover``): stopped, that process ends the run itself as ``failed: SystemExit``, which
+    reads as a crash (``deploy.supervisor.resumable_runs``), and an aggregator restarted or taking over would
+    resume a run its lead stopped. A resume (``carry_out``) takes the run back for its new ServerApp.
     """
     if flower_run is None:
         return False, {"error": f"run {run_id} has no Flower run on this aggregator", "run_id": run_id}
-    stopped = stop_run(config, int(flower_run))
-    with contextlib.suppress(QuorumError):  # a ServerApp that still holds the run refuses: it ends it itself
-        store.log(run_id, f"stopped by {found.account} (submission {found.id})", "warning")
-        store.set_status(run_id, RunStatus.FAILED, f"stopped by {found.account} (submission {found.id})")
+    why = f"stopped by {found.account} (submission {found.id})"
+    with TakenRunStore(store.url, holder=f"stop-{found.id}") as taken:
+        taken.take(run_id)  # before the stop: the stopped ServerApp's own ending is refused (LeaseLost)
+        stopped = stop_run(config, int(flower_run))
+        taken.log(run_id, why, "warning")
+        taken.set_status(run_id, RunStatus.FAILED, why)
     return True, {"flower_run_id": int(flower_run), "run_id": run_id, "stopped": stopped}

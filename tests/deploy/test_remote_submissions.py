@@ -111,6 +111,7 @@ def test_a_stop_stops_the_flower_run_and_a_resume_resubmits(tmp_path: Path, monk
     assert stopped is not None and (stopped.status, stopped.result["run_id"]) == (DONE, run_id)
     assert resumed is not None and resumed.result == {"flower_run_id": 41, "run_id": run_id}
     assert run.status == "failed" and "stopped by lead-n" in (run.error or "")
+    assert (run.info or {})["flower_run_id"] == 41  # the resumed Flower run: what a stop meanwhile stops
     assert not supervisor.resumable_runs(cfg.db_url, "fed")
 
 
