@@ -191,7 +191,7 @@ class RoundLoop:
             clients=clients, train_loss=train_loss, fed_loss=fed_loss, fed_accuracy=fed_acc,
             server_loss=srv_loss, server_accuracy=srv_acc, bytes_in=outcome.bytes_in,
             bytes_out=outcome.bytes_out, epsilon=epsilon,
-            secagg=outcome.secagg,
+            secagg=outcome.secagg, tree=outcome.tree,
             metrics={"status": status, **fed_metrics, **task_metrics, **round_metrics(self.strategy, state)})
 
 

@@ -30,6 +30,7 @@ from aggregator.errors import ResumeRefused, TooFewClients
 from aggregator.evaluation import ServerEvaluator
 from aggregator.fedbuff import BufferedLoop
 from aggregator.flower_app import find_app, log_end, round_logger, serve_flower_app
+from aggregator.hierarchy.tree import TreeTrain
 from aggregator.resume import check_same_scenario, has_ended, scenario_difference, start_state
 from aggregator.rounds import LoopResult, RoundLoop
 from aggregator.standardize import standardize_run
@@ -75,15 +76,26 @@ def build_strategy(scenario: Scenario) -> Strategy[Any]:
 
 
 def build_train(scenario: Scenario) -> TrainWorkflow:
-    """Plain training, or the secure-aggregation workflow when ``[secagg]`` is enabled."""
+    """Plain training, or secure aggregation when ``[secagg]`` is enabled; through edges under ``[hierarchy]``.
+
+    Under ``[hierarchy]`` the workflow above is what each edge runs over its
+    own devices (secure aggregation inside each edge's cohort), and the
+    aggregator merges the edges' sums (:class:`aggregator.hierarchy.tree.TreeTrain`).
+    """
+    fed = scenario.federation
+    policy = WeightPolicy(fed.weighting, median_cap=fed.median_cap, max_examples=fed.max_examples)
+    train: TrainWorkflow
     if not scenario.secagg.enabled:
-        fed = scenario.federation
-        policy = WeightPolicy(fed.weighting, median_cap=fed.median_cap, max_examples=fed.max_examples)
-        return PlainTrain(policy, max_update_ratio=fed.max_update_ratio)
-    # DP-FedAvg weighs every client 1: no weight cap above 1 is needed, and a
-    # larger one would cost quantisation precision.
-    spec = replace(scenario.secagg, max_weight=1.0) if scenario.dp.enabled else scenario.secagg
-    return SecAggTrain(spec)
+        train = PlainTrain(policy, max_update_ratio=fed.max_update_ratio, accumulate=fed.accumulate)
+    else:
+        # DP-FedAvg weighs every client 1: no weight cap above 1 is needed, and a
+        # larger one would cost quantisation precision.
+        train = SecAggTrain(replace(scenario.secagg, max_weight=1.0) if scenario.dp.enabled else scenario.secagg,
+                            accumulate=fed.accumulate)
+    if not scenario.hierarchy.enabled:
+        return train
+    return TreeTrain(train, scenario.hierarchy.edges, weighting=None if scenario.secagg.enabled else policy,
+                     max_update_ratio=fed.max_update_ratio, accumulate=fed.accumulate)
 
 
 @dataclass(frozen=True)

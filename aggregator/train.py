@@ -19,6 +19,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from aggregator.collect import collect, push
+from core.aggregate import MeanState, widened
 from core.compress import Codec
 from core.errors import UpdateRejected
 from core.instructions import broadcast_of, train_instruction
@@ -50,11 +51,15 @@ class PlainTrain:
     max_update_ratio : float
         An update whose L2 norm exceeds ``max_update_ratio * max(1, |model|)``
         is rejected (a finite update of 3e38s would overflow the sum).
+    accumulate : str
+        What a running sum of updates accumulates in (``[federation] accumulate``): float32 or float64.
     """
 
-    def __init__(self, weighting: WeightPolicy | None = None, max_update_ratio: float = 10.0) -> None:
+    def __init__(self, weighting: WeightPolicy | None = None, max_update_ratio: float = 10.0,
+                 accumulate: str = "float32") -> None:
         self.weighting = weighting or WeightPolicy()
         self.max_update_ratio = max_update_ratio
+        self.accumulate = accumulate
 
     def __call__(self, grid: Grid, request: TrainRequest, strategy: Strategy[Any]) -> TrainOutcome[Any]:
         """Push the round's train instruction to ``request.nodes`` and fold each reply as it arrives.
@@ -66,6 +71,8 @@ class PlainTrain:
         content = train_instruction(request.state.params, request.config, request.layout)
         contents = {n: content for n in request.nodes}
         agg = strategy.new_aggregate(request.state.params.size)
+        if isinstance(agg, MeanState):
+            agg = widened(agg, self.accumulate)
         outcome = TrainOutcome(aggregate=agg)
         sent = wire_bytes(content)
         outcome.bytes_out = sent * len(request.nodes)

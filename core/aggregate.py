@@ -21,13 +21,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from core.errors import UpdateRejected
 
-__all__ = ["MeanState", "empty", "add", "merge", "finalize", "check_update", "all_finite", "scaled_add",
-           "block_scratch", "step_problem"]
+__all__ = ["MeanState", "ACCUMULATORS", "empty", "widened", "add", "merge", "finalize", "check_update", "all_finite",
+           "scaled_add", "block_scratch", "step_problem"]
 
 # Updates are scaled and added block by block through a scratch this size (1 MiB of
 # float32): the scaled block is still in cache when it is added, so a fold streams
@@ -43,7 +44,8 @@ class MeanState:
     Attributes
     ----------
     total : np.ndarray
-        ``sum_i w_i * x_i`` as a 1-D float32 buffer (owned by the state).
+        ``sum_i w_i * x_i`` as a 1-D float32 buffer, or float64 for a run that
+        accumulates in float64 (``[federation] accumulate``), owned by the state.
     weight : float
         ``sum_i w_i``.
     count : int
@@ -61,11 +63,30 @@ class MeanState:
         return int(self.total.shape[0])
 
 
-def empty(size: int) -> MeanState:
-    """Return the identity element for a model of ``size`` parameters."""
+#: What a running sum may accumulate in: float32 (the default, the fast path) or float64 (sums whose
+#: order must not show: a tree of partial sums and a flat sum of the same updates agree to ~1e-16).
+ACCUMULATORS = ("float32", "float64")
+
+
+def empty(size: int, dtype: str = "float32") -> MeanState:
+    """Return the identity element for a model of ``size`` parameters, accumulating in ``dtype``."""
     if size <= 0:
         raise ValueError(f"size must be positive, got {size}")
-    return MeanState(total=np.zeros(size, dtype=np.float32), weight=0.0, count=0)
+    if dtype not in ACCUMULATORS:
+        raise ValueError(f"dtype must be one of {ACCUMULATORS}, got {dtype!r}")
+    return MeanState(total=np.zeros(size, dtype=dtype), weight=0.0, count=0)
+
+
+def widened(state: MeanState, dtype: str) -> MeanState:
+    """Return ``state`` accumulating in ``dtype``: an empty float32 state becomes an empty float64 one.
+
+    For the train workflows, which take their empty aggregate from the strategy
+    (``Strategy.new_aggregate``) and widen it when the run accumulates in
+    float64. A state that already holds updates is returned as it is.
+    """
+    if state.total.dtype == np.dtype(dtype) or state.count:
+        return state
+    return empty(state.size, dtype)
 
 
 def all_finite(values: np.ndarray) -> bool:
@@ -116,6 +137,10 @@ def add(state: MeanState, update: np.ndarray, weight: float, *, checked: bool = 
     total, scratch = state.total, state.scratch
     if weight == 1.0:
         np.add(total, update, out=total)
+    elif total.dtype != np.float32:  # float64: each product w_i * x_i in float64, then summed
+        if scratch is None:
+            scratch = np.empty(min(_BLOCK, state.size), dtype=total.dtype)
+        scaled_add(total, update, np.float64(weight), scratch)
     else:
         # numpy has no fused axpy ufunc: each scaled block goes through one small
         # scratch kept with the state, so no reply allocates and no pass leaves cache.
@@ -130,14 +155,15 @@ def block_scratch(size: int) -> np.ndarray:
     return np.empty(min(_BLOCK, size), dtype=np.float32)
 
 
-def scaled_add(total: np.ndarray, update: np.ndarray, weight: np.float32, scratch: np.ndarray) -> None:
+def scaled_add(total: np.ndarray, update: np.ndarray, weight: np.floating[Any], scratch: np.ndarray) -> None:
     """``total += weight * update`` in place.
 
     BLAS ``saxpy`` does it in one fused pass over both buffers; numpy has no
     such ufunc, so the fallback scales one cache-sized block at a time through
-    ``scratch`` (for buffers BLAS cannot take in place).
+    ``scratch`` (for buffers BLAS cannot take in place, and a float64 total,
+    whose ``scratch`` and ``weight`` are float64 too).
     """
-    saxpy = _blas_saxpy() if total.shape[0] >= _BLAS_MIN else None
+    saxpy = _blas_saxpy() if total.shape[0] >= _BLAS_MIN and total.dtype == np.float32 else None
     if saxpy is not None and total.flags.c_contiguous and update.flags.c_contiguous:
         result = saxpy(update, total, a=float(weight))
         if result is total or np.shares_memory(result, total):
@@ -173,10 +199,10 @@ def merge(a: MeanState, b: MeanState) -> MeanState:
 
 
 def finalize(state: MeanState) -> np.ndarray:
-    """Return the weighted mean ``sum_i w_i x_i / sum_i w_i`` as float32."""
+    """Return the weighted mean ``sum_i w_i x_i / sum_i w_i`` as float32 (divided in the sum's own precision)."""
     if state.count == 0 or state.weight <= 0:
         raise ValueError("cannot finalize an empty aggregate: no update was added")
-    return (state.total / np.float32(state.weight)).astype(np.float32, copy=False)
+    return (state.total / float(state.weight)).astype(np.float32, copy=False)  # a Python float keeps the dtype
 
 
 def step_problem(before: np.ndarray, after: np.ndarray, max_ratio: float) -> str | None:

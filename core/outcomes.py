@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from flwr.app import Error
 from flwr.common.constant import ErrorCode
@@ -33,7 +33,7 @@ from core.status import ClientStatus, RunStatus
 
 __all__ = ["OK", "DROPPED", "REJECTED", "FAILED", "LATE", "REFUSED", "error_outcome", "clean_reason", "Counts",
            "count", "round_line", "run_problems", "refusal_summary", "EXIT_FINISHED", "EXIT_FAILED", "EXIT_DEGRADED",
-           "exit_code"]
+           "exit_code", "edges_line"]
 
 OK, DROPPED, REJECTED, FAILED, LATE, REFUSED = (ClientStatus.OK, ClientStatus.DROPPED, ClientStatus.REJECTED,
                                                 ClientStatus.FAILED, ClientStatus.LATE, ClientStatus.REFUSED)
@@ -138,6 +138,19 @@ def round_line(sampled: int, counts: Counts, shown: int = 2) -> str:
             said = "; ".join(f"{c} {why}".strip() for c, why in clients[:shown])
             parts.append(f"{n} {word}: {said}" + ("; ..." if n > shown else ""))
     return ", ".join(parts)
+
+
+def edges_line(tree: Mapping[str, Any] | None) -> str:
+    """Say how a round of a tree (``[hierarchy]``) went at its edges: `` via 3 edges`` (empty for a flat round).
+
+    An edge whose sum was lost is named with its reason: `` via 3 edges (1 lost: edge 1's partial sum refused: ...)``.
+    """
+    edges = tree.get("edges") if isinstance(tree, Mapping) else None
+    if not isinstance(edges, list):
+        return ""
+    lost = [e for e in edges if isinstance(e, Mapping) and e.get("problem")]
+    said = f" ({len(lost)} lost: {clean_reason(str(lost[0]['problem']))})" if lost else ""
+    return f" via {len(edges)} edge{'s' if len(edges) != 1 else ''}{said}"
 
 
 def _names(clients: tuple[str, ...], shown: int) -> str:

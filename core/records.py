@@ -51,6 +51,7 @@ class RoundRecord:
     epsilon: float | None = None
     secagg: dict[str, Any] | None = None
     metrics: dict[str, Any] | None = None
+    tree: dict[str, Any] | None = None  # under [hierarchy]: each edge's devices, outcomes, time and bytes
 
     def count(self, outcome: str) -> int:
         """Count the round's clients whose outcome is ``outcome``."""

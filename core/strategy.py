@@ -231,6 +231,8 @@ def bind_cohort(strategy: Strategy[A], sampled: int) -> Strategy[A]:
 def fold_secure_sum(strategy: Strategy[Any], size: int, partial: MeanState) -> Any:
     """Return the round's aggregate from a securely summed ``partial`` (the sum itself, for a plain strategy).
 
+    A plain strategy's aggregate keeps the partial's precision (float64 under ``[federation] accumulate``).
+
     Raises
     ------
     TypeError
@@ -241,7 +243,7 @@ def fold_secure_sum(strategy: Strategy[Any], size: int, partial: MeanState) -> A
     empty = strategy.new_aggregate(size)
     if not isinstance(empty, MeanState):
         raise TypeError(f"strategy {strategy.name!r} needs every update; a secure sum hides them")
-    return aggregate.merge(empty, partial)
+    return aggregate.merge(aggregate.widened(empty, partial.total.dtype.name), partial)
 
 
 def skips_short_rounds(strategy: Strategy[Any]) -> bool:

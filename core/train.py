@@ -51,6 +51,7 @@ class TrainOutcome(Generic[A]):
     bytes_out: int = 0
     train_loss: float | None = None
     secagg: dict[str, Any] | None = None
+    tree: dict[str, Any] | None = None  # under [hierarchy]: one row per edge that trained (aggregator.hierarchy)
 
 
 class TrainWorkflow(Protocol):

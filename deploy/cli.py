@@ -287,12 +287,12 @@ class DeviceWait:
 
 def _round_line(store: RunStore, run: Run, r: Round) -> str:
     """``2/3 answered, 1 failed: device-3 DataError: no label column 'label', 14.0 s, accuracy 0.741``."""
-    from core.outcomes import count, round_line
+    from core.outcomes import count, edges_line, round_line
 
     names = {str(k): str(v) for k, v in ((run.info or {}).get("devices") or {}).items()}
     acc = "" if r.server_accuracy is None else f", accuracy {r.server_accuracy:.3f}"
     acc = acc or ("" if r.fed_accuracy is None else f", accuracy {r.fed_accuracy:.3f} (on the devices)")
-    clients = round_line(r.sampled, count(store.client_results(run.id, r.round), names))
+    clients = round_line(r.sampled, count(store.client_results(run.id, r.round), names)) + edges_line(r.tree)
     return f"{clients}, {r.duration_s:.1f} s{acc}"
 
 

@@ -36,7 +36,7 @@ from scenarios.schema import Scenario, build_options
 __all__ = ["scenario_record", "task_options", "OPTIONAL_SECTIONS"]
 
 #: Scenario fields that are off at their defaults: left out of a record while off.
-OPTIONAL_SECTIONS = ("faults", "secagg", "dp", "asynchronous", "compression")
+OPTIONAL_SECTIONS = ("faults", "secagg", "dp", "asynchronous", "compression", "hierarchy")
 
 
 def scenario_record(scenario: Scenario, task: Task | None) -> dict[str, Any]:

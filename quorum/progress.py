@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from core.headline import Headline, format_value, round_scores, round_value
-from core.outcomes import count, round_line
+from core.outcomes import count, edges_line, round_line
 from core.records import RoundRecord
 from learning.task import task_class, task_headline
 from scenarios.schema import Scenario
@@ -63,7 +63,7 @@ class RoundDisplay:
         kind = "step " if isinstance(clock, (int, float)) else "round"
         line = (f"{kind} {record.round:>3}  loss {_fmt(loss, '.4f')}  {self._scores(record)}  "
                 f"train-loss {_fmt(record.train_loss, '.4f')}  {record.duration_s:.1f}s{eps}  "
-                f"clients {round_line(record.sampled, count(record.clients))}")
+                f"clients {round_line(record.sampled, count(record.clients))}{edges_line(record.tree)}")
         if self.enabled:  # a client's reason is its own text: no rich markup in it
             self.progress.console.print(line, highlight=False, markup=False)
         self.progress.advance(self.task)

@@ -29,7 +29,7 @@ from core.errors import StoreError
 __all__ = ["REVISIONS", "HEAD", "BASELINE", "MIGRATIONS", "revision", "upgrade", "alembic_config", "make_engine"]
 
 #: Every revision, oldest first (``tests/runstore/test_migrations.py`` checks this against alembic's own walk).
-REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009")
 HEAD, BASELINE = REVISIONS[-1], REVISIONS[0]
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK = 0x51_75_6F_72  # "Quor": the advisory lock key of a migration

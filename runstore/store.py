@@ -111,6 +111,7 @@ class Round(Base):
     bytes_out: Mapped[int] = mapped_column(Integer, default=0)
     epsilon: Mapped[float | None] = mapped_column(Float, nullable=True)
     secagg: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    tree: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # [hierarchy]: each edge's part
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     checkpoint: Mapped[str] = mapped_column(Text)
     # The value of the run's headline metric this round (core.headline: run.info["headline"], the server's
@@ -502,8 +503,8 @@ def _round_row(run_id: str, r: RoundRecord, checkpoint: str, headline: Headline)
                  train_loss=_real(r.train_loss),
                  fed_loss=_real(r.fed_loss), fed_accuracy=_real(r.fed_accuracy), server_loss=_real(r.server_loss),
                  server_accuracy=_real(r.server_accuracy), bytes_in=r.bytes_in, bytes_out=r.bytes_out,
-                 epsilon=_real(r.epsilon), secagg=r.secagg, metrics=_with_refused(r), checkpoint=checkpoint,
-                 headline=_real(round_value(headline, r)[0]))
+                 epsilon=_real(r.epsilon), secagg=r.secagg, tree=r.tree, metrics=_with_refused(r),
+                 checkpoint=checkpoint, headline=_real(round_value(headline, r)[0]))
 
 
 def _with_refused(r: RoundRecord) -> dict[str, Any]:

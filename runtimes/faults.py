@@ -45,6 +45,8 @@ class FaultPlan:
     straggler_delay_s: float = 0.0
     byzantine: float = 0.0
     byzantine_kind: str = "nan"
+    #: (round, stage) -> the nodes that vanish, decided over a whole cohort ahead of its batches (expect_cohort)
+    cohorts: dict[tuple[int, str], frozenset[int]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def none(cls) -> FaultPlan:
@@ -66,21 +68,41 @@ class FaultPlan:
         return np.random.default_rng([self.seed, *key])
 
     def pick_dropped(self, batch: Sequence[Message]) -> set[int]:
-        """Ids (``id(message)``) of exactly ``round(fraction * n)`` messages per stage."""
+        """Ids (``id(message)``) of exactly ``round(fraction * n)`` messages per stage.
+
+        ``n`` is the batch's messages of that round and stage, or the cohort
+        given to :meth:`expect_cohort` for it, whose vanishing nodes were
+        decided then, whatever batches its messages come in.
+        """
         if not any(self.dropouts.values()):
             return set()
         groups: dict[tuple[int, str], list[Message]] = {}
         for message in batch:
             groups.setdefault((_round_of(message), stage_of(message)), []).append(message)
         dropped: set[int] = set()
-        for (round_, stage), messages in groups.items():
-            fraction = self.dropouts.get(stage, 0.0)
-            count = int(round(fraction * len(messages)))
-            if count:
-                order = sorted(messages, key=lambda m: m.metadata.dst_node_id)
-                picks = self._rng(round_, _STAGE_CODES.get(stage, 9)).choice(len(order), count, replace=False)
-                dropped.update(id(order[i]) for i in picks)
+        for key, messages in groups.items():
+            planned = self.cohorts.get(key)
+            if planned is None:
+                planned = self._vanishing(*key, [m.metadata.dst_node_id for m in messages])
+            dropped.update(id(m) for m in messages if m.metadata.dst_node_id in planned)
         return dropped
+
+    def expect_cohort(self, server_round: int, stage: str, nodes: Sequence[int]) -> None:
+        """Decide now which of ``nodes`` vanish at ``stage`` of ``server_round``: those one batch of them would lose.
+
+        For a round whose messages are pushed in several batches (each edge
+        aggregator pushes its own devices' in simulation): the same nodes
+        vanish as when one batch carries them all, as in a flat run.
+        """
+        self.cohorts[(server_round, stage)] = self._vanishing(server_round, stage, nodes)
+
+    def _vanishing(self, server_round: int, stage: str, nodes: Sequence[int]) -> frozenset[int]:
+        count = int(round(self.dropouts.get(stage, 0.0) * len(nodes)))
+        if not count:
+            return frozenset()
+        order = sorted(nodes)
+        picks = self._rng(server_round, _STAGE_CODES.get(stage, 9)).choice(len(order), count, replace=False)
+        return frozenset(order[i] for i in picks)
 
     def _chosen(self, message: Message, fraction: float, code: int) -> bool:
         if fraction <= 0:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -96,6 +96,9 @@ class InProcessGrid(LocalGrid):
         Torch intra-op threads per worker process (default: cores / workers);
         with one worker, when given, this process's torch threads.
     """
+
+    #: Its push and pull may be called from several threads at once (simulated edge aggregators do).
+    thread_safe = True
 
     def __init__(self, client_app: ClientApp, nodes: Iterable[NodeSpec],
                  run_config: Mapping[str, int | float | str | bool], faults: FaultPlan | None = None,
@@ -191,6 +194,14 @@ class InProcessGrid(LocalGrid):
         return replies
 
     # -- in-process extras ------------------------------------------------
+    def expect_cohort(self, server_round: int, stage: str, nodes: Sequence[int]) -> None:
+        """Decide which of a round's ``nodes`` vanish at ``stage`` before its messages come in several batches.
+
+        :meth:`runtimes.faults.FaultPlan.expect_cohort`: simulated edge aggregators
+        push their devices' messages apart, and lose the devices a flat run would.
+        """
+        self._faults.expect_cohort(server_round, stage, nodes)
+
     def settled(self, message_ids: Iterable[str]) -> bool:
         """Return True when none of ``message_ids`` can still produce a reply.
 

@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,6 +267,13 @@ class PartitionGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         """Return the logical node ids (``partition-id + 1``), sorted."""
         return sorted(self._to_real)
+
+    def expect_cohort(self, server_round: int, stage: str, nodes: Sequence[int]) -> None:
+        """Decide which of a round's ``nodes`` vanish at ``stage`` before its messages come in several batches.
+
+        As in-process (:meth:`runtimes.inprocess.InProcessGrid.expect_cohort`).
+        """
+        self._faults.expect_cohort(server_round, stage, nodes)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         """Send each message to its node's Flower id; return the message ids, in order.

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from scenarios.compression import CompressionSpec, check_compression
 from scenarios.errors import ScenarioError
+from scenarios.hierarchy import HierarchySpec, check_hierarchy
 from scenarios.parse import Bad, at_least, at_most, build, positive, show, show_key
 from scenarios.sections import (
     MAX_ROUNDS,
@@ -63,6 +64,7 @@ class Scenario:
     task: TaskSpec = field(default_factory=TaskSpec)
     asynchronous: AsyncSpec = field(default_factory=AsyncSpec)  # [async] in the file (a Python keyword)
     compression: CompressionSpec = field(default_factory=CompressionSpec)
+    hierarchy: HierarchySpec = field(default_factory=HierarchySpec)
 
     #: Field name -> the key a file writes (and to_dict gives back).
     TOML_KEYS: ClassVar[dict[str, str]] = {"asynchronous": "async"}
@@ -89,6 +91,10 @@ class Scenario:
         if self.asynchronous.enabled:
             _check_async(self)
         check_compression(self)
+        if self.federation.accumulate == "float64":
+            _check_float64(self)
+        if self.hierarchy.enabled:
+            check_hierarchy(self)
         if self.data.standardize == "federated":
             _check_standardize(self)
         attack = self.faults.byzantine_spec
@@ -115,6 +121,19 @@ class Scenario:
         """
         out = {**dataclasses.asdict(self), "training": self.training.to_table(), "strategy": self.strategy.to_table()}
         return {self.TOML_KEYS.get(k, k): v for k, v in out.items()}
+
+
+def _check_float64(scenario: Scenario) -> None:
+    """Refuse float64 accumulation where no running sum is kept, naming both keys."""
+    culprit = ("strategy.name", scenario.strategy.name, "is a robust rule, which keeps every update, not a sum") \
+        if scenario.strategy.robust else \
+        ("async.enabled", True, "FedBuff's buffer sums in float32") if scenario.asynchronous.enabled else \
+        ("dp.enabled", True, "DP-FedAvg's clipped and noised sum is kept in float32 (its noise is far above "
+         "float32's rounding)") if scenario.dp.enabled else None
+    if culprit is not None:
+        key, value, why = culprit
+        raise Bad(key, value, f"federation.accumulate = \"float64\" keeps a running sum in float64, and {why}; "
+                  "leave it \"float32\"")
 
 
 def check_scaffold(scenario: Scenario) -> None:

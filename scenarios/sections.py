@@ -107,6 +107,9 @@ class FederationSpec:
     max_examples: int = 100_000
     # A client update, or the round's step, longer than this x max(1, |model|) is rejected.
     max_update_ratio: float = 10.0
+    # What the running sum of updates accumulates in: float64 makes the order of the sum not show
+    # (a tree of edge sums and a flat sum then agree to ~1e-16), at twice the aggregator's buffer.
+    accumulate: Literal["float32", "float64"] = "float32"
 
     def _check(self) -> None:
         positive("clients", self.clients)

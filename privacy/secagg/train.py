@@ -47,8 +47,9 @@ def config_from_spec(spec: SecAggSpec) -> SecAggConfig:
 class SecAggTrain:
     """Train workflow that aggregates through the secure-aggregation protocol."""
 
-    def __init__(self, spec: SecAggSpec) -> None:
+    def __init__(self, spec: SecAggSpec, accumulate: str = "float32") -> None:
         self.config = config_from_spec(spec)
+        self.accumulate = accumulate  # what the unmasked sum is kept in ([federation] accumulate)
 
     def __call__(self, grid: Grid, request: TrainRequest, strategy: Strategy[Any]) -> TrainOutcome[Any]:
         """Run one round's train step through the secure-aggregation protocol and fold the secure sum."""
@@ -61,7 +62,7 @@ class SecAggTrain:
             return self._recorded(_aborted(request, exc))
         except SecAggConfigError as exc:  # the settings were checked up front: this cohort is too small
             return self._recorded(_too_small(request, exc))
-        return self._recorded(_outcome(request, result, strategy))
+        return self._recorded(_outcome(request, result, strategy, self.accumulate))
 
     def _recorded(self, outcome: TrainOutcome[Any]) -> TrainOutcome[Any]:
         """Record in the round's secagg info which threat model protected it."""
@@ -74,12 +75,13 @@ def _stage_table(result: SecureSumResult) -> list[dict[str, Any]]:
              "bytes_down": s.bytes_down, "seconds": round(s.seconds, 4)} for s in result.stages]
 
 
-def _outcome(request: TrainRequest, result: SecureSumResult, strategy: Strategy[Any]) -> TrainOutcome[Any]:
+def _outcome(request: TrainRequest, result: SecureSumResult, strategy: Strategy[Any],
+             accumulate: str = "float32") -> TrainOutcome[Any]:
     survivors = set(result.survivors)
     up, down = _wire_by_node(result)
     clients = [replace(_client_record(node, result, survivors), bytes_in=up.get(node, 0), bytes_out=down.get(node, 0))
                for node in request.nodes]
-    agg, refused = _fold_sum(request, result, strategy)
+    agg, refused = _fold_sum(request, result, strategy, accumulate)
     losses = [(m.get("train-loss"), m.get("num-examples", 0)) for m in result.client_metrics.values()]
     losses = [(float(loss), int(n)) for loss, n in losses if isinstance(loss, (int, float)) and n]
     train_loss = float(np.average([loss for loss, _ in losses], weights=[n for _, n in losses])) if losses else None
@@ -102,8 +104,8 @@ def _wire_by_node(result: SecureSumResult) -> tuple[dict[int, int], dict[int, in
     return up, down
 
 
-def _fold_sum(request: TrainRequest, result: SecureSumResult,
-              strategy: Strategy[Any]) -> tuple[aggregate.MeanState | None, str | None]:
+def _fold_sum(request: TrainRequest, result: SecureSumResult, strategy: Strategy[Any],
+              accumulate: str = "float32") -> tuple[aggregate.MeanState | None, str | None]:
     """Fold the secure sum through the strategy, as the plain path folds each reply.
 
     The strategy's server-side checks run on what the server actually received.
@@ -113,7 +115,7 @@ def _fold_sum(request: TrainRequest, result: SecureSumResult,
     if not result.survivors:
         return None, None
     try:
-        total = result.total.astype(np.float32)
+        total = result.total.astype(accumulate)
         codec = Codec.from_config(request.config)
         if codec is not None:
             total = codec.scatter(total, strategy.new_aggregate(request.state.params.size).size)

@@ -92,3 +92,41 @@ def test_non_finite_or_overflowing_step_is_refused() -> None:
     assert "NaN or Inf" in step_problem(before, np.array([0, np.nan, 0], np.float32), 10.0)
     big = np.full(3, 3e38, dtype=np.float32)  # finite, but its norm overflows float32
     assert "over the bound" in step_problem(before, big, 10.0)
+
+
+# ------------------------------------------------------------------ float64 accumulation ([federation] accumulate)
+
+
+def test_float64_accumulation_keeps_what_float32_rounds_away() -> None:
+    # 1 + 1e-8 is 1 in float32 (its spacing at 1 is 1.19e-7), so 10,000 such terms in float32 sum to 10,000
+    # exactly, while the true sum is 10,000 + 1e-4, which float64 keeps
+    ones = np.ones(2, np.float32)
+    tiny = np.full(2, 1e-8, np.float32)
+    wide, narrow = aggregate.empty(2, "float64"), aggregate.empty(2)
+    for _ in range(10_000):
+        wide = aggregate.add(aggregate.add(wide, ones, 1.0), tiny, 1.0)
+        narrow = aggregate.add(aggregate.add(narrow, ones, 1.0), tiny, 1.0)
+    assert narrow.total[0] == np.float32(10_000)
+    assert wide.total.dtype == np.float64
+    assert wide.total[0] == pytest.approx(10_000 + 1e-4, abs=1e-9)
+
+
+def test_float64_weighted_add_merge_and_finalize() -> None:
+    x, y = np.array([1.0, -2.0, 3.0], np.float32), np.array([0.5, 0.25, -1.0], np.float32)
+    a = aggregate.add(aggregate.empty(3, "float64"), x, 3.0)
+    b = aggregate.add(aggregate.empty(3, "float64"), y, 0.1)
+    merged = aggregate.merge(a, b)
+    expected = (3.0 * x.astype(np.float64) + 0.1 * y.astype(np.float64)) / 3.1
+    mean = aggregate.finalize(merged)
+    assert mean.dtype == np.float32 and merged.count == 2 and merged.weight == pytest.approx(3.1)
+    np.testing.assert_allclose(mean, expected.astype(np.float32), rtol=1e-7)
+
+
+def test_widened_makes_only_an_empty_state_float64() -> None:
+    empty = aggregate.empty(4)
+    assert aggregate.widened(empty, "float64").total.dtype == np.float64
+    assert aggregate.widened(empty, "float32") is empty
+    used = aggregate.add(aggregate.empty(4), np.ones(4, np.float32), 1.0)
+    assert aggregate.widened(used, "float64") is used
+    with pytest.raises(ValueError, match="dtype"):
+        aggregate.empty(4, "float16")

@@ -8,7 +8,7 @@ import pytest
 from flwr.app import Error
 from flwr.common.constant import ErrorCode
 
-from core.outcomes import FAILED, REFUSED, count, error_outcome, refusal_summary, round_line, run_problems
+from core.outcomes import FAILED, REFUSED, count, edges_line, error_outcome, refusal_summary, round_line, run_problems
 from core.replies import REFUSAL_CODE, refusal, refusal_reason
 from core.status import ClientStatus
 
@@ -79,3 +79,12 @@ def test_many_distinct_reasons_are_cut_to_a_few_in_the_line_and_the_run() -> Non
     assert line.endswith("; 8 more rules)") and line.count("[client ") == 2 and len(line) < 1000
     assert said is not None and said.startswith("10 of 10 sites refused: ")
     assert said.endswith("; and 7 more rules") and len(said) < 1000
+
+
+def test_a_tree_round_line_counts_its_edges_and_names_a_lost_one() -> None:
+    assert edges_line(None) == ""
+    assert edges_line({"edges": [{"edge": 0}, {"edge": 1}, {"edge": 2}]}) == " via 3 edges"
+    assert edges_line({"edges": [{"edge": 0}]}) == " via 1 edge"
+    lost = {"edges": [{"edge": 0}, {"edge": 1, "problem": "edge 1's partial sum refused: weight 10\nis not 1"}]}
+    assert edges_line(lost) == " via 2 edges (1 lost: edge 1's partial sum refused: weight 10 is not 1)"
+    assert edges_line({"edges": "junk"}) == ""

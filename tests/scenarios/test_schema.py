@@ -33,7 +33,7 @@ def test_defaults_and_derived_values() -> None:
     [
         ("rounds = 0", "bad.toml: rounds = 0: must be > 0"),
         ("[data]\nalpha = -1", "bad.toml: data.alpha = -1.0: must be in (0, 1,000,000]"),
-        ("[federation]\nclientz = 3", "bad.toml: federation.clientz = 3: unknown key; allowed: clients,"),
+        ("[federation]\nclientz = 3", "bad.toml: federation.clientz = 3: unknown key; allowed: accumulate, clients,"),
         ("[model]\nname = 'resnet'", "bad.toml: model.name = 'resnet': must be one of 'logreg', 'mlp', 'cnn'"),
         ("seed = 'x'", "bad.toml: seed = 'x': must be an integer"),
         ("[training]\nlr = true", "bad.toml: training.lr = True: must be a number"),

@@ -1,0 +1,217 @@
+"""The aggregator's train step over a tree: each edge trains its sampled devices, the edges' sums are merged.
+
+Same shape as :class:`aggregator.train.PlainTrain`: (sampled devices, global
+model) in, a running aggregate and one record per device out. The round's
+devices are sampled as in a flat run; :class:`TreeTrain` groups them by edge
+(:class:`~aggregator.hierarchy.topology.Topology`), sends each edge that has
+any the round's instruction with its devices (:func:`core.partials.edge_instruction`),
+and merges the partial sums the edges answer, in edge order, into the
+strategy's running mean. FedAvg over the edges' sums is then flat FedAvg over
+their devices: with ``[federation] accumulate = "float64"`` the two models
+agree to float32's rounding of each edge's sum.
+
+An edge's reply is checked as a client's would be (:func:`core.partials.parse_partial_reply`)
+and more: its weight must be what its own rows' example counts give under the
+round's weighting, and its mean update must be within ``max_update_ratio`` of
+the model, which every device's update was. A refused edge's devices are
+recorded ``rejected``, with the reason; one bad edge never kills a round.
+
+In simulation the edges run here, on threads, over the in-process grid (one
+edge at a time on a grid that is not thread-safe, Ray's); in a deployment each
+edge is an aggregator of its own (``docs/hierarchy.md``).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+from flwr.serverapp import Grid
+
+from aggregator.hierarchy.edge import edge_round
+from aggregator.hierarchy.topology import Topology
+from core import aggregate
+from core.aggregate import MeanState
+from core.boundary import one_line
+from core.errors import UpdateRejected
+from core.instructions import train_instruction
+from core.partials import PartialReply, edge_instruction, parse_partial_reply
+from core.records import ClientRecord
+from core.status import ClientStatus
+from core.strategy import Strategy
+from core.train import TrainOutcome, TrainRequest, TrainWorkflow
+from core.weighting import WeightPolicy
+from core.wire import wire_bytes
+
+__all__ = ["TreeTrain", "EDGE_METRIC"]
+
+#: The metric each device's record carries: the edge it trained under.
+EDGE_METRIC = "edge"
+#: Edges whose sub-rounds run at once in simulation (each is mostly waiting on its devices).
+MAX_EDGES_AT_ONCE = 16
+
+
+@dataclass
+class TreeTrain:
+    """Train through edge aggregators: ``edge`` runs each edge's devices, and the edges' sums are merged.
+
+    Parameters
+    ----------
+    edge : TrainWorkflow
+        What an edge runs over its devices: plain training, or secure aggregation inside its cohort.
+    edges : int
+        How many edge aggregators the federation's devices are split over (``[hierarchy] edges``).
+    weighting : WeightPolicy
+        The round's weighting, which each edge's weight is checked against (a streaming rule:
+        the scenario refuses ``median`` under ``[hierarchy]``); ``None`` skips that check (secure
+        aggregation weighs on its own quantised grid).
+    max_update_ratio : float
+        An edge's mean update longer than ``max_update_ratio * max(1, |model|)`` is refused.
+    accumulate : str
+        What the merged sum accumulates in (``[federation] accumulate``).
+    """
+
+    edge: TrainWorkflow
+    edges: int
+    weighting: WeightPolicy | None = None
+    max_update_ratio: float = 10.0
+    accumulate: str = "float32"
+    _topology: Topology | None = field(default=None, init=False, repr=False)
+
+    def topology(self, grid: Grid) -> Topology:
+        """Return the tree over ``grid``'s devices (built once: the federation's devices do not change)."""
+        if self._topology is None:
+            self._topology = Topology.blocks(self.edges, grid.get_node_ids())
+        return self._topology
+
+    def __call__(self, grid: Grid, request: TrainRequest, strategy: Strategy[Any]) -> TrainOutcome[Any]:
+        """Run the round's train step through the edges that have sampled devices, and merge their sums."""
+        groups = self.topology(grid).groups(request.nodes)
+        content = train_instruction(request.state.params, request.config, request.layout)
+        instructions = [(edge, devices, edge_instruction(content, devices)) for edge, devices in groups]
+        size = strategy.new_aggregate(request.state.params.size).size
+        merge = _Merge(self, request, size, strategy)
+        at_once = MAX_EDGES_AT_ONCE if getattr(grid, "thread_safe", False) else 1
+        expect = getattr(grid, "expect_cohort", None)  # a simulation's faults: the devices a flat round loses
+        if expect is not None:
+            expect(request.server_round, "train", list(request.nodes))
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=max(1, min(at_once, len(groups))),
+                                thread_name_prefix="quorum-edge") as pool:
+            futures = [pool.submit(edge_round, grid, message, request, self.edge, strategy)
+                       for _, _, message in instructions]
+            for (edge, devices, message), future in zip(instructions, futures, strict=True):
+                merge.edge(edge, devices, wire_bytes(message), future)  # in edge order: the same bits every run
+        return merge.outcome(time.monotonic() - started)
+
+
+@dataclass
+class _Merge:
+    """The aggregator's side of one round: each edge's reply checked, its sum merged, its devices recorded."""
+
+    tree: TreeTrain
+    request: TrainRequest
+    size: int
+    strategy: Strategy[Any]
+    agg: MeanState | None = None
+    clients: list[ClientRecord] = field(default_factory=list)
+    edges: list[dict[str, Any]] = field(default_factory=list)
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+    def __post_init__(self) -> None:
+        empty = self.strategy.new_aggregate(self.size)
+        if not isinstance(empty, MeanState):
+            raise TypeError(f"strategy {self.strategy.name!r} folds no running sum; a tree merges edges' sums")
+        self.agg = aggregate.widened(empty, self.tree.accumulate)
+        norm = float(np.linalg.norm(self.request.state.params))
+        self.bound = self.tree.max_update_ratio * max(1.0, norm)
+
+    def edge(self, edge: int, devices: list[int], sent: int, future: Future[RecordDict]) -> None:
+        """Wait for ``edge``'s reply to the round's instruction for ``devices`` (``sent`` bytes); merge it."""
+        self.bytes_out += sent
+        row: dict[str, Any] = {"edge": edge, "sampled": len(devices), "bytes_down": sent}
+        try:
+            reply = future.result()
+        except Exception as exc:  # the edge's sub-round itself failed: none of its devices counts
+            self._lost(edge, devices, row, ClientStatus.FAILED, f"edge {edge} failed: {one_line(exc)}")
+            return
+        nbytes = wire_bytes(reply)
+        self.bytes_in += nbytes
+        row["bytes_up"] = nbytes
+        try:
+            partial = parse_partial_reply(reply, self.size, self.request.max_update_bytes, devices)
+            self._check(partial)
+        except UpdateRejected as exc:
+            self._lost(edge, devices, row, ClientStatus.REJECTED, f"edge {edge}'s partial sum refused: {exc}")
+            return
+        if partial.total is not None:
+            assert self.agg is not None
+            self.agg = aggregate.merge(self.agg, MeanState(partial.total, partial.weight, partial.count))
+        self._record(edge, devices, partial.devices, row, partial.seconds)
+
+    def _check(self, partial: PartialReply) -> None:
+        """Refuse a sum its own rows do not account for, or whose mean no device's update could give."""
+        if partial.total is None:
+            return
+        weighting = self.tree.weighting
+        if weighting is not None:
+            counts = [d.num_examples for d in partial.devices if d.outcome == ClientStatus.OK]
+            expected = float(sum(weighting.weight(n) for n in counts))
+            if not abs(partial.weight - expected) <= 1e-6 * expected:
+                raise UpdateRejected(f"weight {partial.weight:.6g} is not the {expected:.6g} its devices' "
+                                     "example counts give")
+        with np.errstate(over="ignore"):
+            norm = float(np.linalg.norm(partial.total.astype(np.float64))) / partial.weight
+        if not norm <= self.bound:
+            raise UpdateRejected(f"its mean update has norm {norm:.4g}, over the bound {self.bound:.4g} "
+                                 "(max_update_ratio x model norm) that each device's update was held to")
+
+    def _record(self, edge: int, devices: list[int], rows: list[ClientRecord], row: dict[str, Any],
+                seconds: float) -> None:
+        reported = {r.client for r in rows}
+        missing = [ClientRecord(client=str(d), outcome=ClientStatus.DROPPED, stage="train",
+                                reason=f"edge {edge} did not report it") for d in devices if str(d) not in reported]
+        tagged = [_tagged(r, edge) for r in [*rows, *missing]]
+        self.clients.extend(tagged)
+        for status in (ClientStatus.OK, ClientStatus.DROPPED, ClientStatus.REJECTED, ClientStatus.FAILED,
+                       ClientStatus.REFUSED):
+            row[_COUNTS[status]] = sum(1 for r in tagged if r.outcome == status)
+        row["seconds"] = round(seconds, 4)
+        row["bytes_devices"] = sum(r.bytes_in for r in rows)
+        self.edges.append(row)
+
+    def _lost(self, edge: int, devices: list[int], row: dict[str, Any], outcome: ClientStatus, reason: str) -> None:
+        self.clients.extend(_tagged(ClientRecord(client=str(d), outcome=outcome, stage="train", reason=reason), edge)
+                            for d in devices)
+        row.update({_COUNTS[ClientStatus.OK]: 0, _COUNTS[outcome]: len(devices), "problem": reason})
+        self.edges.append(row)
+
+    def outcome(self, seconds: float) -> TrainOutcome[Any]:
+        """Return the round's outcome: the merged sum (``None``: nothing folded), every device's record, the tree."""
+        agg = self.agg if self.agg is not None and self.agg.count else None
+        losses = [(r.train_loss, r.num_examples) for r in self.clients
+                  if r.outcome == ClientStatus.OK and r.train_loss is not None]
+        train_loss = None
+        if losses:  # weighted as a flat round weighs them: by the weighting, or by example count
+            counts = [n for _, n in losses]
+            weights = self.tree.weighting.weights(counts) if self.tree.weighting is not None else counts
+            train_loss = float(np.average([loss for loss, _ in losses], weights=weights))
+        tree = {"edges": self.edges, "seconds": round(seconds, 4),
+                "bytes_devices": sum(r.get("bytes_devices", 0) for r in self.edges)}
+        return TrainOutcome(aggregate=agg, clients=self.clients, bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+                            train_loss=train_loss, tree=tree)
+
+
+_COUNTS: dict[str, str] = {ClientStatus.OK: "answered", ClientStatus.DROPPED: "dropped",
+                           ClientStatus.REJECTED: "rejected", ClientStatus.FAILED: "failed",
+                           ClientStatus.REFUSED: "refused"}
+
+
+def _tagged(record: ClientRecord, edge: int) -> ClientRecord:
+    return replace(record, metrics={**(record.metrics or {}), EDGE_METRIC: edge})
+

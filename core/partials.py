@@ -1,0 +1,213 @@
+"""An edge aggregator's messages: the round's instruction for its devices, and its partial sum back.
+
+The third part of the wire format (beside :mod:`core.instructions` and
+:mod:`core.replies`), for a tree of aggregators (``[hierarchy]``,
+``docs/hierarchy.md``). The aggregator sends an edge the round's train
+instruction plus the devices of its own that were sampled
+(:func:`edge_instruction`); the edge trains them and answers with one partial
+sum (:func:`partial_reply`): ``sum_i w_i x_i`` over the devices it folded, as
+one flat float32 ``Array`` like any update, ``sum_i w_i`` and their count, and
+one row per device asked (its outcome, example count, loss, time, bytes), so
+the aggregator records every device as a flat round would. A sum, never a
+mean: the aggregator's FedAvg over the edges' sums is flat FedAvg over their
+devices.
+
+An edge is untrusted like any client: :func:`parse_partial_reply` checks
+every field and raises :class:`~core.errors.UpdateRejected` naming the
+problem (a row for a device the edge was not asked about, a count that does
+not match its rows, a weight that is not a positive finite number, NaN, the
+wrong size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from core.boundary import MAX_REASON_CHARS, rejects_any
+from core.errors import UpdateRejected
+from core.records import ClientRecord
+from core.replies import MAX_EXAMPLES, MAX_LOSS, decode_flat, encode_flat
+from core.status import ClientStatus
+
+__all__ = ["edge_instruction", "edge_devices", "partial_reply", "parse_partial_reply", "PartialReply",
+           "MAX_EDGE_DEVICES"]
+
+#: The most devices one edge may be asked to train in a round (one per row of its reply).
+MAX_EDGE_DEVICES = 1_000_000
+
+_EDGE = "edge"
+_PARTIAL = "partial"
+_SUM = "sum"
+_TOTALS = "partial-totals"
+_ROWS = "devices"
+#: The per-device columns of a partial reply, each a list as long as ``client``; -1 marks a missing number.
+_INT_COLUMNS = ("num-examples", "bytes-in", "bytes-out")
+_FLOAT_COLUMNS = ("train-loss", "duration-s")
+_STR_COLUMNS = ("client", "outcome", "stage", "reason")
+_OUTCOMES = frozenset(s.value for s in ClientStatus)
+_MAX_SECONDS = 1e7
+_MAX_BYTES = 2**62
+
+
+def edge_instruction(content: RecordDict, devices: Sequence[int]) -> RecordDict:
+    """Return the round's train instruction ``content`` for an edge: the same records, and the devices to train."""
+    out = RecordDict(dict(content.items()))
+    out[_EDGE] = ConfigRecord({"devices": [int(d) for d in devices]})
+    return out
+
+
+@rejects_any("edge instruction")
+def edge_devices(content: RecordDict) -> list[int]:
+    """Return the devices an edge instruction asks the edge to train (on the edge: the aggregator's word).
+
+    Raises
+    ------
+    UpdateRejected
+        No ``edge`` record, or its devices are not distinct non-negative integers.
+    """
+    record = content.get(_EDGE) if isinstance(content, RecordDict) else None
+    if not isinstance(record, ConfigRecord):
+        raise UpdateRejected("instruction has no 'edge' record: it was sent to a device, not an edge aggregator")
+    devices: Any = record.get("devices")
+    if not isinstance(devices, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                for d in devices):
+        raise UpdateRejected("'edge' devices must be a list of non-negative integers")
+    if len(set(devices)) != len(devices) or len(devices) > MAX_EDGE_DEVICES:
+        raise UpdateRejected(f"'edge' devices must be distinct, at most {MAX_EDGE_DEVICES:,}")
+    return list(devices)
+
+
+def partial_reply(total: np.ndarray | None, weight: float, count: int, devices: Sequence[ClientRecord],
+                  seconds: float) -> RecordDict:
+    """Build an edge's reply: the weighted sum of its folded updates (``None``: none), their weight and count.
+
+    ``devices`` are its rows, one per device asked; ``seconds`` how long its sub-round took.
+    """
+    records: dict[str, Any] = {
+        _TOTALS: MetricRecord({"weight": float(weight), "count": int(count), "seconds": float(seconds)}),
+        _ROWS: ConfigRecord({
+            "client": [d.client for d in devices], "outcome": [str(d.outcome) for d in devices],
+            "stage": [d.stage or "" for d in devices], "reason": [(d.reason or "")[:MAX_REASON_CHARS] for d in devices],
+            "num-examples": [int(d.num_examples) for d in devices],
+            "bytes-in": [int(d.bytes_in) for d in devices], "bytes-out": [int(d.bytes_out) for d in devices],
+            "train-loss": [_or_missing(d.train_loss) for d in devices],
+            "duration-s": [_or_missing(d.duration_s) for d in devices]}),
+    }
+    if total is not None:
+        records[_PARTIAL] = ArrayRecord({_SUM: encode_flat(total)})
+    return RecordDict(records)
+
+
+def _or_missing(value: float | None) -> float:
+    return float(value) if value is not None and np.isfinite(value) else -1.0
+
+
+@dataclass(frozen=True)
+class PartialReply:
+    """A decoded partial sum: ``total`` (``None`` when the edge folded nothing), ``weight``, ``count``, its rows."""
+
+    total: np.ndarray | None
+    weight: float
+    count: int
+    devices: list[ClientRecord]
+    seconds: float
+
+
+@rejects_any("edge reply")
+def parse_partial_reply(content: RecordDict, size: int, max_bytes: int, asked: Sequence[int]) -> PartialReply:
+    """Decode and validate an edge's reply to a round that asked it for devices ``asked``.
+
+    Raises
+    ------
+    UpdateRejected
+        A missing or mistyped record; rows of unequal length, for a device not
+        asked or twice for one; an unknown outcome or a number out of range; a
+        count that is not the number of ``ok`` rows; a weight that is not
+        positive and finite while the count is not 0 (or not 0 while it is); a
+        sum of the wrong size, oversized, or holding NaN or Inf.
+    """
+    if not isinstance(content, RecordDict):
+        raise UpdateRejected(f"edge reply is a {type(content).__name__}, expected a RecordDict")
+    totals = content.get(_TOTALS)
+    if not isinstance(totals, MetricRecord):
+        raise UpdateRejected(f"edge reply has no {_TOTALS!r} MetricRecord")
+    weight: Any = totals.get("weight")
+    count: Any = totals.get("count")
+    seconds: Any = totals.get("seconds", 0.0)
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= len(asked):
+        raise UpdateRejected(f"edge count must be an integer in [0, {len(asked)}] (the devices asked), got {count!r}")
+    if not _number(weight, 0.0, float(MAX_EXAMPLES) * max(count, 1)) or (weight > 0) != (count > 0):
+        raise UpdateRejected(f"edge weight must be positive and finite with {count} updates (0 with none), "
+                             f"got {weight!r}")
+    if not _number(seconds, 0.0, _MAX_SECONDS):
+        raise UpdateRejected(f"edge seconds must be in [0, {_MAX_SECONDS:g}], got {seconds!r}")
+    devices = _rows(content.get(_ROWS), asked)
+    ok = sum(1 for d in devices if d.outcome == ClientStatus.OK)
+    if ok != count:
+        raise UpdateRejected(f"edge count is {count}, but {ok} of its device rows are ok")
+    record = content.get(_PARTIAL)
+    if count == 0:
+        if record is not None:
+            raise UpdateRejected("edge reply carries a sum with no update folded")
+        return PartialReply(None, 0.0, 0, devices, float(seconds))
+    array = record.get(_SUM) if isinstance(record, ArrayRecord) else None
+    if array is None:
+        raise UpdateRejected(f"edge reply has no {_PARTIAL!r}/{_SUM!r} array with {count} updates folded")
+    return PartialReply(decode_flat(array, size, max_bytes), float(weight), count, devices, float(seconds))
+
+
+def _number(value: Any, low: float, high: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+def _rows(record: Any, asked: Sequence[int]) -> list[ClientRecord]:
+    if not isinstance(record, ConfigRecord):
+        raise UpdateRejected(f"edge reply has no {_ROWS!r} ConfigRecord")
+    columns: dict[str, Any] = {key: record.get(key) for key in (*_STR_COLUMNS, *_INT_COLUMNS, *_FLOAT_COLUMNS)}
+    bad = [key for key, column in columns.items() if not isinstance(column, list)]
+    if bad:
+        raise UpdateRejected(f"edge device rows lack the column(s) {bad}")
+    lengths = {len(column) for column in columns.values()}
+    if len(lengths) != 1:
+        raise UpdateRejected(f"edge device rows have columns of different lengths {sorted(lengths)}")
+    clients = columns["client"]
+    allowed = {str(n) for n in asked}
+    if len(set(clients)) != len(clients) or not set(clients) <= allowed:
+        stray = sorted(set(map(str, clients)) - allowed)[:3]
+        raise UpdateRejected(f"edge device rows must name each device asked at most once (stray: {stray})")
+    return [_row(columns, i) for i in range(len(clients))]
+
+
+def _row(columns: dict[str, Any], i: int) -> ClientRecord:
+    def text(key: str) -> str:
+        value = columns[key][i]
+        if not isinstance(value, str):
+            raise UpdateRejected(f"edge device row {i}: {key} is a {type(value).__name__}, expected a string")
+        return value[:MAX_REASON_CHARS]
+
+    def integer(key: str, high: int) -> int:
+        value = columns[key][i]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+            raise UpdateRejected(f"edge device row {i}: {key} must be an integer in [0, {high}], got {value!r}")
+        return value
+
+    def real(key: str, high: float) -> float | None:
+        value = columns[key][i]
+        if value == -1.0 and not isinstance(value, bool):
+            return None
+        if not _number(value, 0.0, high):
+            raise UpdateRejected(f"edge device row {i}: {key} must be in [0, {high:g}] (or -1), got {value!r}")
+        return float(value)
+
+    outcome = text("outcome")
+    if outcome not in _OUTCOMES:
+        raise UpdateRejected(f"edge device row {i}: unknown outcome {outcome!r}")
+    return ClientRecord(client=text("client"), outcome=outcome, num_examples=integer("num-examples", MAX_EXAMPLES),
+                        train_loss=real("train-loss", MAX_LOSS), duration_s=real("duration-s", _MAX_SECONDS),
+                        bytes_in=integer("bytes-in", _MAX_BYTES), bytes_out=integer("bytes-out", _MAX_BYTES),
+                        stage=text("stage") or None, reason=text("reason") or None)

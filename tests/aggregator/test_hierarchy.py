@@ -1,0 +1,219 @@
+"""Edge aggregators in simulation: a tree of partial sums ends with flat FedAvg's model, and a lying edge loses.
+
+The equivalence is worked out independently: the same scenario runs flat and
+through edges, and the two stored models are compared value by value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.serverapp import Grid
+
+from aggregator.hierarchy.topology import Topology
+from aggregator.hierarchy.tree import EDGE_METRIC, TreeTrain
+from core import aggregate
+from core.instructions import TrainConfig
+from core.records import ClientRecord
+from core.status import ClientStatus
+from core.strategy import MeanStrategy, ServerState, Strategy
+from core.train import TrainOutcome, TrainRequest
+from core.weighting import WeightPolicy
+from runstore.store import RunStore
+from runtimes.simulation import simulate
+from tests.conftest import tiny_scenario
+
+FED = {"clients": 12, "min_clients": 1, "weighting": "capped", "accumulate": "float64"}
+
+
+def _model(db_url: str, run_id: str) -> np.ndarray:
+    state = RunStore(db_url).load_state(run_id)
+    assert state is not None
+    return state.params
+
+
+def _sampled(db_url: str, run_id: str) -> list[list[str]]:
+    store = RunStore(db_url)
+    return [sorted(c.client for c in store.client_results(run_id, r.round)) for r in store.rounds(run_id)]
+
+
+def test_a_tree_of_three_edges_ends_with_the_flat_model(db_url: str) -> None:
+    # Execute: one scenario, 12 devices, flat and through 3 edges of 4 devices each
+    flat = simulate(tiny_scenario(rounds=3, federation=FED), db_url=db_url, workers=1)
+    tree = simulate(tiny_scenario(rounds=3, federation=FED, hierarchy={"edges": 3}), db_url=db_url, workers=1)
+
+    # Assert: both learn, and their models agree to float32's rounding of each edge's sum
+    assert flat.status == tree.status == "finished"
+    assert flat.final_accuracy > 0.6  # ten classes: 0.1 by chance
+    a, b = _model(db_url, flat.run_id), _model(db_url, tree.run_id)
+    assert np.abs(a - b).max() <= 1e-6
+    assert np.abs(a).max() > 0.05  # a model that moved: agreement of two untouched models proves nothing
+    assert tree.final_train_loss == pytest.approx(flat.final_train_loss, abs=1e-6)
+    # every device is recorded as a flat round records it, each with its edge: devices 1-4 under edge 0, ...
+    store = RunStore(db_url)
+    rows = store.client_results(tree.run_id, 3)
+    assert sorted(int(c.client) for c in rows) == list(range(1, 13))
+    assert {int(c.client): c.metrics[EDGE_METRIC] for c in rows} == {d: (d - 1) // 4 for d in range(1, 13)}
+    assert all(c.outcome == "ok" for c in rows)
+    # the aggregator received three partial sums, each about one device reply's size, not twelve replies
+    last_tree, last_flat = store.rounds(tree.run_id)[-1], store.rounds(flat.run_id)[-1]
+    edges = last_tree.tree["edges"]
+    assert [e["edge"] for e in edges] == [0, 1, 2]
+    assert [(e["sampled"], e["answered"], e["dropped"]) for e in edges] == [(4, 4, 0)] * 3
+    per_device = last_flat.bytes_in / 12
+    assert last_tree.bytes_in == sum(e["bytes_up"] for e in edges)
+    assert 3 * per_device < last_tree.bytes_in < 3 * (per_device + 1024)  # the device rows ride along
+    assert last_tree.tree["bytes_devices"] == last_flat.bytes_in  # the edges received what the flat top did
+
+
+def test_the_tree_samples_the_devices_a_flat_run_samples(db_url: str) -> None:
+    fed = {**FED, "clients_per_round": 5}
+    flat = simulate(tiny_scenario(rounds=3, federation=fed), db_url=db_url, workers=1)
+    tree = simulate(tiny_scenario(rounds=3, federation=fed, hierarchy={"edges": 4}), db_url=db_url, workers=1)
+    assert _sampled(db_url, flat.run_id) == _sampled(db_url, tree.run_id)
+    assert all(len(r) == 5 for r in _sampled(db_url, tree.run_id))
+    assert np.abs(_model(db_url, flat.run_id) - _model(db_url, tree.run_id)).max() <= 1e-6
+    # an edge none of whose devices was sampled is not asked: at most 4 rows, never an edge with 0 sampled
+    for r in RunStore(db_url).rounds(tree.run_id):
+        assert 1 <= len(r.tree["edges"]) <= 4 and all(e["sampled"] >= 1 for e in r.tree["edges"])
+        assert sum(e["sampled"] for e in r.tree["edges"]) == 5
+
+
+def test_devices_dropped_under_an_edge_are_dropped_as_in_the_flat_run(db_url: str) -> None:
+    faults = {"dropouts": {"train": 0.3}}
+    flat = simulate(tiny_scenario(rounds=2, federation=FED, faults=faults), db_url=db_url, workers=1)
+    tree = simulate(tiny_scenario(rounds=2, federation=FED, faults=faults, hierarchy={"edges": 3}),
+                    db_url=db_url, workers=1)
+    store = RunStore(db_url)
+    for r_flat, r_tree in zip(store.rounds(flat.run_id), store.rounds(tree.run_id), strict=True):
+        assert r_flat.dropped == r_tree.dropped >= 1
+        assert sum(e["dropped"] for e in r_tree.tree["edges"]) == r_tree.dropped
+        dropped = lambda run, n: sorted(c.client for c in store.client_results(run, n)  # noqa: E731
+                                        if c.outcome == "dropped")
+        assert dropped(flat.run_id, r_flat.round) == dropped(tree.run_id, r_tree.round)
+    assert np.abs(_model(db_url, flat.run_id) - _model(db_url, tree.run_id)).max() <= 1e-6
+
+
+def test_secure_aggregation_inside_each_edge_gives_the_flat_model(db_url: str) -> None:
+    # 64-bit ring: quantisation error ~ n^2 x clip / 2^63 per coordinate, far below the 1e-6 asked
+    secagg = {"enabled": True, "bits": 64, "clip_range": 4.0}
+    flat = simulate(tiny_scenario(rounds=2, federation=FED), db_url=db_url, workers=1)
+    tree = simulate(tiny_scenario(rounds=2, federation=FED, secagg=secagg, hierarchy={"edges": 3}),
+                    db_url=db_url, workers=1)
+    assert tree.status == "finished"
+    assert np.abs(_model(db_url, flat.run_id) - _model(db_url, tree.run_id)).max() <= 1e-6
+    rows = RunStore(db_url).rounds(tree.run_id)[-1].tree["edges"]
+    assert [(e["sampled"], e["answered"]) for e in rows] == [(4, 4)] * 3
+
+
+# ------------------------------------------------------------------ the aggregator's checks on an edge's sum
+
+
+class _Grid:
+    """Just enough of a grid for a tree: its devices (no edge workflow here sends a message)."""
+
+    thread_safe = True
+
+    def __init__(self, devices: int) -> None:
+        self.devices = list(range(1, devices + 1))
+
+    def get_node_ids(self) -> list[int]:
+        return self.devices
+
+
+class _Edge:
+    """An edge workflow that folds a fixed update per device; ``lie`` forges what it reports."""
+
+    def __init__(self, update: np.ndarray, lie: dict[int, str] | None = None) -> None:
+        self.update, self.lie = update, lie or {}
+
+    def __call__(self, grid: Grid, request: TrainRequest, strategy: Strategy[Any]) -> TrainOutcome[Any]:  # noqa: ARG002
+        nodes = list(request.nodes)
+        agg = aggregate.widened(strategy.new_aggregate(self.update.size), "float64")
+        for n in nodes:
+            agg = aggregate.add(agg, self.update * n, float(n))  # device n: n examples, update n x u
+        rows = [ClientRecord(client=str(n), outcome=ClientStatus.OK, num_examples=n, train_loss=float(n))
+                for n in nodes]
+        lie = self.lie.get((nodes[0] - 1) // 3)
+        if lie == "weight":  # claims ten times the examples its rows account for
+            agg = aggregate.MeanState(agg.total * 10, agg.weight * 10, agg.count)
+        elif lie == "huge":  # a sum whose mean no bounded device update could give
+            agg = aggregate.MeanState(agg.total * 1e6, agg.weight, agg.count)
+        elif lie == "count":  # one more update folded than rows say
+            agg = aggregate.MeanState(agg.total, agg.weight, agg.count + 1)
+        elif lie == "stray":  # a row for a device it was never asked about
+            rows.append(ClientRecord(client="99", outcome=ClientStatus.DROPPED))
+        elif lie == "raise":
+            raise RuntimeError("edge process died")
+        return TrainOutcome(aggregate=agg, clients=rows)
+
+
+def _request(size: int, nodes: list[int]) -> TrainRequest:
+    return TrainRequest(server_round=1, nodes=nodes, state=ServerState.initial(np.zeros(size, np.float32)),
+                        config=TrainConfig(round=1, epochs=1, batch_size=1, lr=0.1, seed=1),
+                        deadline_s=5.0, max_update_bytes=1 << 20)
+
+
+class _Mean(MeanStrategy):
+    def apply(self, state: ServerState, mean_delta: np.ndarray) -> ServerState:
+        return state.advanced(state.params + mean_delta)
+
+
+@pytest.mark.parametrize("lie", ["weight", "huge", "count", "stray", "raise"])
+def test_a_lying_edge_is_refused_and_the_others_are_merged(lie: str) -> None:
+    # Three edges of three devices (1-3, 4-5-6, 7-8-9); edge 1 lies. Device n sends n x u with n examples.
+    u = np.array([0.01, -0.02, 0.03], np.float32)
+    tree = TreeTrain(_Edge(u, {1: lie}), edges=3, weighting=WeightPolicy("capped", max_examples=1000),
+                     accumulate="float64")
+    outcome = tree(_Grid(9), _request(3, list(range(1, 10))), _Mean())
+
+    # the honest edges' devices 1,2,3,7,8,9: mean = sum n^2 u / sum n
+    honest = [1, 2, 3, 7, 8, 9]
+    expected = u.astype(np.float64) * sum(n * n for n in honest) / sum(honest)
+    assert outcome.aggregate is not None and outcome.aggregate.count == 6
+    np.testing.assert_allclose(aggregate.finalize(outcome.aggregate), expected, rtol=1e-6)
+    by_client = {c.client: c for c in outcome.clients}
+    assert sorted(by_client, key=int) == [str(n) for n in range(1, 10)]
+    liars = [by_client[str(n)] for n in (4, 5, 6)]
+    want = ClientStatus.FAILED if lie == "raise" else ClientStatus.REJECTED
+    assert all(c.outcome == want and "edge 1" in (c.reason or "") for c in liars)
+    assert all(by_client[str(n)].outcome == ClientStatus.OK for n in honest)
+    row = outcome.tree["edges"][1]
+    assert row["answered"] == 0 and "problem" in row
+
+
+def test_the_honest_tree_folds_every_edge() -> None:
+    u = np.array([0.01, -0.02, 0.03], np.float32)
+    tree = TreeTrain(_Edge(u), edges=3, weighting=WeightPolicy("capped", max_examples=1000), accumulate="float64")
+    outcome = tree(_Grid(9), _request(3, list(range(1, 10))), _Mean())
+    expected = u.astype(np.float64) * sum(n * n for n in range(1, 10)) / 45
+    np.testing.assert_allclose(aggregate.finalize(outcome.aggregate), expected, rtol=1e-6)
+    # the train loss: device n reported loss n, weighted by its n examples: sum n^2 / sum n = 285 / 45
+    assert outcome.train_loss == pytest.approx(285 / 45)
+    assert [e["answered"] for e in outcome.tree["edges"]] == [3, 3, 3]
+
+
+# ------------------------------------------------------------------ topology
+
+
+@pytest.mark.parametrize(("devices", "edges"), [(12, 3), (10, 3), (7, 7), (10_000, 100), (5, 1)])
+def test_blocks_split_devices_into_contiguous_edges_of_near_equal_size(devices: int, edges: int) -> None:
+    topo = Topology.blocks(edges, range(devices, 0, -1))  # any order: sorted by id
+    members = [topo.members(e) for e in range(edges)]
+    assert sorted(d for m in members for d in m) == list(range(1, devices + 1))
+    assert {len(m) for m in members} <= {devices // edges, devices // edges + 1}
+    assert all(m == list(range(m[0], m[-1] + 1)) for m in members)  # contiguous
+    assert all(topo.edge_of(d) == e for e, m in enumerate(members) for d in m)
+
+
+def test_groups_leave_out_edges_with_nothing_sampled() -> None:
+    topo = Topology.blocks(4, range(1, 9))
+    assert topo.groups([8, 1, 2, 7]) == [(0, [1, 2]), (3, [8, 7])]
+
+
+@pytest.mark.parametrize("edges", [0, 6, -1])
+def test_a_topology_needs_between_one_edge_and_one_per_device(edges: int) -> None:
+    with pytest.raises(ValueError, match="edges"):
+        Topology.blocks(edges, range(1, 6))
