@@ -95,7 +95,8 @@ def build_train(scenario: Scenario) -> TrainWorkflow:
     if not scenario.hierarchy.enabled:
         return train
     return TreeTrain(train, scenario.hierarchy.edges, weighting=None if scenario.secagg.enabled else policy,
-                     max_update_ratio=fed.max_update_ratio, accumulate=fed.accumulate)
+                     max_update_ratio=fed.max_update_ratio, accumulate=fed.accumulate,
+                     secure_across=scenario.secagg if scenario.hierarchy.secure_across_edges else None)
 
 
 @dataclass(frozen=True)

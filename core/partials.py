@@ -34,7 +34,7 @@ from core.records import ClientRecord
 from core.replies import MAX_EXAMPLES, MAX_LOSS, decode_flat, encode_flat
 from core.status import ClientStatus
 
-__all__ = ["edge_instruction", "edge_devices", "partial_reply", "parse_partial_reply", "PartialReply",
+__all__ = ["edge_instruction", "edge_devices", "edge_secured", "partial_reply", "parse_partial_reply", "PartialReply",
            "MAX_EDGE_DEVICES"]
 
 #: The most devices one edge may be asked to train in a round (one per row of its reply).
@@ -54,11 +54,20 @@ _MAX_SECONDS = 1e7
 _MAX_BYTES = 2**62
 
 
-def edge_instruction(content: RecordDict, devices: Sequence[int]) -> RecordDict:
-    """Return the round's train instruction ``content`` for an edge: the same records, and the devices to train."""
+def edge_instruction(content: RecordDict, devices: Sequence[int], secure: bool = False) -> RecordDict:
+    """Return the round's train instruction ``content`` for an edge: the same records, and the devices to train.
+
+    ``secure``: the edge must send its sum only through secure aggregation across the edges, never in its reply.
+    """
     out = RecordDict(dict(content.items()))
-    out[_EDGE] = ConfigRecord({"devices": [int(d) for d in devices]})
+    out[_EDGE] = ConfigRecord({"devices": [int(d) for d in devices], "secure": bool(secure)})
     return out
+
+
+def edge_secured(content: RecordDict) -> bool:
+    """Whether an edge instruction asks for the sum through secure aggregation across the edges only."""
+    record = content.get(_EDGE) if isinstance(content, RecordDict) else None
+    return isinstance(record, ConfigRecord) and record.get("secure") is True
 
 
 @rejects_any("edge instruction")
@@ -84,9 +93,11 @@ def edge_devices(content: RecordDict) -> list[int]:
 
 def partial_reply(total: np.ndarray | None, weight: float, count: int, devices: Sequence[ClientRecord],
                   seconds: float) -> RecordDict:
-    """Build an edge's reply: the weighted sum of its folded updates (``None``: none), their weight and count.
+    """Build an edge's reply: the weighted sum of its folded updates (``None``: none, or sent securely), weight, count.
 
-    ``devices`` are its rows, one per device asked; ``seconds`` how long its sub-round took.
+    ``devices`` are its rows, one per device asked; ``seconds`` how long its
+    sub-round took. An edge asked for a secure sum across the edges sends
+    ``total=None`` with its weight and count: the sum goes through the protocol.
     """
     records: dict[str, Any] = {
         _TOTALS: MetricRecord({"weight": float(weight), "count": int(count), "seconds": float(seconds)}),
@@ -119,8 +130,12 @@ class PartialReply:
 
 
 @rejects_any("edge reply")
-def parse_partial_reply(content: RecordDict, size: int, max_bytes: int, asked: Sequence[int]) -> PartialReply:
+def parse_partial_reply(content: RecordDict, size: int, max_bytes: int, asked: Sequence[int],
+                        secure: bool = False) -> PartialReply:
     """Decode and validate an edge's reply to a round that asked it for devices ``asked``.
+
+    ``secure``: the round asked for the sum through secure aggregation across
+    the edges; a reply must then carry none (its ``total`` is ``None``).
 
     Raises
     ------
@@ -151,10 +166,12 @@ def parse_partial_reply(content: RecordDict, size: int, max_bytes: int, asked: S
     if ok != count:
         raise UpdateRejected(f"edge count is {count}, but {ok} of its device rows are ok")
     record = content.get(_PARTIAL)
-    if count == 0:
+    if count == 0 or secure:
         if record is not None:
-            raise UpdateRejected("edge reply carries a sum with no update folded")
-        return PartialReply(None, 0.0, 0, devices, float(seconds))
+            raise UpdateRejected("edge reply carries a sum in clear, which the round asked for through secure "
+                                 "aggregation across the edges" if secure else
+                                 "edge reply carries a sum with no update folded")
+        return PartialReply(None, float(weight), count, devices, float(seconds))
     array = record.get(_SUM) if isinstance(record, ArrayRecord) else None
     if array is None:
         raise UpdateRejected(f"edge reply has no {_PARTIAL!r}/{_SUM!r} array with {count} updates folded")

@@ -17,17 +17,25 @@ from typing import Any
 from scenarios.bounds import MAX_CLIENTS
 from scenarios.parse import Bad, within
 
-__all__ = ["HierarchySpec", "check_hierarchy"]
+__all__ = ["HierarchySpec", "check_hierarchy", "MIN_SECURE_EDGES"]
 
 
 @dataclass(frozen=True)
 class HierarchySpec:
-    """``[hierarchy]``: how many edge aggregators the devices are split over (0: none, a flat federation)."""
+    """``[hierarchy]``: how many edge aggregators the devices are split over (0: none, a flat federation).
+
+    ``secure_across_edges`` sums the edges' partial sums by secure aggregation
+    too, so the aggregator learns only the global sum (``[secagg]`` secures
+    each edge's own cohort: it must be enabled).
+    """
 
     edges: int = 0
+    secure_across_edges: bool = False
 
     def _check(self) -> None:
         within("edges", self.edges, 0, MAX_CLIENTS)
+        if self.secure_across_edges and not self.edges:
+            raise Bad("secure_across_edges", True, "needs edges > 0: a flat federation has no edges to secure")
 
     @property
     def enabled(self) -> bool:
@@ -59,3 +67,15 @@ def check_hierarchy(scenario: Any) -> None:
          "not supported yet (docs/hierarchy.md); run it flat") if scenario.dp.enabled else None)
     if culprit is not None:
         raise Bad(*culprit)
+    if spec.secure_across_edges:
+        if not scenario.secagg.enabled:
+            raise Bad("hierarchy.secure_across_edges", True, "needs [secagg] enabled = true: an edge that saw its "
+                       "devices' updates in clear would protect from the aggregator what it sees itself; [secagg] "
+                       "secures each edge's cohort, and its settings (bits, clip_range, threshold) the sum across")
+        if spec.edges < MIN_SECURE_EDGES:
+            raise Bad("hierarchy.edges", spec.edges, f"hierarchy.secure_across_edges = true needs at least "
+                       f"{MIN_SECURE_EDGES} edges: with two, each learns the other's sum from the next model")
+
+
+#: The fewest edges a secure sum across edges hides one edge's sum among: with 2, each edge subtracts its own.
+MIN_SECURE_EDGES = 3

@@ -11,27 +11,37 @@ what it folded, their weight and count, and a row per device
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
 from core.aggregate import MeanState
-from core.partials import edge_devices, partial_reply
+from core.partials import edge_devices, edge_secured, partial_reply
 from core.strategy import Strategy
 from core.train import TrainRequest, TrainWorkflow
 
-__all__ = ["edge_round"]
+__all__ = ["edge_round", "EdgeAnswer"]
+
+
+@dataclass(frozen=True)
+class EdgeAnswer:
+    """What an edge sends: its reply, and (asked for a secure sum across the edges) its sum, for the protocol only."""
+
+    reply: RecordDict
+    secret: MeanState | None = None
 
 
 def edge_round(grid: Grid, instruction: RecordDict, request: TrainRequest, train: TrainWorkflow,
-               strategy: Strategy[Any]) -> RecordDict:
+               strategy: Strategy[Any]) -> EdgeAnswer:
     """Run an edge's sub-round for ``instruction`` (:func:`core.partials.edge_instruction`) over ``grid``.
 
     ``request`` is the round's train request (its nodes are replaced by the
     devices the instruction names); ``train`` the workflow the edge runs its
-    devices with. Returns the edge's reply.
+    devices with. Returns the edge's reply; when the instruction asks for a
+    secure sum across the edges, the reply carries no sum and the answer's
+    ``secret`` holds it, to be masked in that protocol (``aggregator.hierarchy.secure``).
 
     Raises
     ------
@@ -46,5 +56,7 @@ def edge_round(grid: Grid, instruction: RecordDict, request: TrainRequest, train
         raise TypeError(f"strategy {strategy.name!r} folds no running sum; an edge can send only a sum")
     seconds = time.monotonic() - started
     if agg is None or agg.count == 0:
-        return partial_reply(None, 0.0, 0, outcome.clients, seconds)
-    return partial_reply(agg.total, agg.weight, agg.count, outcome.clients, seconds)
+        return EdgeAnswer(partial_reply(None, 0.0, 0, outcome.clients, seconds))
+    if edge_secured(instruction):
+        return EdgeAnswer(partial_reply(None, agg.weight, agg.count, outcome.clients, seconds), secret=agg)
+    return EdgeAnswer(partial_reply(agg.total, agg.weight, agg.count, outcome.clients, seconds))

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import UpdateRejected
-from core.partials import edge_devices, edge_instruction, parse_partial_reply, partial_reply
+from core.partials import edge_devices, edge_instruction, edge_secured, parse_partial_reply, partial_reply
 from core.records import ClientRecord
 from core.status import ClientStatus
 
@@ -151,3 +151,17 @@ def test_a_record_of_the_wrong_kind_is_refused(record: str, replacement: Any) ->
     content[record] = replacement
     with pytest.raises(UpdateRejected):
         parse_partial_reply(content, SIZE, 1 << 20, ASKED)
+
+
+def test_a_secured_round_takes_no_sum_in_clear() -> None:
+    # asked for a secure sum across the edges: the weight and count come in clear, the sum must not
+    secured = partial_reply(None, 40.0, 2, _rows(), seconds=1.0)
+    parsed = parse_partial_reply(secured, SIZE, 1 << 20, ASKED, secure=True)
+    assert parsed.total is None and (parsed.weight, parsed.count) == (40.0, 2)
+    with pytest.raises(UpdateRejected, match="sum in clear"):
+        parse_partial_reply(_valid(), SIZE, 1 << 20, ASKED, secure=True)
+    # and a round that did not ask for it refuses a reply without the sum it owes
+    with pytest.raises(UpdateRejected, match="no 'partial'/'sum' array"):
+        parse_partial_reply(secured, SIZE, 1 << 20, ASKED)
+    message = edge_instruction(RecordDict(), [1], secure=True)
+    assert edge_secured(message) and not edge_secured(edge_instruction(RecordDict(), [1]))

@@ -75,3 +75,14 @@ def test_accumulate_is_float32_by_default_and_float64_when_asked() -> None:
 def test_float64_where_no_running_sum_is_kept_is_refused(sections: dict[str, Any], key: str) -> None:
     with pytest.raises(ScenarioError, match=rf"{key} = .*federation.accumulate = \"float64\""):
         parse(federation={**CAPPED, "accumulate": "float64"}, **sections)
+
+
+def test_a_secure_sum_across_edges_needs_secagg_and_three_edges() -> None:
+    ok = parse(hierarchy={"edges": 3, "secure_across_edges": True}, secagg={"enabled": True})
+    assert ok.hierarchy.secure_across_edges
+    with pytest.raises(ScenarioError, match=r"hierarchy.secure_across_edges = True: needs \[secagg\] enabled"):
+        parse(hierarchy={"edges": 3, "secure_across_edges": True})
+    with pytest.raises(ScenarioError, match=r"hierarchy.edges = 2: .* at least 3 edges"):
+        parse(hierarchy={"edges": 2, "secure_across_edges": True}, secagg={"enabled": True})
+    with pytest.raises(ScenarioError, match=r"hierarchy.secure_across_edges = True: needs edges > 0"):
+        parse(hierarchy={"secure_across_edges": True}, secagg={"enabled": True})
