@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from aggregator.app_model import AppModel
 from aggregator.errors import ResumeRefused, TooFewClients
@@ -42,7 +42,7 @@ from core.headline import Headline
 from core.layouts import ParamLayout
 from core.outcomes import refusal_summary, run_problems
 from core.records import RoundRecord
-from core.status import ENDED, NOT_LEARNED, RoundStatus, RunStatus
+from core.status import ENDED, NOT_LEARNED, ClientStatus, RoundStatus, RunStatus
 from core.strategy import ServerState, describe, initial_state
 from core.train import TrainWorkflow
 from core.weighting import WeightPolicy
@@ -316,27 +316,33 @@ def final_status(store: RunStore, run_id: str, loop_status: str) -> tuple[str, s
     idle = [(n, status, reason) for n, status, reason in statuses if status in NOT_LEARNED]
     run = store.get_run(run_id)
     names = {str(k): str(v) for k, v in ((run.info or {}).get("devices") or {}).items()}
-    with store.session() as s:  # four columns, not a row object per client and round (10,000 x 100 of them)
+    # four columns, not a row object per client and round (10,000 x 100 of them), and only of the clients that
+    # were ever anything but ok: a client ok in every round degrades nothing (100,000 of them are 100,000 rows)
+    troubled = select(ClientResult.client).where(ClientResult.run_id == run_id,
+                                                  ClientResult.outcome != ClientStatus.OK).distinct()
+    with store.session() as s:
         results = s.execute(select(ClientResult.client, ClientResult.outcome, ClientResult.reason,
-                                   ClientResult.round).where(ClientResult.run_id == run_id)).all()
+                                   ClientResult.round).where(ClientResult.run_id == run_id,
+                                                             ClientResult.client.in_(troubled))).all()
+        sites = s.scalar(select(func.count(ClientResult.client.distinct())).where(ClientResult.run_id == run_id))
     problems = []
     if idle:
         last, status, reason = idle[-1]
         why = f"round {last} {status}" + (f": {reason}" if reason else "")
         if len(idle) == len(statuses):
-            refused = refusal_summary(results, names)  # the cause, when the sites' own policies refused
+            refused = refusal_summary(results, names, sites_total=sites)  # the cause, when sites' policies refused
             return RunStatus.FAILED, (f"no round changed the model: all {len(statuses)} rounds skipped or rejected "
                                       f"({why})" + (f"; {refused}" if refused else ""))
         problems.append(f"{len(idle)} of {len(statuses)} rounds skipped or rejected ({why})")
-    problems += run_problems(results, names, drops_expected=_injects_drops(run.scenario))
+    problems += run_problems(results, names, drops_expected=_injects_drops(run.scenario), sites_total=sites)
     return (RunStatus.DEGRADED, "; ".join(problems)) if problems else (RunStatus.FINISHED, None)
 
 
 def _injects_drops(scenario: dict[str, Any] | None) -> bool:
-    """Whether a stored scenario makes clients miss rounds on purpose (``[faults]`` dropouts or stragglers)."""
+    """Whether a stored scenario makes clients miss rounds on purpose (``[faults]`` dropouts, stragglers, edges)."""
     faults = (scenario or {}).get("faults") or {}
     dropouts = faults.get("dropouts") or {}
-    return any(v > 0 for v in dropouts.values()) or (faults.get("stragglers") or 0) > 0
+    return any(v > 0 for v in dropouts.values()) or any((faults.get(k) or 0) > 0 for k in ("stragglers", "edges"))
 
 
 #: How long a run waits for its clients before round 1 when the run config does not say (``wait-clients-s``).

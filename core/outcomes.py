@@ -183,8 +183,12 @@ class _Participation(_Result, Protocol):
 
 
 def run_problems(results: Iterable[_Participation], names: Mapping[str, str] | None = None,
-                 drops_expected: bool = False, shown: int = 3) -> list[str]:
+                 drops_expected: bool = False, shown: int = 3, sites_total: int | None = None) -> list[str]:
     """List what degrades a run, one phrase per client.
+
+    ``results`` may hold only the records of the clients that were ever
+    anything but ``ok`` (a client ok in every round degrades nothing), with
+    ``sites_total`` the run's clients.
 
     First the sites whose policy refused (:func:`refusal_summary`), then those
     that failed or were rejected in some round (with the last reason), and
@@ -195,7 +199,7 @@ def run_problems(results: Iterable[_Participation], names: Mapping[str, str] | N
     by_client: dict[str, list[_Participation]] = {}
     for r in results:
         by_client.setdefault(r.client, []).append(r)
-    refused = refusal_summary([r for mine in by_client.values() for r in mine], names)
+    refused = refusal_summary([r for mine in by_client.values() for r in mine], names, sites_total=sites_total)
     found = []
     for client in sorted(by_client, key=_natural):
         mine = by_client[client]
@@ -213,12 +217,14 @@ def run_problems(results: Iterable[_Participation], names: Mapping[str, str] | N
     return [refused, *found] if refused else found
 
 
-def refusal_summary(results: Iterable[_Result], names: Mapping[str, str] | None = None, shown: int = 3) -> str | None:
+def refusal_summary(results: Iterable[_Result], names: Mapping[str, str] | None = None, shown: int = 3,
+                    sites_total: int | None = None) -> str | None:
     """Say which sites refused under their policy: ``2 of 6 sites refused: secure aggregation required (a, b)``.
 
     ``results`` are a run's client records; a site is a client that appears in
-    them; each refusing site counts once, with its last reason. ``None`` when
-    no site refused.
+    them (or ``sites_total`` of them, when ``results`` hold only some sites'
+    records); each refusing site counts once, with its last reason. ``None``
+    when no site refused.
     """
     sites: set[str] = set()
     last: dict[str, str] = {}
@@ -232,7 +238,7 @@ def refusal_summary(results: Iterable[_Result], names: Mapping[str, str] | None 
     grouped = _by_reason(named)  # the reasons are the clients' words: a few of them, each cut to one short line
     said = "; ".join(f"{why} ({_names(tuple(clients), shown - 1)})" for why, clients in grouped[:shown])
     more = f"; and {len(grouped) - shown} more rules" if len(grouped) > shown else ""
-    return f"{len(last)} of {len(sites)} sites refused: {said}{more}"
+    return f"{len(last)} of {sites_total if sites_total is not None else len(sites)} sites refused: {said}{more}"
 
 
 def _name(label: str, names: Mapping[str, str]) -> str:

@@ -14,9 +14,9 @@ from typing import Any
 __all__ = ["ClientRecord", "RoundRecord"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClientRecord:
-    """One client's part in one round, as the round loop saw it."""
+    """One client's part in one round, as the round loop saw it (slotted: a round may hold 100,000)."""
 
     client: str
     outcome: str  # ok | dropped | rejected | failed | refused | late (core/outcomes.py; "error" in older stores)
@@ -30,6 +30,7 @@ class ClientRecord:
     stage: str | None = None
     reason: str | None = None
     metrics: dict[str, Any] | None = None
+    edge: int | None = None  # under [hierarchy]: the edge aggregator it trained under (stored with its metrics)
 
 
 @dataclass(frozen=True)

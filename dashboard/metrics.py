@@ -8,11 +8,18 @@ strategy and status for joins. A task's own scores are labelled gauges:
 ``quorum_run_metric`` / ``quorum_run_best_metric`` (the task's headline
 metric, labelled ``metric`` and ``direction``) and ``quorum_run_task_metric``
 (every score of the last round, labelled ``metric`` and ``split``).
+
+A run over edge aggregators (``[hierarchy]``) adds each edge's figures of
+its last committed round, labelled ``run`` and ``edge``: its devices by
+outcome, its sub-round's time, its traffic, and whether its devices were
+lost. Only the last round, and at most ``dashboard.views.MAX_EDGES`` edges a
+run, so the series stay bounded; a second row for one edge is left out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
@@ -21,6 +28,7 @@ from prometheus_client.registry import Collector
 from core.headline import Headline
 from core.status import RunStatus
 from dashboard.queries import Reader, RunStats
+from dashboard.views import EDGE_BYTES, EDGE_COUNTS, MAX_EDGES, tree_edges
 from runstore.store import Run
 
 __all__ = ["StoreCollector", "make_registry", "render_metrics", "CONTENT_TYPE"]
@@ -66,6 +74,7 @@ class StoreCollector(Collector):
                     gauge.add_metric([run.id], getattr(stats, attr))
             yield gauge
         yield from _task_metrics(runs)
+        yield from _edge_metrics(runs, self.reader.last_trees())
         durations = SummaryMetricFamily("quorum_run_round_duration_seconds", "Round wall time.", labels=["run"])
         for run, stats in runs:
             durations.add_metric([run.id], count_value=stats.rounds, sum_value=stats.duration_sum)
@@ -93,6 +102,36 @@ def _task_metrics(runs: list[tuple[Run, RunStats]]) -> Iterator[GaugeMetricFamil
             for name, score in sorted(values.items()):
                 scores.add_metric([run.id, name, split], score)
     yield from (last, best, scores)
+
+
+def _edge_metrics(runs: list[tuple[Run, RunStats]], trees: dict[str, Any]) -> Iterator[GaugeMetricFamily]:
+    """Yield each edge's figures of each run's last committed round (``trees``: run id -> that round's tree)."""
+    bound = f"Last committed round of each run over edge aggregators; at most {MAX_EDGES:,} edges a run."
+    devices = GaugeMetricFamily("quorum_edge_devices", "An edge's sampled devices, and how many of them answered, "
+                                f"dropped, were rejected, failed or refused. {bound}",
+                                labels=["run", "edge", "outcome"])
+    seconds = GaugeMetricFamily("quorum_edge_round_seconds", f"An edge's sub-round wall time. {bound}",
+                                labels=["run", "edge"])
+    traffic = GaugeMetricFamily("quorum_edge_bytes", "An edge's traffic: down (the instruction sent to it), up (its "
+                                f"partial sum), devices (what its devices sent it). {bound}",
+                                labels=["run", "edge", "direction"])
+    problem = GaugeMetricFamily("quorum_edge_problem", "1 when an edge's devices were lost (its sub-round failed or "
+                                f"its partial sum was refused), else 0. {bound}", labels=["run", "edge"])
+    for run, _ in runs:
+        for row in tree_edges(trees.get(run.id)):
+            if not row["first"]:  # no edge number to label it with, or a second row for one edge
+                continue
+            labels = [run.id, str(row["edge"])]
+            for outcome in EDGE_COUNTS:
+                if row[outcome] is not None:
+                    devices.add_metric([*labels, outcome], row[outcome])
+            if row["seconds"] is not None:
+                seconds.add_metric(labels, row["seconds"])
+            for direction, key in EDGE_BYTES:
+                if row[key] is not None:
+                    traffic.add_metric([*labels, direction], row[key])
+            problem.add_metric(labels, 1 if row["problem"] else 0)
+    yield from (devices, seconds, traffic, problem)
 
 
 def _status_counts(runs: list[tuple[Run, RunStats]]) -> GaugeMetricFamily:

@@ -16,6 +16,7 @@ from dashboard.views import (
     client_result_data,
     client_result_display,
     client_summary_data,
+    edge_display,
     fmt_metric,
     fmt_num,
     fmt_time,
@@ -25,6 +26,8 @@ from dashboard.views import (
     run_display,
     scenario_text,
     secagg_table,
+    tree_edges,
+    tree_summary,
 )
 
 if TYPE_CHECKING:
@@ -94,7 +97,12 @@ def run_page(request: Request, run_id: str) -> HTMLResponse:
         description=(row.scenario or {}).get("description", ""), info=row.info or {},
         events=reader.events(run_id),
         has_checkpoint=may_download(principal_of(request), row.info) and reader.store.has_checkpoint(run_id),
-        chart_data={"run": run, "rounds": rounds})
+        chart_data={"run": run, "rounds": [_without_tree(r) for r in rounds]})
+
+
+def _without_tree(round_: dict[str, Any]) -> dict[str, Any]:
+    """Return a round's data for the run page's charts: without its edges' rows, which no chart draws."""
+    return {k: v for k, v in round_.items() if k != "tree"}
 
 
 @router.get("/runs/{run_id}/rounds/{number}", response_class=HTMLResponse)
@@ -115,11 +123,14 @@ def round_page(request: Request, run_id: str, number: RoundPath) -> HTMLResponse
     if hidden:  # DP: counts only, never which clients were sampled
         clients = []
     columns, secagg_rows = secagg_table(data["secagg"]) if data["secagg"] else ([], [])
+    has_tree = row.tree is not None  # [hierarchy]: the edges' table, and each device's edge
+    edges = [(e, edge_display(e)) for e in tree_edges(row.tree)]
     score_names = sorted({k for values in data["scores"].values() for k in values}, key=lambda k: (k != metric, k))
     return _render(request, "round.html", nav="runs", run=run, run_display=display, round=data, metric=metric,
                    score_names=score_names, fmt_metric=fmt_metric,
                    display=round_display(data, metric),
-                   clients=[(c, client_result_display(c, metric)) for c in clients],
+                   clients=[(c, client_result_display(c, metric, edge_column=has_tree)) for c in clients],
+                   has_tree=has_tree, edges=edges, tree=tree_summary(row.tree) if has_tree else {},
                    outcomes=outcomes, secagg_columns=columns, secagg_rows=secagg_rows, clients_hidden=hidden,
                    names=device_names(stored),
                    dp_sgd_epsilon=fmt_num(max(sgd_eps), 3) if sgd_eps else None,

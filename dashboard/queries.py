@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select
+from sqlalchemy import ColumnElement, Select, Subquery, and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from core.headline import Headline, round_scores
@@ -201,6 +201,19 @@ class Reader:
         with self._session() as s:
             return s.get(Round, (run_id, number))
 
+    def last_trees(self, run_ids: Sequence[str] | None = None) -> dict[str, Any]:
+        """Map run id -> the tree (``rounds.tree``, as stored) of its last committed round, in one query.
+
+        Only the runs whose last round recorded one (``[hierarchy]``); all runs when ``run_ids`` is None.
+        """
+        if run_ids is not None and not run_ids:
+            return {}
+        sub = _last_round_numbers(run_ids)
+        query = select(Round.run_id, Round.tree).join(sub, and_(Round.run_id == sub.c.run_id,
+                                                                 Round.round == sub.c.last))
+        with self._session() as s:
+            return {row.run_id: row.tree for row in s.execute(query).all() if row.tree is not None}
+
     def round_clients(self, run_id: str, number: int) -> list[ClientResult]:
         """List the client results of one round of a run, in the order they were recorded."""
         with self._session() as s:
@@ -318,11 +331,16 @@ def _totals(run_ids: Sequence[str] | None) -> Select[*tuple[Any, ...]]:
     return query if run_ids is None else query.where(Round.run_id.in_(run_ids))
 
 
-def _last_rounds(run_ids: Sequence[str] | None) -> Select[*tuple[Any, ...]]:
+def _last_round_numbers(run_ids: Sequence[str] | None) -> Subquery:
+    """Each run's last round number (``run_id``, ``last``), all runs' when ``run_ids`` is None."""
     last = select(Round.run_id.label("run_id"), func.max(Round.round).label("last")).group_by(Round.run_id)
     if run_ids is not None:
         last = last.where(Round.run_id.in_(run_ids))
-    sub = last.subquery()
+    return last.subquery()
+
+
+def _last_rounds(run_ids: Sequence[str] | None) -> Select[*tuple[Any, ...]]:
+    sub = _last_round_numbers(run_ids)
     return select(Round.run_id, ACCURACY.label("accuracy"), Round.duration_s, Round.headline, Round.server_accuracy,
                   Round.fed_accuracy, Round.server_loss, Round.fed_loss, Round.metrics).join(
         sub, and_(Round.run_id == sub.c.run_id, Round.round == sub.c.last))

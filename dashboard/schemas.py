@@ -77,6 +77,15 @@ class RoundOut(BaseModel):
     bytes_out: int
     epsilon: float | None = Field(description="Cumulative epsilon after this round; null without DP.")
     secagg: dict[str, Any] | None = Field(description="Secure aggregation stage record; null without it.")
+    tree: dict[str, Any] | None = Field(
+        None, description="Edge aggregators ([hierarchy]): `edges`, one row per edge with `edge`, its devices' "
+                          "outcomes (`sampled`, `answered`, `dropped`, `rejected`, `failed`, `refused`), `seconds` "
+                          "(its sub-round), `bytes_down` (its instruction), `bytes_up` (its partial sum), "
+                          "`bytes_devices` (what its devices sent it) and `problem` (why its devices were lost); "
+                          "`seconds` and `bytes_devices` over all edges; `secure_across_edges` when the edges' sums "
+                          "were summed securely (`edges`, `survivors`, `error_bound`, or `aborted` / `refused` with "
+                          "the reason). As recorded (a key may be missing; numbers that are not finite read null). "
+                          "Null for a flat round.")
     metrics: dict[str, Any]
     metric: float | None = Field(description="The run's headline metric this round: the server's score, else the "
                                              "federated one.")

@@ -18,17 +18,28 @@ from core.headline import ACCURACY, Headline, round_scores
 from core.status import ClientStatus, RunStatus
 from dashboard.queries import ClientSummary, RunStats
 from runstore.report import client_scores
-from runstore.store import ClientResult, Round, Run
+from runstore.store import EDGE_METRIC, ClientResult, Round, Run
 
 __all__ = ["run_data", "run_display", "round_data", "round_display", "client_result_data",
            "client_result_display", "client_summary_data", "outcome_text", "scenario_text",
-           "secagg_table", "fmt_time", "fmt_duration", "fmt_bytes", "fmt_pct", "fmt_num", "fmt_metric",
+           "secagg_table", "tree_edges", "tree_summary", "edge_display", "json_safe", "EDGE_COUNTS", "EDGE_BYTES",
+           "MAX_EDGES", "fmt_time", "fmt_duration", "fmt_bytes", "fmt_pct", "fmt_num", "fmt_metric",
            "ROUND_CSV_FIELDS", "round_csv_fields", "round_csv_row"]
 
 DASH = "\u2014"
 ROUND_CSV_FIELDS = ("round", "started_at", "duration_s", "sampled", "answered", "dropped", "rejected", "failed",
                     "train_loss", "fed_loss", "fed_accuracy", "server_loss", "server_accuracy",
                     "bytes_in", "bytes_out", "epsilon")
+#: The most edges of one round a page or ``/metrics`` shows (the rest are counted, not listed).
+MAX_EDGES = 1000
+#: An edge row's device counts (``rounds.tree``), in the order the edges' table shows them.
+EDGE_COUNTS = ("sampled", "answered", "dropped", "rejected", "failed", "refused")
+#: An edge row's traffic: (direction, key): its instruction, its partial sum, what its devices sent it.
+EDGE_BYTES = (("down", "bytes_down"), ("up", "bytes_up"), ("devices", "bytes_devices"))
+_MAX_COUNT = 2**53  # beyond it a count is not exact as a float (Prometheus): not a count any edge sends
+_MAX_SECONDS = 1e9
+_MAX_TEXT = 500
+_MAX_DEPTH = 32
 # Client metrics that already have a column of their own.
 _SHOWN_METRICS = {"num-examples", "train-loss", "duration-s", "eval-loss", "eval-accuracy"}
 
@@ -144,7 +155,9 @@ def round_data(r: Round) -> dict[str, Any]:
         "fed_accuracy": _clean(r.fed_accuracy), "server_loss": _clean(r.server_loss),
         "server_accuracy": _clean(r.server_accuracy), "accuracy": _clean(accuracy),
         "bytes_in": r.bytes_in, "bytes_out": r.bytes_out, "epsilon": _clean(r.epsilon),
-        "secagg": r.secagg, "metrics": r.metrics or {},
+        "secagg": json_safe(r.secagg) if isinstance(r.secagg, Mapping) else None,
+        "tree": json_safe(r.tree) if isinstance(r.tree, Mapping) else None,
+        "metrics": r.metrics or {},
         "metric": _clean(r.headline), "scores": round_scores(r),
     }
 
@@ -237,10 +250,19 @@ def client_result_data(c: ClientResult) -> dict[str, Any]:
     }
 
 
-def client_result_display(d: Mapping[str, Any], metric: str = "accuracy") -> dict[str, str]:
-    """Display strings of a client's result; ``metric`` (the run's headline) is its own score of it."""
-    extra = {k: v for k, v in d["metrics"].items() if k not in _SHOWN_METRICS}
+def client_result_display(d: Mapping[str, Any], metric: str = "accuracy", edge_column: bool = False
+                          ) -> dict[str, str]:
+    """Display strings of a client's result; ``metric`` (the run's headline) is its own score of it.
+
+    ``edge``: the edge aggregator the device was under (a tree's round), a dash
+    for none; with ``edge_column`` it has a column of its own, so it is left
+    out of ``metrics``.
+    """
+    shown = _SHOWN_METRICS | {EDGE_METRIC} if edge_column else _SHOWN_METRICS
+    extra = {k: v for k, v in d["metrics"].items() if k not in shown}
+    edge = _count(d["metrics"].get(EDGE_METRIC))
     return {
+        "edge": DASH if edge is None else str(edge),
         "metric": fmt_metric(metric, (d.get("eval_metrics") or {}).get(metric)),
         "metric_named": _named(metric, fmt_metric(metric, (d.get("eval_metrics") or {}).get(metric))),
         "examples": f"{d['num_examples']:,}" if d["num_examples"] else DASH,
@@ -339,3 +361,117 @@ def _cell(value: Any) -> str:
     if isinstance(value, (Mapping, list, tuple)):
         return json.dumps(value, sort_keys=True)
     return str(value)
+
+
+# -- edge aggregators ([hierarchy]) ---------------------------------------
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """Return stored JSON as JSON a response may carry: non-finite numbers and what nests too deep become null."""
+    if depth > _MAX_DEPTH:
+        return None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v, depth + 1) for v in value]
+    return value if value is None or isinstance(value, (str, int)) else str(value)
+
+
+def _count(value: Any) -> int | None:
+    """Return a count or byte figure as stored: a non-negative int (not a bool) below 2**53, else None."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNT
+    return value if ok else None
+
+
+def _seconds(value: Any) -> float | None:
+    """Return a duration (or another non-negative figure) as stored if finite, non-negative, below 1e9, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value < _MAX_SECONDS else None  # NaN fails both comparisons
+
+
+def _text(value: Any) -> str | None:
+    """Return a reason as stored, as one line of at most 500 characters (another JSON value as its JSON)."""
+    if value is None:
+        return None
+    text = " ".join((value if isinstance(value, str) else _cell(value)).split())
+    return text if len(text) <= _MAX_TEXT else text[:_MAX_TEXT - 1] + "\u2026"
+
+
+def tree_edges(tree: Any) -> list[dict[str, Any]]:
+    """Return a round's edge rows (``rounds.tree["edges"]``), each read defensively.
+
+    Every row has ``edge`` (its number), the :data:`EDGE_COUNTS`, ``seconds``,
+    the byte figures of :data:`EDGE_BYTES` and ``problem`` (why its devices
+    were lost): the stored value when it has the right type and range, else
+    None; and ``first``, whether it is the first row with its edge number (a
+    row without one never is). A row that is not an object is skipped; at most
+    :data:`MAX_EDGES`.
+    """
+    edges = tree.get("edges") if isinstance(tree, Mapping) else None
+    if not isinstance(edges, Sequence) or isinstance(edges, (str, bytes)):
+        return []
+    rows = []
+    seen: set[int] = set()
+    for stored in edges:
+        if not isinstance(stored, Mapping):
+            continue
+        edge = _count(stored.get("edge"))
+        row: dict[str, Any] = {"edge": edge, "first": edge is not None and edge not in seen}
+        if edge is not None:
+            seen.add(edge)
+        row.update({key: _count(stored.get(key)) for key in EDGE_COUNTS})
+        row["seconds"] = _seconds(stored.get("seconds"))
+        row.update({key: _count(stored.get(key)) for _, key in EDGE_BYTES})
+        row["problem"] = _text(stored.get("problem"))
+        rows.append(row)
+        if len(rows) == MAX_EDGES:
+            break
+    return rows
+
+
+def edge_display(row: Mapping[str, Any]) -> dict[str, str]:
+    """Return the display strings of one :func:`tree_edges` row (a dash for what was not recorded)."""
+    shown = {key: DASH if row[key] is None else f"{row[key]:,}" for key in EDGE_COUNTS}
+    shown["edge"] = DASH if row["edge"] is None else str(row["edge"])
+    shown.update({key: fmt_bytes(row[key]) for _, key in EDGE_BYTES})
+    seconds = row["seconds"]  # an edge's sub-round often takes well under a second: two decimals below ten
+    took = fmt_duration(seconds) if seconds is None or seconds >= 10 else f"{seconds:.2f} s"
+    return {**shown, "seconds": took, "problem": row["problem"] or ""}
+
+
+def tree_summary(tree: Any) -> dict[str, str]:
+    """Return the display strings of a round's tree besides its edge rows.
+
+    ``edges``: how many edge rows it holds; ``cut``: a note when the table
+    lists only the first :data:`MAX_EDGES` of them; ``seconds``: how long the edges'
+    sub-rounds took in all; ``bytes_devices``: what the devices sent their
+    edges; ``secure``: one line on the secure sum across the edges ("" when
+    the round had none).
+    """
+    tree = tree if isinstance(tree, Mapping) else {}
+    edges = tree.get("edges")
+    listed = edges if isinstance(edges, Sequence) and not isinstance(edges, (str, bytes)) else []
+    count = sum(1 for e in listed if isinstance(e, Mapping))
+    cut = f"The first {MAX_EDGES:,} of {count:,} edges are listed." if count > MAX_EDGES else ""
+    return {"edges": f"{count:,}", "cut": cut, "seconds": fmt_duration(_seconds(tree.get("seconds"))),
+            "bytes_devices": fmt_bytes(_count(tree.get("bytes_devices"))),
+            "secure": _secure_line(tree.get("secure_across_edges"))}
+
+
+def _secure_line(secure: Any) -> str:
+    """Return one line on the secure sum across the edges: who survived it, or why it was aborted or refused."""
+    if secure is None:
+        return ""
+    if not isinstance(secure, Mapping):
+        return f"secure sum across the edges: {_text(secure)}"
+    edges = _count(secure.get("edges"))
+    across = f"secure sum across {DASH if edges is None else edges} edges"
+    for outcome in ("aborted", "refused"):
+        if secure.get(outcome) is not None:
+            return f"{across} {outcome}: {_text(secure.get(outcome))}"
+    survivors = _count(secure.get("survivors"))
+    bound = _seconds(secure.get("error_bound"))  # a finite, non-negative figure, as a duration is
+    bound_text = DASH if bound is None else f"{bound:.3g}"
+    return (f"{across}: {DASH if survivors is None else survivors} survived, error bound {bound_text}, "
+            f"{fmt_bytes(_count(secure.get('bytes_up')))} up, {fmt_bytes(_count(secure.get('bytes_down')))} down")

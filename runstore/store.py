@@ -12,10 +12,11 @@ round or none of it.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -341,9 +342,11 @@ class RunStore:
                 raise StoreError(f"run {run_id} already has round {record.round} committed")
             reference = self.checkpoints.write(s, run_id, record.round, blob)
             s.add(_round_row(run_id, record, reference, Headline.from_info(run.info)))
-            rows = list(_client_rows(run_id, record))
-            if rows:  # one executemany (10,000 clients x 100 rounds), not an ORM object per row
-                s.execute(insert(ClientResult), rows)
+            rows = _client_rows(run_id, record)
+            # an executemany per CLIENT_ROWS_AT_ONCE rows (not an ORM object per row), in the round's one
+            # transaction: a round of 100,000 clients never holds all its rows' parameters at once
+            while batch := list(itertools.islice(rows, CLIENT_ROWS_AT_ONCE)):
+                s.execute(insert(ClientResult), batch)
             run.rounds_done, run.updated_at = record.round, time.time()
 
     def rounds(self, run_id: str) -> list[Round]:
@@ -513,7 +516,13 @@ def _with_refused(r: RoundRecord) -> dict[str, Any]:
     return {**(r.metrics or {}), "refused": refused} if refused else dict(r.metrics or {})
 
 
-def _client_rows(run_id: str, r: RoundRecord) -> Iterable[dict[str, Any]]:
+#: The key of a client's stored metrics that names the edge aggregator it trained under ([hierarchy]).
+EDGE_METRIC = "edge"
+#: Client rows inserted per statement when a round commits.
+CLIENT_ROWS_AT_ONCE = 2000
+
+
+def _client_rows(run_id: str, r: RoundRecord) -> Iterator[dict[str, Any]]:
     now = time.time()
     for c in r.clients:
         yield dict(run_id=run_id, round=r.round, client=c.client, outcome=c.outcome,
@@ -521,4 +530,11 @@ def _client_rows(run_id: str, r: RoundRecord) -> Iterable[dict[str, Any]]:
                    train_loss=_real(c.train_loss), eval_loss=_real(c.eval_loss),
                    eval_accuracy=_real(c.eval_accuracy), duration_s=_real(c.duration_s),
                    bytes_in=_count(c.bytes_in, 2**53), bytes_out=_count(c.bytes_out, 2**53),
-                   metrics=clean_metrics(c.metrics or {}), finished_at=now)
+                   metrics=clean_metrics(_with_edge(c.metrics, c.edge)), finished_at=now)
+
+
+def _with_edge(metrics: dict[str, Any] | None, edge: int | None) -> dict[str, Any]:
+    """Return a client's metrics as stored: with the edge it trained under, in a tree (``[hierarchy]``)."""
+    if edge is None:
+        return metrics or {}
+    return {EDGE_METRIC: edge, **{k: v for k, v in (metrics or {}).items() if k != EDGE_METRIC}}

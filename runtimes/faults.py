@@ -45,6 +45,7 @@ class FaultPlan:
     straggler_delay_s: float = 0.0
     byzantine: float = 0.0
     byzantine_kind: str = "nan"
+    edges: float = 0.0  # the fraction of a round's edge aggregators that vanish ([faults] edges)
     #: (round, stage) -> the nodes that vanish, decided over a whole cohort ahead of its batches (expect_cohort)
     cohorts: dict[tuple[int, str], frozenset[int]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -62,7 +63,7 @@ class FaultPlan:
         corrupt = byzantine.attack in CORRUPTIONS
         return cls(seed=seed, dropouts=dict(spec.dropouts), stragglers=spec.stragglers,
                    straggler_delay_s=spec.straggler_delay_s, byzantine=byzantine.fraction if corrupt else 0.0,
-                   byzantine_kind=byzantine.attack if corrupt else "nan")
+                   byzantine_kind=byzantine.attack if corrupt else "nan", edges=spec.edges)
 
     def _rng(self, *key: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, *key])
@@ -95,6 +96,14 @@ class FaultPlan:
         vanish as when one batch carries them all, as in a flat run.
         """
         self.cohorts[(server_round, stage)] = self._vanishing(server_round, stage, nodes)
+
+    def lost_edges(self, server_round: int, edges: Sequence[int]) -> frozenset[int]:
+        """Return which of a round's ``edges`` vanish after their devices trained: exactly ``round(fraction * n)``."""
+        count = int(round(self.edges * len(edges)))
+        if not count:
+            return frozenset()
+        order = sorted(edges)
+        return frozenset(order[i] for i in self._rng(server_round, 0xED).choice(len(order), count, replace=False))
 
     def _vanishing(self, server_round: int, stage: str, nodes: Sequence[int]) -> frozenset[int]:
         count = int(round(self.dropouts.get(stage, 0.0) * len(nodes)))

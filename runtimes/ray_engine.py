@@ -275,6 +275,10 @@ class PartitionGrid(Grid):
         """
         self._faults.expect_cohort(server_round, stage, nodes)
 
+    def lost_edges(self, server_round: int, edges: Sequence[int]) -> frozenset[int]:
+        """Return which of a round's simulated edge aggregators vanish (``[faults] edges``), as in-process."""
+        return self._faults.lost_edges(server_round, edges)
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         """Send each message to its node's Flower id; return the message ids, in order.
 

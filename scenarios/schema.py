@@ -95,6 +95,9 @@ class Scenario:
             _check_float64(self)
         if self.hierarchy.enabled:
             check_hierarchy(self)
+        elif self.faults.edges:
+            raise Bad("faults.edges", self.faults.edges, "makes edge aggregators vanish, and this federation has "
+                       "none: set [hierarchy] edges")
         if self.data.standardize == "federated":
             _check_standardize(self)
         attack = self.faults.byzantine_spec

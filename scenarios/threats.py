@@ -95,11 +95,13 @@ class ByzantineSpec:
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """``[faults]``: injected dropouts per stage, stragglers, and Byzantine clients."""
+    """``[faults]``: injected dropouts per stage, stragglers, Byzantine clients, and edge aggregators that vanish."""
 
     dropouts: Mapping[str, float] = field(default_factory=dict)
     stragglers: float = 0.0
     straggler_delay_s: float = 0.0
+    # Under [hierarchy]: the fraction of a round's edges that vanish after their devices trained (never answer)
+    edges: float = 0.0
     # A fraction (with the legacy byzantine_kind), or a ByzantineSpec table.
     byzantine: float | ByzantineSpec = 0.0
     byzantine_kind: Literal["nan", "wrong_shape", "oversized", "garbage"] = "nan"
@@ -117,6 +119,7 @@ class FaultSpec:
                 raise Bad(f"dropouts.{stage}", frac, f"unknown stage; expected one of {', '.join(FAULT_STAGES)}")
             fraction(f"dropouts.{stage}", frac, allow_zero=True, allow_one=False)
         fraction("stragglers", self.stragglers, allow_zero=True, allow_one=False)
+        fraction("edges", self.edges, allow_zero=True, allow_one=False)
         within("straggler_delay_s", self.straggler_delay_s, 0, MAX_WAIT_S)
         if not isinstance(self.byzantine, ByzantineSpec):
             fraction("byzantine", self.byzantine, allow_zero=True, allow_one=False)

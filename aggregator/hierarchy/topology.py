@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
 __all__ = ["Topology"]
 
@@ -25,8 +25,8 @@ class Topology:
         """Refuse no edge, more edges than devices, or a device twice."""
         if not 0 < self.edges <= len(self.devices):
             raise ValueError(f"{self.edges} edges need between 1 and {len(self.devices)} (the devices) edges")
-        if len(set(self.devices)) != len(self.devices):
-            raise ValueError("devices must be distinct")
+        if any(a >= b for a, b in zip(self.devices, self.devices[1:], strict=False)):
+            raise ValueError("devices must be distinct, in increasing order (Topology.blocks sorts them)")
 
     @classmethod
     def blocks(cls, edges: int, devices: Iterable[int]) -> Topology:
@@ -41,7 +41,10 @@ class Topology:
         KeyError
             ``device`` is under no edge.
         """
-        return self._index[device] * self.edges // len(self.devices)
+        i = bisect.bisect_left(self.devices, device)
+        if i == len(self.devices) or self.devices[i] != device:
+            raise KeyError(device)
+        return i * self.edges // len(self.devices)
 
     def groups(self, sampled: Sequence[int]) -> list[tuple[int, list[int]]]:
         """Group the sampled devices by edge: ``(edge, its devices in the order given)``, edges in order.
@@ -57,7 +60,3 @@ class Topology:
         """Return the devices under ``edge``."""
         n = len(self.devices)
         return [d for i, d in enumerate(self.devices) if i * self.edges // n == edge]
-
-    @cached_property
-    def _index(self) -> dict[int, int]:
-        return {d: i for i, d in enumerate(self.devices)}

@@ -49,10 +49,7 @@ from core.wire import wire_bytes
 from privacy.secagg.errors import SecAggAborted, SecAggConfigError
 from scenarios.threats import SecAggSpec
 
-__all__ = ["TreeTrain", "EDGE_METRIC"]
-
-#: The metric each device's record carries: the edge it trained under.
-EDGE_METRIC = "edge"
+__all__ = ["TreeTrain"]
 #: Edges whose sub-rounds run at once in simulation: two keep the worker pool busy while one edge waits on its
 #: last device; more only add threads polling the grid (measured at 2,000 devices under 20 edges: 16 at once
 #: took 5-6 s a round, 1 or 2 at once 3.4-4 s).
@@ -108,6 +105,8 @@ class TreeTrain:
         expect = getattr(grid, "expect_cohort", None)  # a simulation's faults: the devices a flat round loses
         if expect is not None:
             expect(request.server_round, "train", list(request.nodes))
+        lose = getattr(grid, "lost_edges", None)  # a simulation's edges that vanish ([faults] edges)
+        merge.lost = lose(request.server_round, [edge for edge, _ in groups]) if lose is not None else frozenset()
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=max(1, min(at_once, len(groups))),
                                 thread_name_prefix="quorum-edge") as pool:
@@ -132,6 +131,7 @@ class _Merge:
     bytes_in: int = 0
     bytes_out: int = 0
     secured: list[tuple[int, PartialReply, MeanState]] = field(default_factory=list)  # for the secure sum
+    lost: frozenset[int] = frozenset()  # edges that vanish this round, in simulation
 
     def __post_init__(self) -> None:
         empty = self.strategy.new_aggregate(self.size)
@@ -153,6 +153,10 @@ class _Merge:
             answer = future.result()
         except Exception as exc:  # the edge's sub-round itself failed: none of its devices counts
             self._lost(edge, devices, row, ClientStatus.FAILED, f"edge {edge} failed: {one_line(exc)}")
+            return
+        if edge in self.lost:  # it vanished after its devices trained: its answer never comes
+            self._lost(edge, devices, row, ClientStatus.DROPPED, f"edge {edge} never answered (it vanished after "
+                       "its devices trained)")
             return
         nbytes = wire_bytes(answer.reply)
         self.bytes_in += nbytes
@@ -250,7 +254,7 @@ class _Merge:
         """Mark the ok devices of ``edges`` with ``outcome``: their updates are in no sum the round keeps."""
         lost = set(edges)
         self.clients = [replace(c, outcome=outcome, stage="train", reason=reason)
-                        if c.outcome == ClientStatus.OK and (c.metrics or {}).get(EDGE_METRIC) in lost else c
+                        if c.outcome == ClientStatus.OK and c.edge in lost else c
                         for c in self.clients]
         for row in self.edges:
             if row["edge"] in lost:
@@ -280,5 +284,5 @@ _COUNTS: dict[str, str] = {ClientStatus.OK: "answered", ClientStatus.DROPPED: "d
 
 
 def _tagged(record: ClientRecord, edge: int) -> ClientRecord:
-    return replace(record, metrics={**(record.metrics or {}), EDGE_METRIC: edge})
+    return replace(record, edge=edge)
 

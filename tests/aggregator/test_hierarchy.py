@@ -13,7 +13,7 @@ import pytest
 from flwr.serverapp import Grid
 
 from aggregator.hierarchy.topology import Topology
-from aggregator.hierarchy.tree import EDGE_METRIC, TreeTrain
+from aggregator.hierarchy.tree import TreeTrain
 from core import aggregate
 from core.instructions import TrainConfig
 from core.records import ClientRecord
@@ -21,8 +21,9 @@ from core.status import ClientStatus
 from core.strategy import MeanStrategy, ServerState, Strategy
 from core.train import TrainOutcome, TrainRequest
 from core.weighting import WeightPolicy
-from runstore.store import RunStore
+from runstore.store import EDGE_METRIC, RunStore
 from runtimes.simulation import simulate
+from scenarios.errors import ScenarioError
 from tests.conftest import tiny_scenario
 
 FED = {"clients": 12, "min_clients": 1, "weighting": "capped", "accumulate": "float64"}
@@ -217,3 +218,31 @@ def test_groups_leave_out_edges_with_nothing_sampled() -> None:
 def test_a_topology_needs_between_one_edge_and_one_per_device(edges: int) -> None:
     with pytest.raises(ValueError, match="edges"):
         Topology.blocks(edges, range(1, 6))
+
+
+@pytest.mark.parametrize("secagg", [False, True], ids=["plain", "secagg-inside-edges"])
+def test_an_edge_that_vanishes_mid_round_counts_its_devices_dropped_and_the_run_goes_on(db_url: str,
+                                                                                       secagg: bool) -> None:
+    # Two edges of three devices; every round one of them vanishes after its devices trained
+    sections: dict[str, Any] = {"federation": {**FED, "clients": 6, "min_clients": 3}, "faults": {"edges": 0.5},
+                                "hierarchy": {"edges": 2}}
+    if secagg:
+        sections["secagg"] = {"enabled": True, "bits": 64, "clip_range": 4.0}
+    summary = simulate(tiny_scenario(rounds=4, **sections), db_url=db_url, workers=1)
+
+    # each round: 3 answered, 3 dropped (the lost edge's, with its reason), and the model learned from the rest
+    assert summary.status == "finished", summary.error
+    assert summary.clients is not None and (summary.clients["answered"], summary.clients["dropped"]) == (12, 12)
+    store = RunStore(db_url)
+    for r in store.rounds(summary.run_id):
+        lost = [e for e in r.tree["edges"] if e.get("problem")]
+        assert len(lost) == 1 and lost[0]["dropped"] == 3 and "vanished" in lost[0]["problem"]
+        dropped = [c for c in store.client_results(summary.run_id, r.round) if c.outcome == "dropped"]
+        assert {c.metrics[EDGE_METRIC] for c in dropped} == {lost[0]["edge"]} and len(dropped) == 3
+        assert r.metrics["status"] == "ok"
+    assert summary.final_accuracy > 0.5
+
+
+def test_vanishing_edges_need_a_tree() -> None:
+    with pytest.raises(ScenarioError, match=r"faults.edges = 0.5: makes edge aggregators vanish.*\[hierarchy\]"):
+        tiny_scenario(faults={"edges": 0.5})

@@ -47,6 +47,7 @@ RANGES = {
     "async.base_time_s": "(0, 1e9]", "async.speed_sigma": "[0, 5]", "async.jitter_sigma": "[0, 5]",
     "async.stragglers": "[0, 1)", "async.straggler_factor": "[1, 1e6]",
     "faults.dropouts.train": "[0, 1)", "faults.stragglers": "[0, 1)", "faults.straggler_delay_s": "[0, 604800]",
+    "faults.edges": "[0, 1)",
     "faults.byzantine": "[0, 1)", "faults.byzantine.fraction": "[0, 1)", "faults.byzantine.scale": "(0, 1e6]",
     "faults.byzantine.epsilon": "(0, 1e6]", "faults.byzantine.z": "(0, 100]",
     "faults.byzantine.inflated_examples": "[1, 1e9]",
