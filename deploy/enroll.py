@@ -41,8 +41,9 @@ from privacy.secagg.identity import IdentityDirectory, write_identity
 from runstore.devices import DeviceRow, save_devices
 from runstore.store import RunStore
 
-__all__ = ["Device", "Enrolled", "enroll", "revoke", "load_registry", "save_registry", "device_names",
-           "device_orgs", "directory_path", "revoked_entries", "write_revoked", "revoked_devices", "publish_devices"]
+__all__ = ["write_atomically", "Device", "Enrolled", "enroll", "revoke", "load_registry", "save_registry",
+           "device_names", "device_orgs", "directory_path", "revoked_entries", "write_revoked", "revoked_devices",
+           "publish_devices"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # whole names only (fullmatch: no trailing newline)
 
@@ -89,7 +90,7 @@ def revoked_entries(config: DeployConfig) -> dict[int, dict[str, Any]]:
 
 def write_revoked(config: DeployConfig, entries: dict[int, dict[str, Any]]) -> None:
     """Write ``devices/revoked.json`` (atomically) with ``entries`` (:func:`revoked_entries`' form)."""
-    _replace(_revoked_path(config), json.dumps({str(k): v for k, v in sorted(entries.items())}, indent=2))
+    write_atomically(_revoked_path(config), json.dumps({str(k): v for k, v in sorted(entries.items())}, indent=2))
 
 
 def revoked_devices(config: DeployConfig) -> dict[int, str]:
@@ -109,12 +110,13 @@ def save_registry(config: DeployConfig, devices: dict[str, Device]) -> None:
     """Write the registry, then the directory of the devices' secure-aggregation identities, each atomically."""
     path = config.state.registry
     path.parent.mkdir(parents=True, exist_ok=True)
-    _replace(path, json.dumps({n: asdict(d) for n, d in sorted(devices.items())}, indent=2))
+    write_atomically(path, json.dumps({n: asdict(d) for n, d in sorted(devices.items())}, indent=2))
     keys = {d.node_id: bytes.fromhex(d.secagg_public_key) for d in devices.values() if d.secagg_public_key}
-    _replace(directory_path(config), IdentityDirectory(keys).to_json() + "\n")
+    write_atomically(directory_path(config), IdentityDirectory(keys).to_json() + "\n")
 
 
-def _replace(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never a half-written one."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)

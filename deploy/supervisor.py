@@ -45,7 +45,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from core.errors import StoreError
 from core.status import RunStatus
 from deploy.config import DeployConfig
-from deploy.enroll import load_registry, publish_devices
+from deploy.enroll import load_registry, publish_devices, write_atomically
 from deploy.errors import DeployError, ProcessFailed
 from deploy.failover import restore_devices
 from deploy.flower import (
@@ -416,7 +416,8 @@ class Supervisor:
                 "dashboard": f"http://{cfg.dashboard.host}:{cfg.dashboard.port}/" if cfg.dashboard.enabled else None,
                 "children": {n: c.proc.pid for n, c in self.children.items() if c.proc},
                 "ca_fingerprint": fingerprint(self.tls.ca_cert.read_bytes()) if self.tls else None}
-        cfg.state.pidfile.write_text(json.dumps(info, indent=2))
+        # atomically: `quorum aggregator status` and tests read it while a restarted child's pid is written
+        write_atomically(cfg.state.pidfile, json.dumps(info, indent=2))
 
     # -- run --------------------------------------------------------------
     def resume_interrupted(self) -> list[str]:
