@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,12 +41,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.simulate import tree_memory_mb  # noqa: E402
+from bench.simulate import run_sampled  # noqa: E402
 
 __all__ = ["main"]
 
 SCENARIO = REPO / "scenarios" / "hierarchy-10k.toml"
-SAMPLE_S = 0.2
 
 
 def _scenario(devices: int, edges: int, rounds: int) -> Any:
@@ -90,19 +88,9 @@ def measure(name: str, devices: int, edges: int, rounds: int, limit_s: float, wo
     """Launch one cell, sample its process tree's memory until it ends; its figures, or why it has none."""
     out = work / f"{name}.json"
     cmd = [sys.executable, __file__, "--child", str(devices), str(edges), str(rounds), str(out)]
-    launched = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    peak_pss = 0.0
-    while proc.poll() is None:
-        if time.time() - launched > limit_s:
-            _kill_tree(proc.pid)
-            return {"cell": name, "devices": devices, "edges": edges, "error": f"over the {limit_s:g} s limit"}
-        peak_pss = max(peak_pss, tree_memory_mb(proc.pid)[0])
-        time.sleep(SAMPLE_S)
-    if proc.returncode != 0 or not out.exists():
-        tail = (proc.stderr.read() if proc.stderr else "").strip().splitlines()[-1:]
-        return {"cell": name, "devices": devices, "edges": edges, "error": f"exit {proc.returncode}: {' '.join(tail)}"}
+    sampled = run_sampled(cmd, limit_s, out)
+    if sampled.error is not None:
+        return {"cell": name, "devices": devices, "edges": edges, "error": sampled.error}
     done = json.loads(out.read_text())
     per_round = done["rounds"]
     later = per_round[1:] or per_round
@@ -111,19 +99,8 @@ def measure(name: str, devices: int, edges: int, rounds: int, limit_s: float, wo
             "round_s": round(statistics.median(r["seconds"] for r in later), 3),
             "bytes_in": statistics.median(r["bytes_in"] for r in later),
             "messages": statistics.median(r["messages"] for r in later),
-            "wall_s": round(time.time() - launched, 1), "peak_pss_mb": round(peak_pss, 1),
+            "wall_s": round(time.time() - sampled.launched, 1), "peak_pss_mb": round(sampled.peak_pss_mb, 1),
             "model": str(out.with_suffix(".npy"))}
-
-
-def _kill_tree(pid: int) -> None:
-    import contextlib
-    import signal
-
-    from bench.simulate import _tree
-
-    for member in reversed(_tree(pid)):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGKILL)
 
 
 def summarize(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-__all__ = ["main", "tree_memory_mb"]
+__all__ = ["main", "tree_memory_mb", "run_sampled", "Sampled"]
 
 RUNTIMES = ("single", "pool", "ray")
 SAMPLE_S = 0.2
@@ -122,27 +123,49 @@ def child(runtime: str, clients: int, rounds: int, quick: bool, out: Path) -> No
     out.write_text(json.dumps({"ends": ends, "status": summary.status, "accuracy": summary.final_accuracy}))
 
 
+@dataclass(frozen=True)
+class Sampled:
+    """A benchmark cell's process, run to its end: its peak memory, or why it has no figures (``error``)."""
+
+    launched: float
+    peak_pss_mb: float
+    peak_rss_mb: float
+    error: str | None = None
+
+
+def run_sampled(cmd: list[str], limit_s: float, out: Path) -> Sampled:
+    """Run ``cmd`` (a cell that writes ``out``), sampling its process tree's memory until it ends.
+
+    Killed, with its whole tree, after ``limit_s``; an exit that is not 0, or
+    no ``out``, is an error naming stderr's last line.
+    """
+    launched = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    peak_pss = peak_rss = 0.0
+    while proc.poll() is None:
+        if time.time() - launched > limit_s:
+            _kill_tree(proc.pid)
+            return Sampled(launched, peak_pss, peak_rss, f"over the {limit_s:g} s limit")
+        pss, rss = tree_memory_mb(proc.pid)
+        peak_pss, peak_rss = max(peak_pss, pss), max(peak_rss, rss)
+        time.sleep(SAMPLE_S)
+    if proc.returncode != 0 or not out.exists():
+        tail = (proc.stderr.read() if proc.stderr else "").strip().splitlines()[-1:]
+        return Sampled(launched, peak_pss, peak_rss, f"exit {proc.returncode}: {' '.join(tail)}")
+    return Sampled(launched, peak_pss, peak_rss)
+
+
 def measure(runtime: str, clients: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Launch one cell, sample its process tree's memory until it ends; its figures, or why it has none."""
     out = work / f"{runtime}-{clients}.json"
     cmd = [sys.executable, __file__, "--child", runtime, str(clients), str(args.rounds), str(out)]
     if args.quick:
         cmd.append("--quick")
-    limit = args.ray_limit_s if runtime == "ray" else args.limit_s
-    launched = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    peak_pss = peak_rss = 0.0
-    while proc.poll() is None:
-        if time.time() - launched > limit:
-            _kill_tree(proc.pid)
-            return {"runtime": runtime, "clients": clients, "error": f"over the {limit:g} s limit"}
-        pss, rss = tree_memory_mb(proc.pid)
-        peak_pss, peak_rss = max(peak_pss, pss), max(peak_rss, rss)
-        time.sleep(SAMPLE_S)
-    if proc.returncode != 0 or not out.exists():
-        tail = (proc.stderr.read() if proc.stderr else "").strip().splitlines()[-1:]
-        return {"runtime": runtime, "clients": clients, "error": f"exit {proc.returncode}: {' '.join(tail)}"}
+    sampled = run_sampled(cmd, args.ray_limit_s if runtime == "ray" else args.limit_s, out)
+    if sampled.error is not None:
+        return {"runtime": runtime, "clients": clients, "error": sampled.error}
+    launched, peak_pss, peak_rss = sampled.launched, sampled.peak_pss_mb, sampled.peak_rss_mb
     done = json.loads(out.read_text())
     ends = done["ends"]
     durations = [b - a for a, b in zip(ends, ends[1:], strict=False)] or [ends[0] - launched]
