@@ -24,7 +24,8 @@ from core.weighting import WeightPolicy
 from core.wire import wire_bytes
 from learning.task import Metrics, TaskModel
 
-__all__ = ["EvalSummary", "federated_evaluate", "ServerEvaluator", "task_round_metrics"]
+__all__ = ["EvalSummary", "federated_evaluate", "summarise", "EvaluateWorkflow", "ServerEvaluator",
+           "task_round_metrics"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class EvalSummary:
     dropped: tuple[int, ...] = ()  # the nodes asked that never answered within the deadline
     bytes_in: int = 0  # the replies, as serialised on Flower's wire
     bytes_out: int = 0  # the instructions sent
+    per_client_train: dict[int, tuple[float, int]] = field(default_factory=dict)  # node -> its training loss, n
 
 
 def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, config: TrainConfig,
@@ -63,7 +65,7 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
     traffic = {"in": 0}
     results: dict[int, tuple[float | None, float | None, int]] = {}
     named: dict[int, dict[str, int | float]] = {}
-    train: list[tuple[float, int]] = []
+    train: dict[int, tuple[float, int]] = {}
     rejected: dict[int, str] = {}
     failed: dict[int, str] = {}
     refused: dict[int, str] = {}
@@ -88,30 +90,36 @@ def federated_evaluate(grid: Grid, nodes: Sequence[int], params: np.ndarray, con
         results[node] = (parsed.loss, parsed.accuracy, parsed.num_examples)
         named[node] = parsed.metrics
         if parsed.train_loss is not None and parsed.train_examples > 0:
-            train.append((parsed.train_loss, parsed.train_examples))
+            train[node] = (parsed.train_loss, parsed.train_examples)
 
     missing = collect(grid, push(grid, content, "evaluate", config.round), deadline_s, on_reply)
-    summary = _summarise(results, named, train, traffic["in"], wire_bytes(instruction) * len(nodes))
+    summary = summarise(results, named, train, traffic["in"], wire_bytes(instruction) * len(nodes))
     return replace(summary, rejected=rejected, failed=failed, refused=refused, per_client_metrics=named,
                    dropped=tuple(sorted(missing | gone)))
 
 
-def _summarise(results: dict[int, tuple[float | None, float | None, int]], named: dict[int, dict[str, int | float]],
-               train: list[tuple[float, int]], bytes_in: int, bytes_out: int) -> EvalSummary:
-    """Return the weighted means over the nodes that answered (each one's count capped at 3x the median)."""
+def summarise(results: dict[int, tuple[float | None, float | None, int]], named: dict[int, dict[str, int | float]],
+              train: dict[int, tuple[float, int]], bytes_in: int, bytes_out: int) -> EvalSummary:
+    """Return the weighted means over the nodes that answered (each one's count capped at 3x the median).
+
+    The nodes are taken in the order given (``results``, ``train``): a tree's
+    evaluation (``aggregator.hierarchy``) gives them in the order a flat one
+    pulls them, and gets its sums to the bit.
+    """
     if not results:
-        return EvalSummary(None, None, None, {}, bytes_in=bytes_in, bytes_out=bytes_out)
+        return EvalSummary(None, None, None, {}, bytes_in=bytes_in, bytes_out=bytes_out, per_client_train=train)
     nodes_in = list(results)
     weights = dict(zip(nodes_in, _ROBUST.weights([results[n][2] for n in nodes_in]), strict=True))
-    train_loss = (float(np.average([loss for loss, _ in train], weights=_ROBUST.weights([n for _, n in train])))
-                  if train else None)
+    losses = list(train.values())
+    train_loss = (float(np.average([loss for loss, _ in losses], weights=_ROBUST.weights([n for _, n in losses])))
+                  if losses else None)
     # a Flower app's reply may name no loss (core.eval_replies): the mean is over those that did
     loss = _weighted({n: lo for n, (lo, _, _) in results.items() if lo is not None}, weights)
     accuracy = _weighted({n: acc for n, (_, acc, _) in results.items() if acc is not None}, weights)
     names = sorted({k for figures in named.values() for k in figures})
     metrics = {k: _weighted({n: named[n][k] for n in nodes_in if k in named[n]}, weights) for k in names}
     return EvalSummary(loss, accuracy, train_loss, results, {k: v for k, v in metrics.items() if v is not None},
-                       bytes_in=bytes_in, bytes_out=bytes_out)
+                       bytes_in=bytes_in, bytes_out=bytes_out, per_client_train=train)
 
 
 def _weighted(values: dict[int, float], weights: dict[int, float]) -> float | None:
@@ -122,6 +130,9 @@ def _weighted(values: dict[int, float], weights: dict[int, float]) -> float | No
 
 
 _ROBUST = WeightPolicy("median", median_cap=3.0)
+
+#: A round's federated evaluation: (grid, nodes, global model, config, deadline, layout) to the nodes' scores.
+EvaluateWorkflow = Callable[[Grid, Sequence[int], np.ndarray, TrainConfig, float, ParamLayout | None], EvalSummary]
 
 
 class ServerEvaluator:

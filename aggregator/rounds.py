@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from flwr.serverapp import Grid
 
-from aggregator.evaluation import EvalSummary, ServerEvaluator, federated_evaluate, task_round_metrics
+from aggregator.evaluation import EvalSummary, EvaluateWorkflow, ServerEvaluator, federated_evaluate, task_round_metrics
 from aggregator.step import advance, train_config
 from core.aggregate import step_problem
 from core.buffer import Marked
@@ -72,6 +72,7 @@ class RoundLoop:
     layout: ParamLayout | None = None  # the model's tensors, as they travel (see TrainRequest.layout)
     standardization: Standardization | None = None  # [data] standardize = "federated": sent with every instruction
     app_config: Mapping[str, float | int | bool | str] = field(default_factory=dict)  # TrainConfig.app: a Flower app's
+    evaluate: EvaluateWorkflow = federated_evaluate  # federated evaluation: straight to the devices, or through edges
 
     def run(self, grid: Grid, state: ServerState) -> LoopResult:
         """Run the rounds after ``state.round`` up to ``scenario.rounds``.
@@ -171,7 +172,7 @@ class RoundLoop:
                 ok = [n for n in nodes if any(c.client == str(n) and c.outcome == ClientStatus.OK for c in clients)]
                 targets = _eval_sample(sorted(grid.get_node_ids()) if ev.clients == "all" else (ok or nodes),
                                        self.scenario, server_round)
-                summary = federated_evaluate(grid, targets, state.params,
+                summary = self.evaluate(grid, targets, state.params,
                                              self._train_config(None, server_round), self._eval_deadline(t0),
                                              self.layout)
                 fed_loss, fed_acc = summary.loss, summary.accuracy

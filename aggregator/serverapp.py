@@ -27,9 +27,10 @@ from sqlalchemy import func, select
 
 from aggregator.app_model import AppModel
 from aggregator.errors import ResumeRefused, TooFewClients
-from aggregator.evaluation import ServerEvaluator
+from aggregator.evaluation import ServerEvaluator, federated_evaluate
 from aggregator.fedbuff import BufferedLoop
 from aggregator.flower_app import find_app, log_end, round_logger, serve_flower_app
+from aggregator.hierarchy.evaluate import TreeEvaluate
 from aggregator.hierarchy.tree import TreeTrain
 from aggregator.resume import check_same_scenario, has_ended, scenario_difference, start_state
 from aggregator.rounds import LoopResult, RoundLoop
@@ -159,9 +160,11 @@ def _loop(scenario: Scenario, strategy: Any, train: Any, run: RunLog, evaluator:
                             server_eval=evaluator, on_round=on_round, layout=layout,
                             weighting=WeightPolicy(fed.weighting, median_cap=fed.median_cap,
                                                    max_examples=fed.max_examples))
+    tree = scenario.hierarchy
     return RoundLoop(scenario=scenario, strategy=strategy, train=train, runlog=run,
                      server_eval=evaluator, on_round=on_round, layout=layout, standardization=standardization,
-                     app_config=model.train_config if model is not None else {})
+                     app_config=model.train_config if model is not None else {},
+                     evaluate=TreeEvaluate(tree.edges) if tree.enabled else federated_evaluate)
 
 
 def run_federation(grid: Grid, scenario: Scenario, store: RunStore, *, engine: str,

@@ -21,7 +21,7 @@ wrong size).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,11 +30,13 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from core.boundary import MAX_REASON_CHARS, rejects_any
 from core.errors import UpdateRejected
+from core.eval_replies import EvalReply, parse_eval_reply
 from core.records import ClientRecord
 from core.replies import MAX_EXAMPLES, MAX_LOSS, decode_flat, encode_flat
 from core.status import ClientStatus
 
-__all__ = ["edge_instruction", "edge_devices", "edge_secured", "partial_reply", "parse_partial_reply", "PartialReply",
+__all__ = ["eval_partial_reply", "parse_eval_partial", "EvalRows", "edge_instruction", "edge_devices", "edge_secured",
+           "partial_reply", "parse_partial_reply", "PartialReply",
            "MAX_EDGE_DEVICES"]
 
 #: The most devices one edge may be asked to train in a round (one per row of its reply).
@@ -228,3 +230,104 @@ def _row(columns: dict[str, Any], i: int) -> ClientRecord:
                         train_loss=real("train-loss", MAX_LOSS), duration_s=real("duration-s", _MAX_SECONDS),
                         bytes_in=integer("bytes-in", _MAX_BYTES), bytes_out=integer("bytes-out", _MAX_BYTES),
                         stage=text("stage") or None, reason=text("reason") or None)
+
+
+# -- evaluation through an edge ------------------------------------------------------------------------------------
+
+_EVAL_PREFIX = "eval:"
+_EVAL_LOST = "edge-eval-lost"
+_LOST_OUTCOMES = frozenset({ClientStatus.DROPPED, ClientStatus.REJECTED, ClientStatus.FAILED, ClientStatus.REFUSED})
+
+
+def eval_partial_reply(results: Mapping[int, tuple[float | None, float | None, int]],
+                       named: Mapping[int, Mapping[str, float]], train: Mapping[int, tuple[float, int]],
+                       lost: Mapping[int, tuple[str, str]]) -> RecordDict:
+    """Build an edge's answer to an evaluation: each device's scores as its own evaluate reply would carry them.
+
+    ``results``: device -> (loss, accuracy, test examples); ``named``: its
+    task's other figures; ``train``: its training loss and examples; ``lost``:
+    device -> (outcome, reason) for a device whose evaluation is missing
+    (dropped, rejected, failed or refused). The aggregator reads each device's
+    record as it reads a device's reply (:func:`parse_eval_partial`).
+    """
+    records: dict[str, Any] = {}
+    for node, (loss, accuracy, examples) in results.items():
+        figures: dict[str, Any] = {"num-examples": int(examples)}
+        if loss is not None:
+            figures["eval-loss"] = float(loss)
+        if accuracy is not None:
+            figures["eval-accuracy"] = float(accuracy)
+        figures.update({f"eval-{k}": float(v) for k, v in named.get(node, {}).items()})
+        if node in train:
+            figures["train-loss"], figures["train-examples"] = float(train[node][0]), int(train[node][1])
+        records[f"{_EVAL_PREFIX}{int(node)}"] = MetricRecord(figures)
+    ordered = sorted(lost.items())
+    records[_EVAL_LOST] = ConfigRecord({"client": [str(n) for n, _ in ordered],
+                                        "outcome": [str(o) for _, (o, _) in ordered],
+                                        "reason": [r[:MAX_REASON_CHARS] for _, (_, r) in ordered]})
+    return RecordDict(records)
+
+
+@dataclass(frozen=True)
+class EvalRows:
+    """An edge's evaluation, decoded: each device's scores, and why each missing device is missing."""
+
+    results: dict[int, EvalReply]
+    lost: dict[int, tuple[str, str]]  # device -> (outcome, reason)
+
+
+@rejects_any("edge eval reply")
+def parse_eval_partial(content: RecordDict, asked: Sequence[int]) -> EvalRows:
+    """Decode and validate an edge's evaluation of the devices ``asked``.
+
+    Each device's record is checked as its own evaluate reply would be
+    (:func:`core.eval_replies.parse_eval_reply`: ranges, counts, names).
+
+    Raises
+    ------
+    UpdateRejected
+        A record for a device not asked, or twice for one (scored and lost); a
+        lost row whose outcome is not dropped, rejected, failed or refused; a
+        device record its own reply would be refused for.
+    """
+    if not isinstance(content, RecordDict):
+        raise UpdateRejected(f"edge eval reply is a {type(content).__name__}, expected a RecordDict")
+    allowed = {int(n) for n in asked}
+    results: dict[int, EvalReply] = {}
+    for key in content:
+        if key == _EVAL_LOST:
+            continue
+        node = _device_key(key, allowed)
+        record = content[key]
+        if not isinstance(record, MetricRecord):
+            raise UpdateRejected(f"edge eval record {key!r} is a {type(record).__name__}, expected a MetricRecord")
+        try:
+            results[node] = parse_eval_reply(RecordDict({"metrics": record}))
+        except UpdateRejected as exc:
+            raise UpdateRejected(f"device {node}: {exc}") from None
+    lost_record = content.get(_EVAL_LOST)
+    if not isinstance(lost_record, ConfigRecord):
+        raise UpdateRejected(f"edge eval reply has no {_EVAL_LOST!r} ConfigRecord")
+    columns: dict[str, Any] = {k: lost_record.get(k) for k in ("client", "outcome", "reason")}
+    if not all(isinstance(c, list) and all(isinstance(v, str) for v in c) for c in columns.values()) or \
+            len({len(c) for c in columns.values()}) != 1:
+        raise UpdateRejected("edge eval lost rows must be three lists of strings of one length")
+    lost: dict[int, tuple[str, str]] = {}
+    for client, outcome, reason in zip(columns["client"], columns["outcome"], columns["reason"], strict=True):
+        node = _device_key(_EVAL_PREFIX + client, allowed)
+        if node in results or node in lost:
+            raise UpdateRejected(f"edge eval reply names device {node} twice")
+        if outcome not in _LOST_OUTCOMES:
+            raise UpdateRejected(f"edge eval lost row for device {node}: outcome {outcome[:20]!r} is not one of "
+                                 "dropped, rejected, failed, refused")
+        lost[node] = (outcome, " ".join(reason.split())[:MAX_REASON_CHARS])
+    return EvalRows(results, lost)
+
+
+def _device_key(key: str, allowed: set[int]) -> int:
+    """Return the device a record of an edge's evaluation is for: one the edge was asked about."""
+    text = key[len(_EVAL_PREFIX):] if key.startswith(_EVAL_PREFIX) else ""
+    node = int(text) if text.isdigit() and len(text) < 20 else None
+    if node is None or node not in allowed:
+        raise UpdateRejected(f"edge eval reply has a record {key[:40]!r} for no device it was asked about")
+    return node

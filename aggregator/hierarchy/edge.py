@@ -14,15 +14,20 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
+from aggregator.evaluation import federated_evaluate
 from core.aggregate import MeanState
-from core.partials import edge_devices, edge_secured, partial_reply
+from core.instructions import TrainConfig
+from core.layouts import ParamLayout
+from core.partials import edge_devices, edge_secured, eval_partial_reply, partial_reply
+from core.status import ClientStatus
 from core.strategy import Strategy
 from core.train import TrainRequest, TrainWorkflow
 
-__all__ = ["edge_round", "EdgeAnswer"]
+__all__ = ["edge_round", "edge_evaluate", "EdgeAnswer"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +65,21 @@ def edge_round(grid: Grid, instruction: RecordDict, request: TrainRequest, train
     if edge_secured(instruction):
         return EdgeAnswer(partial_reply(None, agg.weight, agg.count, outcome.clients, seconds), secret=agg)
     return EdgeAnswer(partial_reply(agg.total, agg.weight, agg.count, outcome.clients, seconds))
+
+
+def edge_evaluate(grid: Grid, instruction: RecordDict, params: np.ndarray, config: TrainConfig, deadline_s: float,
+                  layout: ParamLayout | None = None) -> RecordDict:
+    """Run an edge's part of a federated evaluation: ask its devices the instruction names, answer with their rows.
+
+    Each device's scores travel up as its own evaluate reply carried them
+    (:func:`core.partials.eval_partial_reply`); a device whose evaluation is
+    missing, with why (dropped, rejected, failed, refused).
+    """
+    devices = edge_devices(instruction)
+    summary = federated_evaluate(grid, devices, params, config, deadline_s, layout)
+    lost = {node: (ClientStatus.DROPPED, "no evaluation reply within the round's deadline") for node in summary.dropped}
+    lost.update({node: (ClientStatus.REJECTED, why) for node, why in summary.rejected.items()})
+    lost.update({node: (ClientStatus.FAILED, why) for node, why in summary.failed.items()})
+    lost.update({node: (ClientStatus.REFUSED, why) for node, why in summary.refused.items()})
+    return eval_partial_reply(summary.per_client, summary.per_client_metrics, summary.per_client_train,
+                              {node: (str(outcome), why) for node, (outcome, why) in lost.items()})

@@ -15,7 +15,9 @@ from flwr.serverapp import Grid
 from aggregator.hierarchy.topology import Topology
 from aggregator.hierarchy.tree import TreeTrain
 from core import aggregate
+from core.errors import UpdateRejected
 from core.instructions import TrainConfig
+from core.partials import eval_partial_reply, parse_eval_partial
 from core.records import ClientRecord
 from core.status import ClientStatus
 from core.strategy import MeanStrategy, ServerState, Strategy
@@ -246,3 +248,38 @@ def test_an_edge_that_vanishes_mid_round_counts_its_devices_dropped_and_the_run_
 def test_vanishing_edges_need_a_tree() -> None:
     with pytest.raises(ScenarioError, match=r"faults.edges = 0.5: makes edge aggregators vanish.*\[hierarchy\]"):
         tiny_scenario(faults={"edges": 0.5})
+
+
+def test_federated_evaluation_through_the_edges_gives_the_flat_scores(db_url: str) -> None:
+    # the tiny scenario evaluates on the devices every round; under a tree each edge asks its own and sends rows
+    fed = {**FED, "clients_per_round": 9}
+    flat = simulate(tiny_scenario(rounds=2, federation=fed), db_url=db_url, workers=1)
+    tree = simulate(tiny_scenario(rounds=2, federation=fed, hierarchy={"edges": 3}), db_url=db_url, workers=1)
+    store = RunStore(db_url)
+    for r_flat, r_tree in zip(store.rounds(flat.run_id), store.rounds(tree.run_id), strict=True):
+        assert r_tree.fed_loss is not None and r_tree.fed_accuracy is not None
+        assert r_tree.fed_loss == pytest.approx(r_flat.fed_loss, abs=1e-6)
+        assert r_tree.fed_accuracy == pytest.approx(r_flat.fed_accuracy, abs=1e-9)
+        flat_rows = {c.client: c for c in store.client_results(flat.run_id, r_flat.round)}
+        tree_rows = {c.client: c for c in store.client_results(tree.run_id, r_tree.round)}
+        assert flat_rows.keys() == tree_rows.keys() and len(tree_rows) == 9
+        for client, row in tree_rows.items():
+            assert row.eval_accuracy == pytest.approx(flat_rows[client].eval_accuracy, abs=1e-9)
+            assert row.metrics["eval-examples"] == flat_rows[client].metrics["eval-examples"]
+        # the aggregator received one evaluation message per edge asked, each carrying its devices' rows
+        assert r_tree.metrics["eval-bytes-in"] > 0
+
+
+def test_an_edge_that_lies_about_a_devices_score_loses_its_evaluation_not_the_round() -> None:
+    honest = eval_partial_reply({1: (0.5, 0.75, 10)}, {1: {"mae": 0.2}}, {1: (0.4, 30)},
+                                {2: (ClientStatus.DROPPED, "gone")})
+    rows = parse_eval_partial(honest, [1, 2])
+    assert (rows.results[1].loss, rows.results[1].accuracy, rows.results[1].num_examples) == (0.5, 0.75, 10)
+    assert rows.results[1].metrics == {"mae": 0.2} and rows.results[1].train_loss == 0.4
+    assert rows.lost == {2: ("dropped", "gone")}
+    for forged, why in (({1: (0.5, 1.5, 10)}, "accuracy"), ({3: (0.5, 0.5, 10)}, "no device it was asked about"),
+                        ({1: (float("nan"), 0.5, 10)}, "loss")):
+        with pytest.raises(UpdateRejected, match=why):
+            parse_eval_partial(eval_partial_reply(forged, {}, {}, {}), [1, 2])
+    with pytest.raises(UpdateRejected, match="twice"):
+        parse_eval_partial(eval_partial_reply({1: (0.5, 0.5, 10)}, {}, {}, {1: ("dropped", "x")}), [1, 2])

@@ -18,7 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import UpdateRejected
-from core.partials import edge_devices, edge_instruction, edge_secured, parse_partial_reply, partial_reply
+from core.partials import (
+    edge_devices,
+    edge_instruction,
+    edge_secured,
+    eval_partial_reply,
+    parse_eval_partial,
+    parse_partial_reply,
+    partial_reply,
+)
 from core.records import ClientRecord
 from core.status import ClientStatus
 
@@ -165,3 +173,29 @@ def test_a_secured_round_takes_no_sum_in_clear() -> None:
         parse_partial_reply(secured, SIZE, 1 << 20, ASKED)
     message = edge_instruction(RecordDict(), [1], secure=True)
     assert edge_secured(message) and not edge_secured(edge_instruction(RecordDict(), [1]))
+
+
+_eval_values = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+                         st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["num-examples", "eval-loss", "eval-accuracy", "eval-mae", "train-loss", "train-examples"]),
+       _eval_values, st.sampled_from(["eval:1", "eval:2", "eval:7", "eval:x", "other"]))
+def test_junk_in_an_edges_evaluation_parses_within_range_or_is_refused(key: str, value: Any, record: str) -> None:
+    content = eval_partial_reply({1: (0.5, 0.75, 10)}, {1: {"mae": 0.2}}, {1: (0.4, 30)}, {2: ("dropped", "gone")})
+    try:
+        figures = dict(content.get(record, MetricRecord({"num-examples": 3, "eval-loss": 0.1})))
+        figures[key] = value
+        content[record] = MetricRecord(figures)
+    except Exception:  # Flower's records refuse the value itself: nothing an edge could send
+        return
+    try:
+        rows = parse_eval_partial(content, [1, 2])
+    except UpdateRejected:
+        return
+    for reply in rows.results.values():  # what parses is a score a device's own reply could carry
+        assert reply.loss is None or 0 <= reply.loss <= 1e9
+        assert reply.accuracy is None or 0 <= reply.accuracy <= 1
+        assert 1 <= reply.num_examples <= 10**9
+    assert set(rows.results) | set(rows.lost) <= {1, 2} and not set(rows.results) & set(rows.lost)

@@ -1,0 +1,87 @@
+"""Federated evaluation through the edges: each edge asks its own devices and sends their rows up.
+
+The aggregator groups the devices to evaluate by edge, sends each edge the
+evaluate instruction with its devices (:func:`core.partials.edge_instruction`)
+and reads each device's scores from the edge's answer as it would read the
+device's own reply (:func:`core.partials.parse_eval_partial`). The round's
+federated scores are then summed from the same rows, in the same order, as a
+flat round's (:func:`aggregator.evaluation.summarise`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from flwr.serverapp import Grid
+
+from aggregator.evaluation import EvalSummary, summarise
+from aggregator.hierarchy.edge import edge_evaluate
+from aggregator.hierarchy.topology import Topology
+from aggregator.hierarchy.tree import MAX_EDGES_AT_ONCE
+from core.boundary import one_line
+from core.errors import UpdateRejected
+from core.instructions import TrainConfig, evaluate_instruction
+from core.layouts import ParamLayout
+from core.partials import edge_instruction, parse_eval_partial
+from core.status import ClientStatus
+from core.wire import wire_bytes
+
+__all__ = ["TreeEvaluate"]
+
+
+@dataclass
+class TreeEvaluate:
+    """Evaluate through ``edges`` edge aggregators (``[hierarchy] edges``): an :data:`EvaluateWorkflow`."""
+
+    edges: int
+    _topology: Topology | None = field(default=None, init=False, repr=False)
+
+    def __call__(self, grid: Grid, nodes: Sequence[int], params: np.ndarray, config: TrainConfig,
+                 deadline_s: float, layout: ParamLayout | None = None) -> EvalSummary:
+        """Ask each edge with devices among ``nodes`` to evaluate ``params``; the round's scores from their rows."""
+        if self._topology is None:
+            self._topology = Topology.blocks(self.edges, grid.get_node_ids())
+        content = evaluate_instruction(params, config, layout)
+        orders = [(edge, devices, edge_instruction(content, devices)) for edge, devices in self._topology.groups(nodes)]
+        at_once = MAX_EDGES_AT_ONCE if getattr(grid, "thread_safe", False) else 1
+        results: dict[int, tuple[float | None, float | None, int]] = {}
+        named: dict[int, dict[str, int | float]] = {}
+        train: dict[int, tuple[float, int]] = {}
+        lost: dict[int, tuple[str, str]] = {}
+        bytes_in = bytes_out = 0
+        workers = max(1, min(at_once, len(orders)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="quorum-edge") as pool:
+            futures = [pool.submit(edge_evaluate, grid, message, params, config, deadline_s, layout)
+                       for _, _, message in orders]
+            for (edge, devices, message), future in zip(orders, futures, strict=True):
+                bytes_out += wire_bytes(message)
+                try:
+                    reply = future.result()
+                except Exception as exc:  # the edge's evaluation itself failed: none of its devices scored
+                    lost.update({d: (ClientStatus.FAILED, f"edge {edge} failed: {one_line(exc)}") for d in devices})
+                    continue
+                bytes_in += wire_bytes(reply)
+                try:
+                    rows = parse_eval_partial(reply, devices)
+                except UpdateRejected as exc:
+                    lost.update({d: (ClientStatus.REJECTED, f"edge {edge}'s evaluation refused: {exc}")
+                                 for d in devices})
+                    continue
+                for device in devices:  # in the order a flat round pulls them
+                    scored = rows.results.get(device)
+                    if scored is not None:
+                        results[device] = (scored.loss, scored.accuracy, scored.num_examples)
+                        named[device] = scored.metrics
+                        if scored.train_loss is not None and scored.train_examples > 0:
+                            train[device] = (scored.train_loss, scored.train_examples)
+                    else:
+                        lost[device] = rows.lost.get(device, (ClientStatus.DROPPED, f"edge {edge} did not report it"))
+        summary = summarise(results, named, train, bytes_in, bytes_out)
+        by = {status: {d: why for d, (outcome, why) in lost.items() if outcome == status}
+              for status in (ClientStatus.REJECTED, ClientStatus.FAILED, ClientStatus.REFUSED)}
+        return replace(summary, per_client_metrics=named, rejected=by[ClientStatus.REJECTED],
+                       failed=by[ClientStatus.FAILED], refused=by[ClientStatus.REFUSED],
+                       dropped=tuple(sorted(d for d, (outcome, _) in lost.items() if outcome == ClientStatus.DROPPED)))
