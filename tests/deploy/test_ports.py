@@ -89,6 +89,9 @@ def test_a_standby_stops_its_hosts_leftover_serverapps_before_it_waits_unless_it
     if leader == "alive":
         procs.append(subprocess.Popen(AGGREGATOR))
     try:
+        for p in procs:  # until each has exec'd: a child just forked still shows pytest's command line
+            wait_for(lambda p=p: b"signal.pause" in Path(f"/proc/{p.pid}/cmdline").read_bytes(), 10,
+                     f"stand-in {p.pid} to start")
         (cfg.state.root / "serverapps" / f"{procs[0].pid}.json").write_text(json.dumps({"pid": procs[0].pid}))
         cfg.state.pidfile.write_text(json.dumps({"pid": procs[-1].pid if leader == "alive" else 2**22 + 7}))
         warmed: list[bool] = []
