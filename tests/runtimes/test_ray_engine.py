@@ -80,3 +80,30 @@ def test_ray_engine_runs_every_round_computes_what_inprocess_computes_and_cleans
         assert a.fed_loss == pytest.approx(b.fed_loss, rel=1e-5)
         assert a.train_loss == pytest.approx(b.train_loss, rel=1e-5)
     print(f"ray engine: 4 clients x 2 rounds in {wall_s:.1f} s (child process, imports included)")
+
+
+def test_a_tree_of_edges_on_ray_ends_with_the_flat_in_process_model(processes: Processes, tmp_path: Path) -> None:
+    # Prepare: 6 devices under 2 edges on Ray (one edge at a time: its grid is not thread-safe), flat in-process
+    tree = {"federation": {"clients": 6, "min_clients": 1, "weighting": "capped", "accumulate": "float64"},
+            "hierarchy": {"edges": 2}}
+    flat = {"federation": tree["federation"]}
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+
+    # Execute
+    child = processes.start("ray-driver", [sys.executable, "-c", RUN_ON_RAY, json.dumps(tree), db], cwd=REPO)
+    local_db = f"sqlite:///{tmp_path / 'local.db'}"
+    local = simulate(tiny_scenario(**flat), db_url=local_db, engine="inprocess", workers=1)
+    try:
+        rc = child.popen.wait(timeout=150)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the Ray run did not finish in 150 s\n{processes.logs()}")
+
+    # Assert: the tree's rounds went through both edges, and its model is the flat one
+    assert rc == 0, f"the Ray run failed (rc {rc})\n{processes.logs()}"
+    line = next(x for x in child.log.read_text().splitlines() if x.startswith("SUMMARY "))
+    run_id = json.loads(line[len("SUMMARY "):])["run_id"]
+    store = RunStore(db)
+    assert [[e["answered"] for e in r.tree["edges"]] for r in store.rounds(run_id)] == [[3, 3], [3, 3]]
+    on_ray, here = store.load_state(run_id), RunStore(local_db).load_state(local.run_id)
+    assert on_ray is not None and here is not None
+    assert float(abs(on_ray.params - here.params).max()) <= 1e-6
