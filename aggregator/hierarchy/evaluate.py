@@ -11,10 +11,11 @@ flat round's (:func:`aggregator.evaluation.summarise`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
 from aggregator.evaluation import EvalSummary, summarise
@@ -47,41 +48,57 @@ class TreeEvaluate:
         content = evaluate_instruction(params, config, layout)
         orders = [(edge, devices, edge_instruction(content, devices)) for edge, devices in self._topology.groups(nodes)]
         at_once = MAX_EDGES_AT_ONCE if getattr(grid, "thread_safe", False) else 1
-        results: dict[int, tuple[float | None, float | None, int]] = {}
-        named: dict[int, dict[str, int | float]] = {}
-        train: dict[int, tuple[float, int]] = {}
-        lost: dict[int, tuple[str, str]] = {}
-        bytes_in = bytes_out = 0
-        workers = max(1, min(at_once, len(orders)))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="quorum-edge") as pool:
+        rows = _Rows()
+        with ThreadPoolExecutor(max_workers=max(1, min(at_once, len(orders))),
+                                thread_name_prefix="quorum-edge") as pool:
             futures = [pool.submit(edge_evaluate, grid, message, params, config, deadline_s, layout)
                        for _, _, message in orders]
             for (edge, devices, message), future in zip(orders, futures, strict=True):
-                bytes_out += wire_bytes(message)
-                try:
-                    reply = future.result()
-                except Exception as exc:  # the edge's evaluation itself failed: none of its devices scored
-                    lost.update({d: (ClientStatus.FAILED, f"edge {edge} failed: {one_line(exc)}") for d in devices})
-                    continue
-                bytes_in += wire_bytes(reply)
-                try:
-                    rows = parse_eval_partial(reply, devices)
-                except UpdateRejected as exc:
-                    lost.update({d: (ClientStatus.REJECTED, f"edge {edge}'s evaluation refused: {exc}")
-                                 for d in devices})
-                    continue
-                for device in devices:  # in the order a flat round pulls them
-                    scored = rows.results.get(device)
-                    if scored is not None:
-                        results[device] = (scored.loss, scored.accuracy, scored.num_examples)
-                        named[device] = scored.metrics
-                        if scored.train_loss is not None and scored.train_examples > 0:
-                            train[device] = (scored.train_loss, scored.train_examples)
-                    else:
-                        lost[device] = rows.lost.get(device, (ClientStatus.DROPPED, f"edge {edge} did not report it"))
-        summary = summarise(results, named, train, bytes_in, bytes_out)
-        by = {status: {d: why for d, (outcome, why) in lost.items() if outcome == status}
+                rows.bytes_out += wire_bytes(message)
+                rows.edge(edge, devices, future)
+        return rows.summary()
+
+
+@dataclass
+class _Rows:
+    """The devices' scores as the edges' answers carry them, in the order a flat round pulls them."""
+
+    results: dict[int, tuple[float | None, float | None, int]] = field(default_factory=dict)
+    named: dict[int, dict[str, int | float]] = field(default_factory=dict)
+    train: dict[int, tuple[float, int]] = field(default_factory=dict)
+    lost: dict[int, tuple[str, str]] = field(default_factory=dict)  # device -> (outcome, reason)
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+    def edge(self, edge: int, devices: list[int], future: Future[RecordDict]) -> None:
+        """Read ``edge``'s answer for ``devices``; a failed edge or a refused answer loses them all."""
+        try:
+            reply = future.result()
+        except Exception as exc:  # the edge's evaluation itself failed: none of its devices scored
+            self.lost.update({d: (ClientStatus.FAILED, f"edge {edge} failed: {one_line(exc)}") for d in devices})
+            return
+        self.bytes_in += wire_bytes(reply)
+        try:
+            rows = parse_eval_partial(reply, devices)
+        except UpdateRejected as exc:
+            self.lost.update({d: (ClientStatus.REJECTED, f"edge {edge}'s evaluation refused: {exc}")
+                              for d in devices})
+            return
+        for device in devices:
+            scored = rows.results.get(device)
+            if scored is None:
+                self.lost[device] = rows.lost.get(device, (ClientStatus.DROPPED, f"edge {edge} did not report it"))
+                continue
+            self.results[device] = (scored.loss, scored.accuracy, scored.num_examples)
+            self.named[device] = scored.metrics
+            if scored.train_loss is not None and scored.train_examples > 0:
+                self.train[device] = (scored.train_loss, scored.train_examples)
+
+    def summary(self) -> EvalSummary:
+        """Return the round's federated scores, summed as a flat round sums them, and why devices are missing."""
+        summary = summarise(self.results, self.named, self.train, self.bytes_in, self.bytes_out)
+        by = {status: {d: why for d, (outcome, why) in self.lost.items() if outcome == status}
               for status in (ClientStatus.REJECTED, ClientStatus.FAILED, ClientStatus.REFUSED)}
-        return replace(summary, per_client_metrics=named, rejected=by[ClientStatus.REJECTED],
-                       failed=by[ClientStatus.FAILED], refused=by[ClientStatus.REFUSED],
-                       dropped=tuple(sorted(d for d, (outcome, _) in lost.items() if outcome == ClientStatus.DROPPED)))
+        dropped = tuple(sorted(d for d, (outcome, _) in self.lost.items() if outcome == ClientStatus.DROPPED))
+        return replace(summary, per_client_metrics=self.named, rejected=by[ClientStatus.REJECTED],
+                       failed=by[ClientStatus.FAILED], refused=by[ClientStatus.REFUSED], dropped=dropped)

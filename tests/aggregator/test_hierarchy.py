@@ -14,6 +14,7 @@ from flwr.serverapp import Grid
 
 from aggregator.hierarchy.topology import Topology
 from aggregator.hierarchy.tree import TreeTrain
+from aggregator.serverapp import build_train
 from core import aggregate
 from core.errors import UpdateRejected
 from core.instructions import TrainConfig
@@ -187,10 +188,12 @@ def test_a_lying_edge_is_refused_and_the_others_are_merged(lie: str) -> None:
     assert row["answered"] == 0 and "problem" in row
 
 
-def test_the_honest_tree_folds_every_edge() -> None:
+@pytest.mark.parametrize("accumulate", ["float32", "float64"])
+def test_the_honest_tree_folds_every_edge(accumulate: str) -> None:
     u = np.array([0.01, -0.02, 0.03], np.float32)
-    tree = TreeTrain(_Edge(u), edges=3, weighting=WeightPolicy("capped", max_examples=1000), accumulate="float64")
+    tree = TreeTrain(_Edge(u), edges=3, weighting=WeightPolicy("capped", max_examples=1000), accumulate=accumulate)
     outcome = tree(_Grid(9), _request(3, list(range(1, 10))), _Mean())
+    assert outcome.aggregate.total.dtype == np.dtype(accumulate)  # [federation] accumulate: the merged sum's type
     expected = u.astype(np.float64) * sum(n * n for n in range(1, 10)) / 45
     np.testing.assert_allclose(aggregate.finalize(outcome.aggregate), expected, rtol=1e-6)
     # the train loss: device n reported loss n, weighted by its n examples: sum n^2 / sum n = 285 / 45
@@ -283,3 +286,13 @@ def test_an_edge_that_lies_about_a_devices_score_loses_its_evaluation_not_the_ro
             parse_eval_partial(eval_partial_reply(forged, {}, {}, {}), [1, 2])
     with pytest.raises(UpdateRejected, match="twice"):
         parse_eval_partial(eval_partial_reply({1: (0.5, 0.5, 10)}, {}, {}, {1: ("dropped", "x")}), [1, 2])
+
+
+def test_the_scenarios_accumulate_reaches_every_running_sum() -> None:
+    for accumulate in ("float32", "float64"):
+        fed = {**FED, "accumulate": accumulate}
+        assert build_train(tiny_scenario(federation=fed)).accumulate == accumulate
+        tree = build_train(tiny_scenario(federation=fed, hierarchy={"edges": 3}))
+        assert isinstance(tree, TreeTrain) and tree.accumulate == tree.edge.accumulate == accumulate
+        secure = build_train(tiny_scenario(federation=fed, secagg={"enabled": True}))
+        assert secure.accumulate == accumulate
