@@ -31,6 +31,8 @@ from aggregator.evaluation import ServerEvaluator, federated_evaluate
 from aggregator.fedbuff import BufferedLoop
 from aggregator.flower_app import find_app, log_end, round_logger, serve_flower_app
 from aggregator.hierarchy.evaluate import TreeEvaluate
+from aggregator.hierarchy.fleet import EdgeFleet
+from aggregator.hierarchy.serve import EDGE_CHANNEL, EDGE_IDLE, EDGE_IDLE_S, EDGE_NAME, EDGE_RUN, EdgeServer
 from aggregator.hierarchy.tree import TreeTrain
 from aggregator.resume import check_same_scenario, has_ended, scenario_difference, start_state
 from aggregator.rounds import LoopResult, RoundLoop
@@ -38,6 +40,7 @@ from aggregator.standardize import standardize_run
 from aggregator.strategies import Strategy
 from aggregator.strategies.registry import build_base
 from aggregator.train import PlainTrain
+from core.channel import Channel
 from core.errors import RunNotFound
 from core.headline import Headline
 from core.layouts import ParamLayout
@@ -64,7 +67,8 @@ from scenarios.flower_app import is_flower_app
 from scenarios.runconfig import scenario_from_run_config
 from scenarios.schema import Scenario, scenario_from_dict
 
-__all__ = ["app", "build_strategy", "build_train", "run_federation", "fork_run", "RunHandle", "final_status"]
+__all__ = ["app", "build_strategy", "build_train", "build_device_train", "run_federation", "fork_run", "RunHandle",
+           "final_status"]
 
 
 def build_strategy(scenario: Scenario) -> Strategy[Any]:
@@ -85,19 +89,27 @@ def build_train(scenario: Scenario) -> TrainWorkflow:
     """
     fed = scenario.federation
     policy = WeightPolicy(fed.weighting, median_cap=fed.median_cap, max_examples=fed.max_examples)
-    train: TrainWorkflow
-    if not scenario.secagg.enabled:
-        train = PlainTrain(policy, max_update_ratio=fed.max_update_ratio, accumulate=fed.accumulate)
-    else:
-        # DP-FedAvg weighs every client 1: no weight cap above 1 is needed, and a
-        # larger one would cost quantisation precision.
-        train = SecAggTrain(replace(scenario.secagg, max_weight=1.0) if scenario.dp.enabled else scenario.secagg,
-                            accumulate=fed.accumulate)
+    train = build_device_train(scenario)
     if not scenario.hierarchy.enabled:
         return train
     return TreeTrain(train, scenario.hierarchy.edges, weighting=None if scenario.secagg.enabled else policy,
                      max_update_ratio=fed.max_update_ratio, accumulate=fed.accumulate,
                      secure_across=scenario.secagg if scenario.hierarchy.secure_across_edges else None)
+
+
+def build_device_train(scenario: Scenario) -> TrainWorkflow:
+    """Return the workflow that trains devices: plain, or secure aggregation when ``[secagg]`` is enabled.
+
+    A flat round's, and what each edge runs over its own devices under ``[hierarchy]``.
+    """
+    fed = scenario.federation
+    if not scenario.secagg.enabled:
+        policy = WeightPolicy(fed.weighting, median_cap=fed.median_cap, max_examples=fed.max_examples)
+        return PlainTrain(policy, max_update_ratio=fed.max_update_ratio, accumulate=fed.accumulate)
+    # DP-FedAvg weighs every client 1: no weight cap above 1 is needed, and a
+    # larger one would cost quantisation precision.
+    return SecAggTrain(replace(scenario.secagg, max_weight=1.0) if scenario.dp.enabled else scenario.secagg,
+                       accumulate=fed.accumulate)
 
 
 @dataclass(frozen=True)
@@ -464,7 +476,8 @@ def _deployed_start(grid: Grid, store: TakenRunStore, scenario: Scenario, config
 
     def on_start(run_id: str) -> None:
         store.take(run_id)
-        store.update_info(run_id, flower_run_id=flower_run, devices=devices, **recorded)
+        named = grid.device_names() if isinstance(grid, EdgeFleet) else devices  # under edges: edge/device
+        store.update_info(run_id, flower_run_id=flower_run, devices=named, **recorded)
         if recorded.get("submission"):  # a remote submission learns its stored run (GET /api/submissions/ID)
             attach_run(store, int(recorded["submission"]), run_id)
 
@@ -504,6 +517,9 @@ def main(grid: Grid, context: Context) -> None:
     * the stored run names its devices (``devices``: node id to name).
     """
     config = dict(context.run_config)
+    if config.get(EDGE_CHANNEL):  # an edge aggregator's run on its own SuperLink: the aggregator's rounds
+        _serve_edge(grid, context, config)
+        return
     engine, wait_s = str(config.get("engine", "flower")), _wait_seconds(config)
     deployed = engine == DEPLOYMENT
     if deployed:
@@ -520,6 +536,8 @@ def main(grid: Grid, context: Context) -> None:
     if overrides:
         scenario = scenario.with_overrides(**overrides)
     on_start: Callable[[str], None] | None = None
+    if deployed and scenario.hierarchy.enabled:  # the SuperLink's nodes are edge aggregators: sample their devices
+        grid = _fleet(grid, scenario)
     if isinstance(store, TakenRunStore):
         resume, on_start = _deployed_start(grid, store, scenario, config, context.run_id, wait_s)
     else:
@@ -528,6 +546,49 @@ def main(grid: Grid, context: Context) -> None:
     run_id, result = run_federation(grid, scenario, store, engine=engine, resume_id=resume,
                                     on_round=round_logger(scenario.rounds), on_start=on_start)
     log_end(store, run_id, result)
+
+
+def _fleet(grid: Grid, scenario: Scenario) -> EdgeFleet:
+    """Return the deployment's grid seen through its edge aggregators (``aggregator.hierarchy.fleet``).
+
+    Raises
+    ------
+    ScenarioError
+        A setting a deployed tree cannot run, naming it.
+    """
+    if scenario.hierarchy.secure_across_edges:
+        raise ScenarioError(f"{scenario.name}: hierarchy.secure_across_edges = true runs in simulation only; in a "
+                            "deployment secure aggregation runs inside each edge ([secagg] enabled): set it false")
+    if scenario.data.standardize:
+        raise ScenarioError(f"{scenario.name}: data.standardize does not run through edge aggregators yet; "
+                            "unset it under [hierarchy] in a deployment")
+    return EdgeFleet(grid)
+
+
+def _serve_edge(grid: Grid, context: Context, config: dict[str, Any]) -> None:
+    """Serve the aggregator's run as an edge aggregator, over this SuperLink's devices, until it goes quiet.
+
+    The run config is the aggregator's (its scenario) plus the edge's own keys
+    (:mod:`aggregator.hierarchy.serve`): the hand-off folder, the edge's name, the
+    aggregator's run it answers for, how long it waits idle, its devices' names.
+    """
+    _own_log(str(config.get("state-dir") or ""), context.run_id)
+    scenario = scenario_from_run_config(config)
+    overrides = json.loads(str(config.get("overrides") or "{}"))
+    if overrides:
+        scenario = scenario.with_overrides(**overrides)
+    fed = scenario.federation
+    model = TaskModel.build(load_task(scenario), scenario.seed)
+    names = {int(k): str(v) for k, v in json.loads(str(config.get("devices") or "{}")).items()}
+    server = EdgeServer(grid, Channel(Path(str(config[EDGE_CHANNEL]))), run=int(config[EDGE_RUN]),
+                        name=str(config.get(EDGE_NAME) or "edge"), train=build_device_train(scenario),
+                        strategy=build_strategy(scenario), deadline_s=fed.deadline_s,
+                        max_update_bytes=int(fed.max_update_mb * 2**20), layout=layout_of(model.model, model.names),
+                        names=lambda: names)
+    idle_s = float(config.get(EDGE_IDLE, EDGE_IDLE_S))
+    print(f"edge {server.name}: serving the aggregator's run {server.run} (idle stop after {idle_s:g} s)", flush=True)
+    served = server.serve(idle_s)
+    print(f"edge {server.name}: answered {served} messages; idle for {idle_s:g} s, stopping", flush=True)
 
 
 def _wait_seconds(config: dict[str, Any]) -> float:

@@ -22,6 +22,7 @@ from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from clients.attacks import AttackMod, AttackPlan, flip_labels
+from clients.edge import edge_mod, forward
 from clients.mods import StatisticsMod, compression_mod, data_view, dp_mod, standardize_mod
 from clients.policy.mod import policy_mod
 from core.errors import UpdateRejected
@@ -150,9 +151,10 @@ def _keep_buffers(runtime: _Runtime, context: Context) -> None:
 
 
 def client_mods() -> list[Any]:
-    """Return the ClientApp mods, outermost first: secagg, site policy, attacks, statistics, compression, DP.
+    """Return the ClientApp mods, outermost first: edge, secagg, site policy, attacks, statistics, compression, DP.
 
-    Secure aggregation answers its own protocol stages and masks the reply
+    An edge aggregator's messages go to its own ServerApp (``clients.edge``)
+    before any device's mod sees them. Secure aggregation answers its own protocol stages and masks the reply
     the mods inside it made; the node's site policy (``clients.policy``)
     refuses a message that breaks it before anything inside reads the node's
     data (inside secure aggregation's mod, it knows when the reply will be
@@ -164,7 +166,7 @@ def client_mods() -> list[Any]:
     node's data as the instruction scales it (``clients.mods``). The train
     handler only trains.
     """
-    return [secagg_mod, policy_mod, AttackMod(honest=_honest_update, plan_of=_attack_plan),
+    return [edge_mod, secagg_mod, policy_mod, AttackMod(honest=_honest_update, plan_of=_attack_plan),
             StatisticsMod(features_of=lambda context: _runtime(context).data.train), compression_mod, dp_mod,
             standardize_mod]
 
@@ -202,6 +204,9 @@ def _honest_update(partition: int, flip: bool, message: Message,
 
 
 app = ClientApp(mods=client_mods())
+# an edge aggregator's messages (core.partials): registered so Flower routes them; edge_mod answers them first
+for _register in (app.train("edge"), app.evaluate("edge"), app.query("edge")):
+    _register(forward)
 
 
 @app.train()

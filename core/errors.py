@@ -14,7 +14,7 @@ A client that drops out is data, not an error.
 
 from __future__ import annotations
 
-__all__ = ["QuorumError", "UpdateRejected", "RunNotFound", "StoreError"]
+__all__ = ["QuorumError", "UpdateRejected", "RunNotFound", "StoreError", "EdgeUnavailable"]
 
 
 class QuorumError(Exception):
@@ -31,3 +31,7 @@ class RunNotFound(QuorumError):
 
 class StoreError(QuorumError):
     """The run store is unusable (wrong schema, unreadable checkpoint)."""
+
+
+class EdgeUnavailable(QuorumError):
+    """An edge aggregator's ServerApp did not answer its upstream ClientApp in time (``core.channel``)."""

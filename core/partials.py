@@ -35,14 +35,25 @@ from core.records import ClientRecord
 from core.replies import MAX_EXAMPLES, MAX_LOSS, decode_flat, encode_flat
 from core.status import ClientStatus
 
-__all__ = ["eval_partial_reply", "parse_eval_partial", "EvalRows", "edge_instruction", "edge_devices", "edge_secured",
+__all__ = ["EDGE_TRAIN", "EDGE_EVALUATE", "EDGE_QUERY", "devices_query", "devices_reply", "parse_devices_reply",
+           "EdgeDevices", "MAX_NAME_CHARS", "eval_partial_reply", "parse_eval_partial", "EvalRows",
+           "edge_instruction", "edge_devices", "edge_secured",
            "partial_reply", "parse_partial_reply", "PartialReply",
            "MAX_EDGE_DEVICES"]
 
 #: The most devices one edge may be asked to train in a round (one per row of its reply).
 MAX_EDGE_DEVICES = 1_000_000
 
+#: The message types an edge aggregator answers in a deployment (a device's ClientApp answers plain
+#: ``train`` / ``evaluate``): the round's instruction for its devices, the evaluation's, and "which devices".
+EDGE_TRAIN = "train.edge"
+EDGE_EVALUATE = "evaluate.edge"
+EDGE_QUERY = "query.edge"
+#: The longest edge or device name a devices reply may carry.
+MAX_NAME_CHARS = 200
+
 _EDGE = "edge"
+_FLEET = "edge-fleet"
 _PARTIAL = "partial"
 _SUM = "sum"
 _TOTALS = "partial-totals"
@@ -327,7 +338,61 @@ def parse_eval_partial(content: RecordDict, asked: Sequence[int]) -> EvalRows:
 def _device_key(key: str, allowed: set[int]) -> int:
     """Return the device a record of an edge's evaluation is for: one the edge was asked about."""
     text = key[len(_EVAL_PREFIX):] if key.startswith(_EVAL_PREFIX) else ""
-    node = int(text) if text.isdigit() and len(text) < 20 else None
+    node = int(text) if text.isdigit() and len(text) <= 20 else None  # a Flower node id: up to 2**64 - 1
     if node is None or node not in allowed:
         raise UpdateRejected(f"edge eval reply has a record {key[:40]!r} for no device it was asked about")
     return node
+
+
+def devices_query() -> RecordDict:
+    """Return the question the aggregator asks each edge before it samples: which devices are under it."""
+    return RecordDict({_FLEET: ConfigRecord({"ask": "devices"})})
+
+
+def devices_reply(edge: str, devices: Mapping[int, str]) -> RecordDict:
+    """Return an edge's answer: its own name, and its connected devices (node id -> enrolled name, "" unknown)."""
+    ids = sorted(int(d) for d in devices)
+    return RecordDict({_FLEET: ConfigRecord({"edge": edge[:MAX_NAME_CHARS], "devices": ids,
+                                             "names": [str(devices[d])[:MAX_NAME_CHARS] for d in ids]})})
+
+
+@dataclass(frozen=True)
+class EdgeDevices:
+    """An edge's answer to :func:`devices_query`: its name and its devices (node id -> name)."""
+
+    edge: str
+    devices: dict[int, str]
+
+
+@rejects_any("edge devices reply")
+def parse_devices_reply(content: RecordDict) -> EdgeDevices:
+    """Read an edge's :func:`devices_reply`; the aggregator's untrusted view of what is under the edge.
+
+    Raises
+    ------
+    UpdateRejected
+        No such record, a name that is not a short non-empty string, device ids
+        that are not distinct integers in ``[0, 2**64)``, more than
+        :data:`MAX_EDGE_DEVICES`, or names not one per device.
+    """
+    record = content.get(_FLEET) if isinstance(content, RecordDict) else None
+    if not isinstance(record, ConfigRecord):
+        raise UpdateRejected("edge devices reply has no 'edge-fleet' record")
+    edge: Any = record.get("edge")
+    ids: Any = record.get("devices")  # checked below, value by value
+    names: Any = record.get("names")
+    ids, names = ([] if ids is None else ids), ([] if names is None else names)  # Flower drops an empty list
+    if not isinstance(edge, str) or not 0 < len(edge) <= MAX_NAME_CHARS or not edge.isprintable():
+        raise UpdateRejected(f"edge devices reply: edge name {str(edge)[:40]!r} is not 1 to {MAX_NAME_CHARS} "
+                             "printable characters")
+    if not isinstance(ids, list) or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**64
+                                            for d in ids):
+        raise UpdateRejected(f"edge {edge!r}: devices must be a list of node ids in [0, 2**64)")
+    if len(ids) > MAX_EDGE_DEVICES or len(set(ids)) != len(ids):
+        raise UpdateRejected(f"edge {edge!r}: devices must be distinct, at most {MAX_EDGE_DEVICES:,}")
+    if not isinstance(names, list) or len(names) != len(ids) or \
+            not all(isinstance(n, str) and len(n) <= MAX_NAME_CHARS for n in names):
+        raise UpdateRejected(f"edge {edge!r}: names must be one string of at most {MAX_NAME_CHARS} characters "
+                             "per device")
+    pairs: list[tuple[int, str]] = list(zip(ids, names, strict=True))
+    return EdgeDevices(edge, {d: "".join(c for c in n if c.isprintable()) for d, n in pairs})

@@ -20,13 +20,14 @@ from flwr.serverapp import Grid
 
 from aggregator.evaluation import EvalSummary, summarise
 from aggregator.hierarchy.edge import edge_evaluate
+from aggregator.hierarchy.fleet import EdgeFleet, FleetTopology
 from aggregator.hierarchy.topology import Topology
-from aggregator.hierarchy.tree import MAX_EDGES_AT_ONCE
+from aggregator.hierarchy.tree import EDGE_MARGIN_S, MAX_EDGES_AT_ONCE
 from core.boundary import one_line
 from core.errors import UpdateRejected
 from core.instructions import TrainConfig, evaluate_instruction
 from core.layouts import ParamLayout
-from core.partials import edge_instruction, parse_eval_partial
+from core.partials import EDGE_EVALUATE, edge_instruction, parse_eval_partial
 from core.status import ClientStatus
 from core.wire import wire_bytes
 
@@ -43,12 +44,24 @@ class TreeEvaluate:
     def __call__(self, grid: Grid, nodes: Sequence[int], params: np.ndarray, config: TrainConfig,
                  deadline_s: float, layout: ParamLayout | None = None) -> EvalSummary:
         """Ask each edge with devices among ``nodes`` to evaluate ``params``; the round's scores from their rows."""
-        if self._topology is None:
-            self._topology = Topology.blocks(self.edges, grid.get_node_ids())
+        topology: Topology | FleetTopology
+        if isinstance(grid, EdgeFleet):  # a deployment: the tree as its edges last described it
+            topology = grid.topology()
+        else:
+            if self._topology is None:
+                self._topology = Topology.blocks(self.edges, grid.get_node_ids())
+            topology = self._topology
         content = evaluate_instruction(params, config, layout)
-        orders = [(edge, devices, edge_instruction(content, devices)) for edge, devices in self._topology.groups(nodes)]
-        at_once = MAX_EDGES_AT_ONCE if getattr(grid, "thread_safe", False) else 1
+        orders = [(edge, devices, edge_instruction(content, devices)) for edge, devices in topology.groups(nodes)]
         rows = _Rows()
+        if isinstance(grid, EdgeFleet):
+            answers = grid.ask_edges(EDGE_EVALUATE, [(edge, message) for edge, _, message in orders],
+                                     deadline_s + EDGE_MARGIN_S)
+            for (edge, devices, message), answer in zip(orders, answers, strict=True):
+                rows.bytes_out += wire_bytes(message)
+                rows.edge(edge, devices, _done(answer))
+            return rows.summary()
+        at_once = MAX_EDGES_AT_ONCE if getattr(grid, "thread_safe", False) else 1
         with ThreadPoolExecutor(max_workers=max(1, min(at_once, len(orders))),
                                 thread_name_prefix="quorum-edge") as pool:
             futures = [pool.submit(edge_evaluate, grid, message, params, config, deadline_s, layout)
@@ -57,6 +70,15 @@ class TreeEvaluate:
                 rows.bytes_out += wire_bytes(message)
                 rows.edge(edge, devices, future)
         return rows.summary()
+
+
+def _done(answer: RecordDict | Exception) -> Future[RecordDict]:
+    future: Future[RecordDict] = Future()
+    if isinstance(answer, Exception):
+        future.set_exception(answer)
+    else:
+        future.set_result(answer)
+    return future
 
 
 @dataclass

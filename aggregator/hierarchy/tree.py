@@ -29,17 +29,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
 from aggregator.hierarchy.edge import EdgeAnswer, edge_round
+from aggregator.hierarchy.fleet import EdgeFleet, FleetTopology
 from aggregator.hierarchy.secure import secure_edge_sum
 from aggregator.hierarchy.topology import Topology
 from core import aggregate
 from core.aggregate import MeanState
 from core.boundary import one_line
-from core.errors import UpdateRejected
+from core.errors import EdgeUnavailable, UpdateRejected
 from core.instructions import train_instruction
-from core.partials import PartialReply, edge_instruction, parse_partial_reply
+from core.partials import EDGE_TRAIN, PartialReply, edge_instruction, parse_partial_reply
 from core.records import ClientRecord
 from core.status import ClientStatus
 from core.strategy import Strategy
@@ -49,11 +51,14 @@ from core.wire import wire_bytes
 from privacy.secagg.errors import SecAggAborted, SecAggConfigError
 from scenarios.threats import SecAggSpec
 
-__all__ = ["TreeTrain"]
+__all__ = ["TreeTrain", "EDGE_MARGIN_S"]
 #: Edges whose sub-rounds run at once in simulation: two keep the worker pool busy while one edge waits on its
 #: last device; more only add threads polling the grid (measured at 2,000 devices under 20 edges: 16 at once
 #: took 5-6 s a round, 1 or 2 at once 3.4-4 s).
 MAX_EDGES_AT_ONCE = 2
+#: How much longer than a round's deadline the aggregator waits for a deployed edge: the edge's own
+#: sub-round has the deadline, and its answer still has to come up.
+EDGE_MARGIN_S = 30.0
 
 
 @dataclass
@@ -87,20 +92,39 @@ class TreeTrain:
     secure_across: SecAggSpec | None = None
     _topology: Topology | None = field(default=None, init=False, repr=False)
 
-    def topology(self, grid: Grid) -> Topology:
-        """Return the tree over ``grid``'s devices (built once: the federation's devices do not change)."""
+    def topology(self, grid: Grid) -> Topology | FleetTopology:
+        """Return the tree over ``grid``'s devices.
+
+        In simulation, ``edges`` blocks of the devices (built once: a simulated
+        federation's devices do not change); in a deployment, as the edges last
+        described it (:class:`~aggregator.hierarchy.fleet.EdgeFleet`).
+        """
+        if isinstance(grid, EdgeFleet):
+            return grid.topology()
         if self._topology is None:
             self._topology = Topology.blocks(self.edges, grid.get_node_ids())
         return self._topology
 
     def __call__(self, grid: Grid, request: TrainRequest, strategy: Strategy[Any]) -> TrainOutcome[Any]:
         """Run the round's train step through the edges that have sampled devices, and merge their sums."""
-        groups = self.topology(grid).groups(request.nodes)
+        topology = self.topology(grid)
+        groups = topology.groups(request.nodes)
         content = train_instruction(request.state.params, request.config, request.layout)
         secure = self.secure_across is not None
         instructions = [(edge, devices, edge_instruction(content, devices, secure)) for edge, devices in groups]
         size = strategy.new_aggregate(request.state.params.size).size
-        merge = _Merge(self, request, size, strategy)
+        merge = _Merge(self, request, size, strategy, names=getattr(topology, "names", ()))
+        if isinstance(grid, EdgeFleet):  # a deployment: the edges are aggregators of their own, asked at once
+            if secure:
+                raise SecAggConfigError("hierarchy.secure_across_edges", True, "false in a deployment: a secure "
+                                        "sum across the edges runs in simulation only (secure aggregation runs "
+                                        "inside each deployed edge)")
+            started = time.monotonic()
+            answers = grid.ask_edges(EDGE_TRAIN, [(edge, message) for edge, _, message in instructions],
+                                     request.deadline_s + EDGE_MARGIN_S, request.server_round)
+            for (edge, devices, message), answer in zip(instructions, answers, strict=True):
+                merge.edge(edge, devices, wire_bytes(message), _settled(answer))
+            return merge.outcome(time.monotonic() - started)
         at_once = MAX_EDGES_AT_ONCE if getattr(grid, "thread_safe", False) else 1
         expect = getattr(grid, "expect_cohort", None)  # a simulation's faults: the devices a flat round loses
         if expect is not None:
@@ -132,6 +156,7 @@ class _Merge:
     bytes_out: int = 0
     secured: list[tuple[int, PartialReply, MeanState]] = field(default_factory=list)  # for the secure sum
     lost: frozenset[int] = frozenset()  # edges that vanish this round, in simulation
+    names: tuple[str, ...] = ()  # a deployed edge's name, by edge
 
     def __post_init__(self) -> None:
         empty = self.strategy.new_aggregate(self.size)
@@ -148,9 +173,13 @@ class _Merge:
         protocol (:meth:`outcome`), never read here.
         """
         self.bytes_out += sent
-        row: dict[str, Any] = {"edge": edge, "sampled": len(devices), "bytes_down": sent}
+        row: dict[str, Any] = {"edge": edge, "sampled": len(devices), "bytes_down": sent,
+                               **({"name": self.names[edge]} if edge < len(self.names) else {})}
         try:
             answer = future.result()
+        except EdgeUnavailable as exc:  # a deployed edge that never answered (it died, or its link did)
+            self._lost(edge, devices, row, ClientStatus.DROPPED, f"edge {self._name(edge)} dropped: {exc}")
+            return
         except Exception as exc:  # the edge's sub-round itself failed: none of its devices counts
             self._lost(edge, devices, row, ClientStatus.FAILED, f"edge {edge} failed: {one_line(exc)}")
             return
@@ -174,6 +203,9 @@ class _Merge:
         elif secure and partial.count and answer.secret is not None:
             self.secured.append((edge, partial, answer.secret))
         self._record(edge, devices, partial.devices, row, partial.seconds)
+
+    def _name(self, edge: int) -> str:
+        return self.names[edge] if edge < len(self.names) else str(edge)
 
     def _check(self, partial: PartialReply) -> None:
         """Refuse a sum its own rows do not account for, or whose mean no device's update could give."""
@@ -276,6 +308,16 @@ class _Merge:
                 **({"secure_across_edges": secure} if secure is not None else {})}
         return TrainOutcome(aggregate=agg, clients=self.clients, bytes_in=self.bytes_in, bytes_out=self.bytes_out,
                             train_loss=train_loss, tree=tree)
+
+
+def _settled(answer: RecordDict | Exception) -> Future[EdgeAnswer]:
+    """Return a deployed edge's answer (or why there is none) as the future a simulated edge's sub-round gives."""
+    future: Future[EdgeAnswer] = Future()
+    if isinstance(answer, Exception):
+        future.set_exception(answer)
+    else:
+        future.set_result(EdgeAnswer(answer))
+    return future
 
 
 _COUNTS: dict[str, str] = {ClientStatus.OK: "answered", ClientStatus.DROPPED: "dropped",

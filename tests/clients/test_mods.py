@@ -134,10 +134,12 @@ def test_a_message_without_the_feature_or_not_quorums_passes_through(mod: Mod) -
 
 
 def test_the_mods_compose_in_the_documented_order() -> None:
-    # secure aggregation outermost, then the site policy (before anything reads the node's data), the attack
-    # harness, compression, DP, and standardisation next to the handler
+    # an edge aggregator's messages first (no device mod touches them), then secure aggregation, the site policy
+    # (before anything reads the node's data), the attack harness, compression, DP, and standardisation next to
+    # the handler
     mods = client_mods()
-    assert [getattr(m, "__name__", type(m).__name__) for m in mods] == ["secagg_mod", "policy_mod", "AttackMod",
+    assert [getattr(m, "__name__", type(m).__name__) for m in mods] == ["edge_mod", "secagg_mod", "policy_mod",
+                                                                          "AttackMod",
                                                                           "StatisticsMod", "compression_mod", "dp_mod",
                                                                           "standardize_mod"]
 

@@ -19,10 +19,14 @@ from hypothesis import strategies as st
 
 from core.errors import UpdateRejected
 from core.partials import (
+    MAX_NAME_CHARS,
+    devices_query,
+    devices_reply,
     edge_devices,
     edge_instruction,
     edge_secured,
     eval_partial_reply,
+    parse_devices_reply,
     parse_eval_partial,
     parse_partial_reply,
     partial_reply,
@@ -199,3 +203,46 @@ def test_junk_in_an_edges_evaluation_parses_within_range_or_is_refused(key: str,
         assert reply.accuracy is None or 0 <= reply.accuracy <= 1
         assert 1 <= reply.num_examples <= 10**9
     assert set(rows.results) | set(rows.lost) <= {1, 2} and not set(rows.results) & set(rows.lost)
+
+
+# ---------------------------------------------------------------------------------- which devices an edge has
+
+
+def test_an_edges_devices_read_back_as_sent() -> None:
+    said = parse_devices_reply(devices_reply("edge-a", {2**64 - 1: "ward-3", 7: ""}))
+    assert (said.edge, said.devices) == ("edge-a", {7: "", 2**64 - 1: "ward-3"})
+    assert parse_devices_reply(devices_reply("edge-b", {})).devices == {}
+    with pytest.raises(UpdateRejected, match="no 'edge-fleet' record"):
+        parse_devices_reply(RecordDict())
+    with pytest.raises(UpdateRejected, match="edge name"):
+        parse_devices_reply(devices_query())  # the question echoed back is no answer
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [
+    ("edge", "", "edge name"), ("edge", "x" * (MAX_NAME_CHARS + 1), "edge name"), ("edge", "a\nb", "edge name"),
+    ("devices", [1, 1], "distinct"), ("devices", [-1], "node ids"), ("devices", [True], "node ids"),
+    ("devices", [2**64], "node ids"), ("devices", [1.5], "node ids"), ("names", ["a", "b"], "one string"),
+    ("names", ["x" * (MAX_NAME_CHARS + 1)], "one string"),
+], ids=["empty-name", "long-name", "newline-name", "repeated", "negative", "bool", "past-uint64", "float",
+        "names-too-many", "long-device-name"])
+def test_a_forged_devices_reply_is_refused_naming_why(key: str, value: Any, why: str) -> None:
+    fields: dict[str, Any] = {"edge": "edge-a", "devices": [4], "names": ["d4"], key: value}
+    with pytest.raises(UpdateRejected, match=why):
+        parse_devices_reply(RecordDict({"edge-fleet": ConfigRecord(fields)}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["edge", "devices", "names"]), _junk)
+def test_junk_in_a_devices_reply_parses_consistently_or_is_refused(key: str, value: Any) -> None:
+    fields: dict[str, Any] = {"edge": "edge-a", "devices": [4, 9], "names": ["d4", "d9"], key: value}
+    try:
+        content = RecordDict({"edge-fleet": ConfigRecord(fields)})
+    except Exception:  # Flower's records refuse the type itself: nothing an edge could send
+        return
+    try:
+        said = parse_devices_reply(content)
+    except UpdateRejected:
+        return
+    assert 0 < len(said.edge) <= MAX_NAME_CHARS
+    assert all(isinstance(d, int) and 0 <= d < 2**64 for d in said.devices)
+    assert all(isinstance(n, str) and n.isprintable() for n in said.devices.values())

@@ -1,0 +1,196 @@
+"""The aggregator's view of a deployed tree: its nodes are edge aggregators, its devices are theirs.
+
+Under ``[hierarchy]`` in a deployment the aggregator's SuperLink connects
+edge aggregators, not devices (``quorum aggregator start --edge``). A round
+still samples devices as a flat round does: :class:`EdgeFleet` wraps the
+SuperLink's grid and shows the devices under its edges as its nodes, asking
+each edge which are connected (:func:`core.partials.devices_query`, at most
+every ``refresh_s``). A device is named by its node id on its edge's
+SuperLink; the aggregator keeps, per device, the edge it was last seen under.
+
+What reaches a device goes through its edge: :meth:`EdgeFleet.ask_edges`
+sends the edges their messages at once and collects their answers, which
+:class:`~aggregator.hierarchy.tree.TreeTrain` and
+:class:`~aggregator.hierarchy.evaluate.TreeEvaluate` check as in simulation.
+A message addressed to a device directly is refused: there is no such node here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+
+from aggregator.collect import collect, push
+from core.errors import EdgeUnavailable, UpdateRejected
+from core.partials import EDGE_QUERY, EdgeDevices, devices_query, parse_devices_reply
+
+__all__ = ["EdgeFleet", "FleetTopology"]
+
+
+@dataclass(frozen=True)
+class FleetTopology:
+    """Which edge each device is under, as the edges last said: edges by name, devices by node id."""
+
+    names: tuple[str, ...]  # edge i's name, in name order
+    nodes: tuple[int, ...]  # edge i's node id on the aggregator's SuperLink
+    under: dict[int, int]  # device -> edge index
+
+    @property
+    def edges(self) -> int:
+        """Return how many edges answered."""
+        return len(self.names)
+
+    def edge_of(self, device: int) -> int:
+        """Return the edge ``device`` is under (``KeyError``: under none)."""
+        return self.under[device]
+
+    def groups(self, sampled: Sequence[int]) -> list[tuple[int, list[int]]]:
+        """Group the sampled devices by edge: ``(edge, its devices in the order given)``, edges in order."""
+        by_edge: dict[int, list[int]] = {}
+        for device in sampled:
+            by_edge.setdefault(self.under[device], []).append(device)
+        return sorted(by_edge.items())
+
+
+class EdgeFleet(Grid):
+    """A grid whose nodes are the devices under the edge aggregators connected to ``grid``.
+
+    Parameters
+    ----------
+    grid : Grid
+        The aggregator's SuperLink, whose nodes are edges.
+    refresh_s : float
+        Ask the edges for their devices at most this often.
+    query_s : float
+        How long an edge has to answer which devices it has.
+    """
+
+    #: The tree's edges are reached by :meth:`ask_edges`, all at once: there are no threads to share it with.
+    thread_safe = False
+
+    def __init__(self, grid: Grid, refresh_s: float = 5.0, query_s: float = 60.0) -> None:
+        self.inner, self.refresh_s, self.query_s = grid, refresh_s, query_s
+        self._topology = FleetTopology((), (), {})
+        self._names: dict[int, str] = {}
+        self._asked_at = -float("inf")
+        self.problems: dict[str, str] = {}  # edge node id (or name) -> why its last answer was refused
+
+    # -- the tree ------------------------------------------------------------------------------------------
+
+    def topology(self) -> FleetTopology:
+        """Return the tree as the edges last described it (asking them first when none did yet)."""
+        if not self._topology.names:
+            self.refresh(force=True)
+        return self._topology
+
+    def device_names(self) -> dict[int, str]:
+        """Return each device's name as ``edge/device`` (its enrolled name with its edge, else its node id)."""
+        topo = self._topology
+        return {d: f"{topo.names[e]}/{self._names.get(d) or d}" for d, e in topo.under.items()}
+
+    def refresh(self, force: bool = False) -> None:
+        """Ask every edge which devices it has (unless asked within ``refresh_s``); rebuild the tree."""
+        if not force and time.monotonic() - self._asked_at < self.refresh_s:
+            return
+        self._asked_at = time.monotonic()
+        edges = sorted(self.inner.get_node_ids())
+        answers = self._send(EDGE_QUERY, {node: devices_query() for node in edges}, self.query_s)
+        said: list[tuple[str, int, EdgeDevices]] = []
+        for node in edges:
+            answer = answers.get(node)
+            if not isinstance(answer, RecordDict):
+                self.problems[str(node)] = str(answer) if answer is not None else "no answer"
+                continue
+            try:
+                said.append(((reply := parse_devices_reply(answer)).edge, node, reply))
+            except UpdateRejected as exc:
+                self.problems[str(node)] = str(exc)
+        said.sort(key=lambda t: (t[0], t[1]))
+        under: dict[int, int] = {}
+        names: dict[int, str] = {}
+        for index, (_, _, reply) in enumerate(said):
+            for device, name in reply.devices.items():
+                if device in under:  # two edges claim one node id: the first (by name) keeps it
+                    continue
+                under[device], names[device] = index, name
+        self._topology = FleetTopology(tuple(s[0] for s in said), tuple(s[1] for s in said), under)
+        self._names = names
+
+    def ask_edges(self, kind: str, orders: Sequence[tuple[int, RecordDict]], timeout_s: float,
+                  server_round: int = 0) -> list[RecordDict | Exception]:
+        """Send each edge its message (``(edge, content)``) of type ``kind`` at once; return their answers in order.
+
+        An edge that did not answer within ``timeout_s`` gets an
+        :class:`~core.errors.EdgeUnavailable` in its place (its devices are
+        dropped); one that answered with an error, a ``RuntimeError`` naming it.
+        """
+        nodes = [self._topology.nodes[edge] for edge, _ in orders]
+        answers = self._send(kind, dict(zip(nodes, (content for _, content in orders), strict=True)), timeout_s,
+                             server_round)
+        silent = EdgeUnavailable(f"no answer within {timeout_s:g} s")
+        return [answers.get(node, silent) for node in nodes]
+
+    def _send(self, kind: str, contents: dict[int, RecordDict], timeout_s: float,
+              server_round: int = 0) -> dict[int, RecordDict | Exception]:
+        if not contents:
+            return {}
+        answers: dict[int, RecordDict | Exception] = {}
+
+        def on_reply(node: int, reply: Message) -> None:
+            if reply.has_error():
+                answers[node] = RuntimeError(f"its ClientApp answered with an error: {reply.error.reason}"[:300])
+            else:
+                answers[node] = reply.content
+
+        owed = push(self.inner, contents, kind, server_round, ttl=timeout_s)
+        collect(self.inner, owed, timeout_s, on_reply)
+        return answers
+
+    # -- the Grid a round loop sees ----------------------------------------------------------------------------
+
+    def get_node_ids(self) -> Iterable[int]:
+        """Return the devices under the connected edges (asking the edges at most every ``refresh_s``)."""
+        self.refresh()
+        return sorted(self._topology.under)
+
+    @property
+    def run(self) -> Run:
+        """Return the aggregator's run."""
+        return self.inner.run
+
+    def set_run(self, run: Run) -> None:
+        """Set the aggregator's run."""
+        self.inner.set_run(run)
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,  # noqa: ARG002
+                       ttl: float | None = None) -> Message:  # noqa: ARG002
+        """Refused: a device under an edge is reached only through its edge."""
+        raise _direct(dst_node_id)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Refused: a device under an edge is reached only through its edge."""
+        raise _direct(_first_node(messages))
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: ARG002
+        """Refused: nothing was pushed to a device here."""
+        raise _direct(0)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:  # noqa: ARG002
+        """Refused: a device under an edge is reached only through its edge."""
+        raise _direct(_first_node(messages))
+
+
+def _first_node(messages: Iterable[Message]) -> int:
+    return next((m.metadata.dst_node_id for m in messages), 0)
+
+
+def _direct(node: int) -> RuntimeError:
+    return RuntimeError(f"device {node or '?'} is under an edge aggregator: under [hierarchy] in a deployment a "
+                        "message reaches a device only through its edge (this feature does not run through edges yet)")
+
