@@ -31,7 +31,7 @@ from aggregator.evaluation import ServerEvaluator, federated_evaluate
 from aggregator.fedbuff import BufferedLoop
 from aggregator.flower_app import find_app, log_end, round_logger, serve_flower_app
 from aggregator.hierarchy.evaluate import TreeEvaluate
-from aggregator.hierarchy.fleet import EdgeFleet
+from aggregator.hierarchy.fleet import EdgeFleet, deployed_tree_problem
 from aggregator.hierarchy.serve import EDGE_CHANNEL, EDGE_IDLE, EDGE_IDLE_S, EDGE_NAME, EDGE_RUN, EdgeServer
 from aggregator.hierarchy.tree import TreeTrain
 from aggregator.resume import check_same_scenario, has_ended, scenario_difference, start_state
@@ -537,7 +537,12 @@ def main(grid: Grid, context: Context) -> None:
         scenario = scenario.with_overrides(**overrides)
     on_start: Callable[[str], None] | None = None
     if deployed and scenario.hierarchy.enabled:  # the SuperLink's nodes are edge aggregators: sample their devices
-        grid = _fleet(grid, scenario)
+        try:
+            grid = _fleet(grid, scenario)
+        except ScenarioError as exc:  # a run that never started is still a stored, visible, failed run
+            if isinstance(store, TakenRunStore):
+                record_failed_start(store, scenario, context.run_id, {}, str(exc))
+            raise
     if isinstance(store, TakenRunStore):
         resume, on_start = _deployed_start(grid, store, scenario, config, context.run_id, wait_s)
     else:
@@ -554,14 +559,11 @@ def _fleet(grid: Grid, scenario: Scenario) -> EdgeFleet:
     Raises
     ------
     ScenarioError
-        A setting a deployed tree cannot run, naming it.
+        A setting a deployed tree cannot run, naming it (:func:`aggregator.hierarchy.fleet.deployed_tree_problem`).
     """
-    if scenario.hierarchy.secure_across_edges:
-        raise ScenarioError(f"{scenario.name}: hierarchy.secure_across_edges = true runs in simulation only; in a "
-                            "deployment secure aggregation runs inside each edge ([secagg] enabled): set it false")
-    if scenario.data.standardize:
-        raise ScenarioError(f"{scenario.name}: data.standardize does not run through edge aggregators yet; "
-                            "unset it under [hierarchy] in a deployment")
+    problem = deployed_tree_problem(scenario)
+    if problem is not None:
+        raise ScenarioError(problem)
     return EdgeFleet(grid)
 
 

@@ -75,6 +75,9 @@ class AgentSpec:
     secagg_identity: Path | None = None
     secagg_directory: Path | None = None
     policy: Path | None = None  # the data owner's site policy (policy.toml, clients.policy)
+    # an edge aggregator's upstream agent (``quorum aggregator start --edge``): no data of its own; the
+    # aggregator's messages go to the edge's ServerApp through this hand-off folder (clients.edge)
+    edge_channel: Path | None = None
 
     @property
     def rounds_file(self) -> Path:
@@ -89,7 +92,8 @@ class AgentSpec:
 
 def supernode_argv(spec: AgentSpec) -> list[str]:
     """``flower-supernode`` arguments for ``spec`` (retries forever; node config names the data)."""
-    node_config = f'data-path="{spec.data.resolve()}"'
+    node_config = (f'edge-channel="{spec.edge_channel.resolve()}"' if spec.edge_channel is not None
+                   else f'data-path="{spec.data.resolve()}"')
     if spec.name:
         node_config += f' client-name="{spec.name}"'
     if spec.secagg_identity is not None:

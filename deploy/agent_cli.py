@@ -114,7 +114,7 @@ def keygen(
 
 
 def _preflight(server: str, ca: Path | None, runtime_port: int | None, workdir: Path,
-               data: Path) -> tuple[int, Any]:
+               data: Path | None) -> tuple[int, Any]:
     """Run the checks before joining (docs/deploy.md, section 4); return the runtime port and the held workdir lock."""
     from deploy.preflight import PreflightError, check_ca, check_data, check_port, free_port, lock_workdir
 
@@ -126,7 +126,7 @@ def _preflight(server: str, ca: Path | None, runtime_port: int | None, workdir: 
         warning = None if ca is None else check_ca(server, ca)
     except PreflightError as exc:
         _fail(str(exc))
-    for line in ([warning] if warning else []) + check_data(data):
+    for line in ([warning] if warning else []) + (check_data(data) if data is not None else []):
         console.print(f"warning: {line}", markup=False, style="yellow")
     return port, lock
 
@@ -134,7 +134,8 @@ def _preflight(server: str, ca: Path | None, runtime_port: int | None, workdir: 
 @app.command()
 def start(
     server: Annotated[str, typer.Option(help="The aggregator's device address, HOST:PORT.")],
-    data: Annotated[Path, typer.Option(help="This device's data (CSV, NPZ, or text: a file or a folder); it stays.")],
+    data: Annotated[Path | None, typer.Option(
+        help="This device's data (CSV, NPZ, or text: a file or a folder); it stays. Required.")] = None,
     key: Annotated[Path | None, typer.Option(help="This device's private key.")] = None,
     ca: Annotated[Path | None, typer.Option(help="The federation's CA certificate (ca.pem).")] = None,
     name: Annotated[str, typer.Option(help="The name this device was enrolled under.")] = "",
@@ -159,10 +160,19 @@ def start(
         help="This device's site policy (policy.toml: secure aggregation required, DP budget, cohort, tasks, "
              "rounds a day), enforced here before the data is read; the aggregator cannot change it. "
              "Default: policy.toml in --workdir, when there is one.")] = None,
+    edge_channel: Annotated[Path | None, typer.Option(
+        hidden=True, help="An edge aggregator's upstream agent (started by `quorum aggregator start --edge`): "
+                          "no data; the aggregator's messages go to the edge through this folder.")] = None,
 ) -> None:
     """Run the client agent: a SuperNode plus a warm ClientApp worker, restarted if they die (run on the device)."""
     from deploy.agent import AgentSpec, run_agent
 
+    if edge_channel is not None:
+        edge_channel.mkdir(parents=True, exist_ok=True)
+        data = edge_channel  # an edge trains nothing here: its devices hold the data
+    elif data is None:
+        _fail("--data is required: this device's data file or folder (CSV, NPZ, or text)")
+    assert data is not None
     if not data.exists():
         _fail(f"--data {data}: no such file or folder")
     if insecure:
@@ -180,11 +190,13 @@ def start(
     if task_input_timeout <= 0:
         _fail(f"--task-input-timeout {task_input_timeout}: must be a positive number of seconds")
     policy, rules = _site_policy(policy, workdir)
-    port, _lock = _preflight(server, None if insecure else ca, runtime_port, workdir, data)
+    port, _lock = _preflight(server, None if insecure else ca, runtime_port, workdir,
+                             None if edge_channel is not None else data)
     spec = AgentSpec(server=server, data=data, key=key, ca=ca, name=name, runtime_port=port,
                      poll_s=poll, insecure=insecure, workdir=workdir, task_input_s=task_input_timeout,
                      reconnect_max_s=reconnect_max,
-                     secagg_identity=secagg_identity, secagg_directory=secagg_directory, policy=policy)
+                     secagg_identity=secagg_identity, secagg_directory=secagg_directory, policy=policy,
+                     edge_channel=edge_channel)
     print(f"client agent {name or '(unnamed)'}: connecting to {server} (data {data}, logs {workdir / 'logs'})",
           flush=True)
     print(f"site policy: {rules}", flush=True)

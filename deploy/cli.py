@@ -20,6 +20,7 @@ from deploy.config import DeployConfig, load_config
 from scenarios.errors import ScenarioError
 
 if TYPE_CHECKING:
+    from deploy.edge import EdgeSpec
     from deploy.supervisor import Supervisor
     from runstore.store import Round, Run, RunStore
     from scenarios.schema import Scenario
@@ -64,6 +65,19 @@ def start(
         "--standby", help="Wait while another aggregator leads this federation (same name, same PostgreSQL "
                           "aggregator.database), then take over: start here and resume its runs. See "
                           "docs/deploy.md, 'Two aggregators'.")] = False,
+    edge: Annotated[bool, typer.Option(
+        "--edge", help="Start an edge aggregator: its own devices enroll here (quorum client enroll -c THIS), "
+                       "and it joins the aggregator at --upstream as one device, answering each round with its "
+                       "devices' partial sum. See docs/hierarchy.md, 'Deploy an edge'.")] = False,
+    upstream: Annotated[str | None, typer.Option(
+        help="With --edge: the aggregator's device address, HOST:PORT.")] = None,
+    upstream_key: Annotated[Path | None, typer.Option(
+        help="With --edge: this edge's key, from `quorum client enroll EDGE` on the aggregator.")] = None,
+    upstream_ca: Annotated[Path | None, typer.Option(
+        help="With --edge: the aggregator's CA certificate (its ca.pem).")] = None,
+    edge_name: Annotated[str | None, typer.Option(
+        help="With --edge: the name this edge was enrolled under at the aggregator (default: aggregator.name "
+             "of this file).")] = None,
 ) -> None:
     """Start the SuperLink, its TLS front door and the dashboard; print what devices need.
 
@@ -75,10 +89,11 @@ def start(
 
     # --insecure also pulls the listener onto loopback; an address beyond it is refused by the config check
     cfg = _load(config, insecure=insecure, port=port, listen="127.0.0.1" if insecure else None)
+    edge_spec = _edge_spec(cfg, edge, upstream, upstream_key, upstream_ca, edge_name, standby)
     if detach:
         _detach(cfg.state.logs / "aggregator.log", ready_s=None if standby else 180.0)
         return
-    sup = Supervisor(cfg, say=lambda m: console.print(m), resume=resume, standby=standby)
+    sup = Supervisor(cfg, say=lambda m: console.print(m), resume=resume, standby=standby, edge=edge_spec)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sup.stopping.set())
     try:
@@ -96,6 +111,31 @@ def start(
         console.print(Text.assemble(("aggregator stopped:", "bold red"), f" it lost the lead ({sup.lost_lead})"))
         raise typer.Exit(1)
     console.print("aggregator stopped")
+
+
+def _edge_spec(cfg: DeployConfig, edge: bool, upstream: str | None, key: Path | None, ca: Path | None,
+               name: str | None, standby: bool) -> EdgeSpec | None:
+    """Return how an ``--edge`` reaches its aggregator (``None``: not an edge); a wrong combination is refused."""
+    from deploy.edge import EdgeSpec
+    from deploy.errors import DeployError
+
+    given = [flag for flag, v in (("--upstream", upstream), ("--upstream-key", key), ("--upstream-ca", ca),
+                                  ("--edge-name", name)) if v is not None]
+    if not edge:
+        if given:
+            _fail(f"{given[0]} is an edge aggregator's option: add --edge")
+        return None
+    if standby:
+        _fail("--edge and --standby: an edge aggregator has no standby (its devices wait while it restarts)")
+    if upstream is None:
+        _fail("--edge needs --upstream HOST:PORT, the aggregator's device address")
+    spec = EdgeSpec(upstream=str(upstream), name=name or cfg.aggregator.name, key=key, ca=ca,
+                    insecure=cfg.aggregator.insecure)
+    try:
+        spec.check()
+    except DeployError as exc:
+        _fail(str(exc))
+    return spec
 
 
 #: The last line :func:`_announce` prints: a detached start is ready once its log holds it.
@@ -149,6 +189,9 @@ def _announce(sup: Supervisor) -> None:
     if cfg.dashboard.enabled:
         print(f"dashboard:        http://{cfg.dashboard.host}:{cfg.dashboard.port}/", flush=True)
     print(f"run store:        {cfg.db_url}", flush=True)
+    if sup.edge is not None:
+        print(f"edge of:          {sup.edge.upstream}, as {sup.edge.name} (log {cfg.state.logs / 'upstream.log'})",
+              flush=True)
     print(f"{READY_LAST_LINE}  quorum client enroll NAME; submit a run: quorum aggregator run SCENARIO",
           flush=True)
 
@@ -177,6 +220,12 @@ def run(
     overrides = {k: v for k, v in (("rounds", rounds), ("seed", seed)) if v is not None}
     try:
         spec = submitted_scenario(cfg, scenario, resume)
+        if spec.hierarchy.enabled:
+            from aggregator.hierarchy.fleet import deployed_tree_problem
+
+            problem = deployed_tree_problem(spec)
+            if problem is not None:
+                _fail(problem)
         await_devices(cfg, spec, say=lambda m: console.print(m))
         flower_run = submit(cfg, scenario, resume, overrides)
     except (QuorumError, ScenarioError) as exc:

@@ -173,6 +173,8 @@ class LoopbackFederation:
     insecure: bool = False
     poll_s: float = 0.2
     database: str = ""  # the run store's URL (PostgreSQL for a standby); "" for SQLite in the state folder
+    name: str = "loopback"  # aggregator.name (an edge's: the name it was enrolled under at its aggregator)
+    dashboard: bool = True  # whether the aggregator serves its dashboard
     aggregator: Started | None = None
     agents: dict[str, Started] = field(default_factory=dict)
 
@@ -187,9 +189,10 @@ class LoopbackFederation:
         path = self.workdir / file
         database = f'database = "{self.database}"\n' if self.database else ""
         path.write_text(
-            f'[aggregator]\nname = "loopback"\naddress = "127.0.0.1"\nlisten = "127.0.0.1"\nport = {self.port}\n'
+            f'[aggregator]\nname = "{self.name}"\naddress = "127.0.0.1"\nlisten = "127.0.0.1"\nport = {self.port}\n'
             f'internal_port = {internal_port}\nstate_dir = "{state_dir}"\ninsecure = {str(self.insecure).lower()}\n'
-            f'wait_clients_s = 60.0\n{database}\n[dashboard]\nport = {self.dashboard_port}\n')
+            f'wait_clients_s = 60.0\n{database}\n[dashboard]\nport = {self.dashboard_port}\n'
+            f'enabled = {str(self.dashboard).lower()}\n')
         return path
 
     def second_host(self, state_dir: str = "state-b") -> Path:
@@ -223,12 +226,13 @@ class LoopbackFederation:
         return subprocess.run([*_CLI, *args], capture_output=True, text=True, env=env, timeout=timeout_s,
                               cwd=self.workdir, stdin=subprocess.DEVNULL, check=False)
 
-    def start_aggregator(self, timeout_s: float = 90.0, config: Path | None = None, standby: bool = False) -> Started:
+    def start_aggregator(self, timeout_s: float = 90.0, config: Path | None = None, standby: bool = False,
+                         extra: Sequence[str] = ()) -> Started:
         """Start ``aggregator start`` (on ``config``, default this federation's) and wait until it is up.
 
         Up: it logs ``aggregator ready``, or with ``standby`` (``--standby``)
         that it waits for the lead (or took it). The last started is
-        :attr:`aggregator`.
+        :attr:`aggregator`. ``extra``: more options (an edge's ``--edge --upstream ...``).
 
         Raises
         ------
@@ -236,7 +240,8 @@ class LoopbackFederation:
             The aggregator exited or was not up within ``timeout_s``.
         """
         n = sum(1 for s in self.procs.started if s.name.startswith("aggregator"))
-        argv = [*_CLI, "aggregator", "start", "-c", str(config or self.config), *(["--standby"] if standby else [])]
+        argv = [*_CLI, "aggregator", "start", "-c", str(config or self.config), *(["--standby"] if standby else []),
+                *extra]
         self.aggregator = self.procs.start(f"aggregator-{n}", argv)
         _wait_for(self.aggregator, "standby:" if standby else "aggregator ready", timeout_s)
         return self.aggregator

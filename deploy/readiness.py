@@ -10,6 +10,7 @@ submitting a run that can never start.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,8 +41,19 @@ def fleet(config: DeployConfig) -> Fleet:
 
 
 def shortfall(scenario: Scenario, devices: Fleet, insecure: bool) -> str | None:
-    """Why ``scenario`` cannot start on ``devices`` now, naming the numbers and the fix; ``None`` if it can."""
+    """Why ``scenario`` cannot start on ``devices`` now, naming the numbers and the fix; ``None`` if it can.
+
+    Under ``[hierarchy]`` this aggregator's devices are edge aggregators: one
+    online is enough to submit (the run itself waits for ``min_clients``
+    devices under them).
+    """
     least, wanted = scenario.federation.min_clients, scenario.federation.clients
+    if scenario.hierarchy.enabled:
+        if devices.online:
+            return None
+        return (f"no edge aggregator is online for scenario {scenario.name!r} ([hierarchy]: this aggregator's "
+                f"devices are edges, {devices.enrolled} enrolled): start them (quorum aggregator start --edge "
+                "--upstream THIS-ADDRESS)")
     if not insecure and devices.enrolled < least:
         return (f"scenario {scenario.name!r} needs at least {least} clients (federation.min_clients) but only "
                 f"{devices.enrolled} devices are enrolled: enroll more (quorum client enroll NAME) or lower "
@@ -67,7 +79,8 @@ def await_devices(config: DeployConfig, scenario: Scenario, say: Callable[[str],
     deadline = time.monotonic() + config.aggregator.wait_clients_s
     devices = fleet(config)
     why = shortfall(scenario, devices, insecure)
-    if why is not None and not insecure and devices.enrolled < scenario.federation.min_clients:
+    if why is not None and not insecure and not scenario.hierarchy.enabled and \
+            devices.enrolled < scenario.federation.min_clients:
         raise DeployError(why)
     shown = -1
     while why is not None:
@@ -84,8 +97,24 @@ def await_devices(config: DeployConfig, scenario: Scenario, say: Callable[[str],
             say(f"cannot list devices right now ({exc}); asking again")
             continue
         why = shortfall(scenario, devices, insecure)
+    if scenario.hierarchy.enabled:
+        return _await_edges(config, scenario, devices, deadline, say, poll_s)
     if len(devices.online) < scenario.federation.clients:
         say(f"{len(devices.online)} of the {scenario.federation.clients} clients online "
             f"({', '.join(devices.online)}): the run waits up to {config.aggregator.wait_clients_s:g} s for the "
             "rest, then starts with those connected")
+    return devices
+
+
+def _await_edges(config: DeployConfig, scenario: Scenario, devices: Fleet, deadline: float,
+                 say: Callable[[str], None], poll_s: float) -> Fleet:
+    """Wait until ``[hierarchy] edges`` edge aggregators are online, or the wait ends: then go on with those."""
+    wanted = scenario.hierarchy.edges
+    while len(devices.online) < wanted and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        with contextlib.suppress(DeployError):
+            devices = fleet(config)
+    if len(devices.online) < wanted:
+        say(f"{len(devices.online)} of the {wanted} edge aggregators online ({', '.join(devices.online)}; "
+            f"[hierarchy] edges = {wanted}): the run starts with the devices under those")
     return devices

@@ -45,6 +45,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from core.errors import StoreError
 from core.status import RunStatus
 from deploy.config import DeployConfig
+from deploy.edge import EdgeBridge, EdgeSpec, upstream_agent_argv
 from deploy.enroll import load_registry, publish_devices, write_atomically
 from deploy.errors import DeployError, ProcessFailed
 from deploy.failover import restore_devices
@@ -52,6 +53,7 @@ from deploy.flower import (
     flower_env,
     stop_run,
     stop_unfinished_runs,
+    submit_run,
     superlink_command,
     warm_up,
     write_flower_home,
@@ -259,6 +261,8 @@ class Supervisor:
     resume_pending: float | None = None  # since when a restarted SuperLink's runs wait for it to answer
     resume_late_said: bool = False       # ... and that it is late was said
     submissions_store: RunStore | None = None  # the run store the watch loop reads queued submissions from
+    edge: EdgeSpec | None = None  # an edge aggregator's (``--edge``): how it reaches its aggregator
+    bridge: EdgeBridge | None = None  # ... and what starts its ServerApps for the aggregator's runs
 
     # -- start ------------------------------------------------------------
     def start(self) -> bool:
@@ -312,8 +316,18 @@ class Supervisor:
         self._stop_orphaned_runs()  # ... nor pulls a message of a run whose ServerApp died
         self._start_front(ca)
         self._start_dashboard()
+        self._start_upstream()
         self._write_pidfile()
         return True
+
+    def _start_upstream(self) -> None:
+        """On an edge: start its agent towards the aggregator, and the bridge that serves the aggregator's runs."""
+        if self.edge is None:
+            return
+        self.bridge = EdgeBridge(self.config, self.edge, submit_run, self.say)
+        # SIGTERM when this supervisor dies: the agent then stops its SuperNode and worker
+        self._spawn("upstream", upstream_agent_argv(self.config, self.edge), dict(os.environ),
+                    self.config.state.logs / "upstream.log", death_signal=signal.SIGTERM)
 
     def _lead(self) -> bool:
         """Take the federation's lock (PostgreSQL stores); with ``standby``, wait for it."""
@@ -465,6 +479,8 @@ class Supervisor:
             if time.monotonic() - polled >= SUBMISSIONS_S and not self.stopping.is_set():
                 polled = time.monotonic()
                 self._take_submissions()
+            if self.bridge is not None and not self.stopping.is_set():
+                self.bridge.poll()
 
     def _take_submissions(self) -> None:
         """Carry out the dashboard's queued submissions (``deploy.submissions``); a store that fails is said."""

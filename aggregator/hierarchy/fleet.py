@@ -27,9 +27,23 @@ from flwr.supercore.run import Run
 
 from aggregator.collect import collect, push
 from core.errors import EdgeUnavailable, UpdateRejected
+from core.outcomes import error_outcome
 from core.partials import EDGE_QUERY, EdgeDevices, devices_query, parse_devices_reply
+from core.status import ClientStatus
+from scenarios.schema import Scenario
 
-__all__ = ["EdgeFleet", "FleetTopology"]
+__all__ = ["EdgeFleet", "FleetTopology", "deployed_tree_problem"]
+
+
+def deployed_tree_problem(scenario: Scenario) -> str | None:
+    """Why ``scenario``'s tree cannot run deployed, naming the key and the fix; ``None`` when it can."""
+    if scenario.hierarchy.secure_across_edges:
+        return (f"{scenario.name}: hierarchy.secure_across_edges = true runs in simulation only; in a deployment "
+                "secure aggregation runs inside each edge ([secagg] enabled): set it false")
+    if scenario.data.standardize != "none":
+        return (f"{scenario.name}: data.standardize = {scenario.data.standardize!r} does not run through edge "
+                "aggregators yet: set it \"none\" under [hierarchy] in a deployment")
+    return None
 
 
 @dataclass(frozen=True)
@@ -67,13 +81,15 @@ class EdgeFleet(Grid):
     refresh_s : float
         Ask the edges for their devices at most this often.
     query_s : float
-        How long an edge has to answer which devices it has.
+        How long an edge has to answer which devices it has (an edge whose
+        ServerApp is starting takes seconds; one that is silent longer is
+        left out of the tree until it answers again).
     """
 
     #: The tree's edges are reached by :meth:`ask_edges`, all at once: there are no threads to share it with.
     thread_safe = False
 
-    def __init__(self, grid: Grid, refresh_s: float = 5.0, query_s: float = 60.0) -> None:
+    def __init__(self, grid: Grid, refresh_s: float = 5.0, query_s: float = 15.0) -> None:
         self.inner, self.refresh_s, self.query_s = grid, refresh_s, query_s
         self._topology = FleetTopology((), (), {})
         self._names: dict[int, str] = {}
@@ -125,9 +141,10 @@ class EdgeFleet(Grid):
                   server_round: int = 0) -> list[RecordDict | Exception]:
         """Send each edge its message (``(edge, content)``) of type ``kind`` at once; return their answers in order.
 
-        An edge that did not answer within ``timeout_s`` gets an
+        An edge that did not answer within ``timeout_s``, or whose node or
+        message the SuperLink says is gone, gets an
         :class:`~core.errors.EdgeUnavailable` in its place (its devices are
-        dropped); one that answered with an error, a ``RuntimeError`` naming it.
+        dropped); one whose ClientApp raised, a ``RuntimeError`` naming it.
         """
         nodes = [self._topology.nodes[edge] for edge, _ in orders]
         answers = self._send(kind, dict(zip(nodes, (content for _, content in orders), strict=True)), timeout_s,
@@ -142,10 +159,14 @@ class EdgeFleet(Grid):
         answers: dict[int, RecordDict | Exception] = {}
 
         def on_reply(node: int, reply: Message) -> None:
-            if reply.has_error():
-                answers[node] = RuntimeError(f"its ClientApp answered with an error: {reply.error.reason}"[:300])
-            else:
+            if not reply.has_error():
                 answers[node] = reply.content
+                return
+            outcome, reason = error_outcome(reply.error)  # as a device's error reply is read
+            if outcome == ClientStatus.DROPPED:  # its node or message is gone: the edge died, or its link did
+                answers[node] = EdgeUnavailable(reason)
+            else:
+                answers[node] = RuntimeError(f"its ClientApp answered with an error: {reason}")
 
         owed = push(self.inner, contents, kind, server_round, ttl=timeout_s)
         collect(self.inner, owed, timeout_s, on_reply)

@@ -57,8 +57,8 @@ __all__ = ["TreeTrain", "EDGE_MARGIN_S"]
 #: took 5-6 s a round, 1 or 2 at once 3.4-4 s).
 MAX_EDGES_AT_ONCE = 2
 #: How much longer than a round's deadline the aggregator waits for a deployed edge: the edge's own
-#: sub-round has the deadline, and its answer still has to come up.
-EDGE_MARGIN_S = 30.0
+#: sub-round has the deadline, and its answer still has to come up (a second or two on a SuperLink).
+EDGE_MARGIN_S = 10.0
 
 
 @dataclass
@@ -181,7 +181,7 @@ class _Merge:
             self._lost(edge, devices, row, ClientStatus.DROPPED, f"edge {self._name(edge)} dropped: {exc}")
             return
         except Exception as exc:  # the edge's sub-round itself failed: none of its devices counts
-            self._lost(edge, devices, row, ClientStatus.FAILED, f"edge {edge} failed: {one_line(exc)}")
+            self._lost(edge, devices, row, ClientStatus.FAILED, f"edge {self._name(edge)} failed: {one_line(exc)}")
             return
         if edge in self.lost:  # it vanished after its devices trained: its answer never comes
             self._lost(edge, devices, row, ClientStatus.DROPPED, f"edge {edge} never answered (it vanished after "
@@ -195,7 +195,8 @@ class _Merge:
             partial = parse_partial_reply(answer.reply, self.size, self.request.max_update_bytes, devices, secure)
             self._check(partial)
         except UpdateRejected as exc:
-            self._lost(edge, devices, row, ClientStatus.REJECTED, f"edge {edge}'s partial sum refused: {exc}")
+            self._lost(edge, devices, row, ClientStatus.REJECTED,
+                       f"edge {self._name(edge)}'s partial sum refused: {exc}")
             return
         if partial.total is not None:
             assert self.agg is not None

@@ -1,0 +1,160 @@
+"""``quorum aggregator start --edge``: an edge aggregator's host, between its devices and the aggregator.
+
+An edge host is an aggregator host (its own SuperLink behind its own TLS
+front door, its own enrolled devices, ``quorum client enroll -c edge.toml``)
+with two more things, both watched by the same supervisor:
+
+* the **upstream agent**: ``quorum client start --server UPSTREAM`` with the
+  edge's key enrolled at the aggregator (``quorum client enroll EDGE`` there),
+  a SuperNode of the aggregator's whose ClientApp trains nothing: it hands the
+  aggregator's messages to the edge through a folder (``clients.edge``);
+* the **bridge** (:class:`EdgeBridge`): once a message of an aggregator's run
+  waits in that folder and no ServerApp of this edge serves the run, it
+  submits one to the edge's own SuperLink, with the aggregator's run config
+  (its scenario: the devices' ClientApps train with it) and the edge's keys.
+  That ServerApp (``aggregator.hierarchy.serve``) answers the run's messages
+  over the edge's devices, and ends after a quiet spell; the bridge starts
+  another when the run speaks again.
+
+``docs/hierarchy.md`` ("Deploy an edge") walks through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.channel import Channel
+from deploy.config import DeployConfig
+from deploy.enroll import device_names
+from deploy.errors import DeployError
+
+__all__ = ["EdgeSpec", "EdgeBridge", "upstream_agent_argv", "START_GRACE_S"]
+
+#: How long a submitted edge run may take to show its ServerApp before the bridge submits it again.
+START_GRACE_S = 90.0
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    """How this edge reaches the aggregator: its address, and the key and CA of its enrolment there."""
+
+    upstream: str                   # HOST:PORT of the aggregator's device-facing port
+    name: str                       # the name the edge was enrolled under at the aggregator
+    key: Path | None = None         # the edge's private key, from `quorum client enroll NAME` at the aggregator
+    ca: Path | None = None          # the aggregator's CA certificate
+    insecure: bool = False          # a loopback trial: no TLS upstream
+    poll_s: float = 0.2             # how often the idle upstream SuperNode asks for work
+
+    def check(self) -> None:
+        """Refuse an edge that cannot reach its aggregator, naming the option.
+
+        Raises
+        ------
+        DeployError
+            No ``HOST:PORT``, or TLS without both ``--upstream-key`` and ``--upstream-ca`` files.
+        """
+        host, _, port = self.upstream.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise DeployError(f"--upstream {self.upstream!r}: expected HOST:PORT, the aggregator's device address")
+        if self.insecure:
+            return
+        for flag, path in (("--upstream-key", self.key), ("--upstream-ca", self.ca)):
+            if path is None:
+                raise DeployError(f"{flag} is required for an edge over TLS: the edge's key and the aggregator's "
+                                  "CA, from `quorum client enroll EDGE` on the aggregator (or --insecure, loopback)")
+            if not path.is_file():
+                raise DeployError(f"{flag} {path}: no such file")
+
+
+def channel_of(config: DeployConfig) -> Channel:
+    """Return the edge's hand-off folder (in its state folder)."""
+    return Channel(config.state.root / "edge-channel")
+
+
+def upstream_agent_argv(config: DeployConfig, spec: EdgeSpec) -> list[str]:
+    """Return the command of the edge's upstream agent: a data-less client agent of the aggregator's."""
+    argv = [sys.executable, "-m", "deploy", "client", "start", "--server", spec.upstream, "--name", spec.name,
+            "--edge-channel", str(channel_of(config).root), "--workdir", str(config.state.root / "upstream"),
+            "--poll", str(spec.poll_s)]
+    if spec.insecure:
+        return [*argv, "--insecure"]
+    assert spec.key is not None and spec.ca is not None  # EdgeSpec.check
+    return [*argv, "--key", str(spec.key.resolve()), "--ca", str(spec.ca.resolve())]
+
+
+@dataclass
+class EdgeBridge:
+    """Start an edge ServerApp for each aggregator's run that has a message waiting and none serving it.
+
+    ``submit`` submits a run config to the edge's SuperLink and returns the
+    Flower run id (``deploy.flower.submit_run``).
+    """
+
+    config: DeployConfig
+    spec: EdgeSpec
+    submit: Callable[[DeployConfig, dict[str, Any]], int]
+    say: Callable[[str], None] = print
+    serving: dict[int, tuple[int, float]] = field(default_factory=dict)  # aggregator's run -> (edge run, when)
+
+    @property
+    def channel(self) -> Channel:
+        """Return the edge's hand-off folder."""
+        return channel_of(self.config)
+
+    def poll(self) -> list[int]:
+        """Serve every aggregator's run that waits; return the edge runs submitted now."""
+        started = []
+        for run in self.channel.waiting_runs():
+            if self._served(run):
+                continue
+            upstream = self.channel.run_config(run)
+            if upstream is None:
+                continue  # its asker writes the run config first: a request without one is not ours
+            try:
+                edge_run = self.submit(self.config, self.run_config(run, upstream))
+            except Exception as exc:  # the SuperLink restarting, a bad run config: said, tried again later
+                self.serving[run] = (-1, time.monotonic())
+                self.say(f"edge {self.spec.name}: could not start serving the aggregator's run {run} (trying again "
+                         f"in {START_GRACE_S:g} s): {type(exc).__name__}: {exc}")
+                continue
+            self.serving[run] = (edge_run, time.monotonic())
+            self.say(f"edge {self.spec.name}: serving the aggregator's run {run} as Flower run {edge_run} "
+                     "on this edge's SuperLink")
+            started.append(edge_run)
+        return started
+
+    def run_config(self, run: int, upstream: dict[str, Any]) -> dict[str, Any]:
+        """Return the edge run's config: the aggregator's (its scenario), the edge's own keys over it."""
+        keep = {k: v for k, v in upstream.items() if k in ("scenario", "scenario-json", "overrides")}
+        return {**keep, "edge-channel": str(self.channel.root), "edge-name": self.spec.name,
+                "edge-run": str(run),  # a Flower run id is a uint64; run config integers are int64
+                "state-dir": str(self.config.state.root),
+                "devices": json.dumps({str(k): v for k, v in device_names(self.config).items()})}
+
+    def _served(self, run: int) -> bool:
+        """Whether a ServerApp of this edge serves ``run``: submitted just now, or its process is alive."""
+        if run not in self.serving:
+            return False
+        edge_run, when = self.serving[run]
+        if time.monotonic() - when < START_GRACE_S:
+            return True
+        return edge_run in _live_serverapps(self.config.state.root)
+
+
+def _live_serverapps(state_root: Path) -> set[int]:
+    """Return the Flower runs whose ServerApps on this host are alive (their pid files, ``serverapps/``)."""
+    live = set()
+    for entry in (state_root / "serverapps").glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            info = json.loads(entry.read_text())
+            os.kill(int(info["pid"]), 0)
+            live.add(int(info["flower_run"]))
+    return live
