@@ -94,7 +94,8 @@ def build_train(scenario: Scenario) -> TrainWorkflow:
         return train
     return TreeTrain(train, scenario.hierarchy.edges, weighting=None if scenario.secagg.enabled else policy,
                      max_update_ratio=fed.max_update_ratio, accumulate=fed.accumulate,
-                     secure_across=scenario.secagg if scenario.hierarchy.secure_across_edges else None)
+                     secure_across=scenario.secagg if scenario.hierarchy.secure_across_edges else None,
+                     unit_weights=scenario.dp.enabled)
 
 
 def build_device_train(scenario: Scenario) -> TrainWorkflow:

@@ -62,9 +62,8 @@ def check_hierarchy(scenario: Any) -> None:
          "devices' sum; use a FedAvg-family strategy")
         if scenario.strategy.robust else
         ("async.enabled", True, "[hierarchy] edges > 0 sends one sum per edge and round, and buffered "
-         "asynchronous aggregation folds single replies as they come; choose one") if scenario.asynchronous.enabled else
-        ("dp.enabled", True, "[hierarchy] edges > 0: differential privacy over a tree of edges is "
-         "not supported yet (docs/hierarchy.md); run it flat") if scenario.dp.enabled else None)
+         "asynchronous aggregation folds single replies as they come; choose one") if scenario.asynchronous.enabled
+        else None)
     if culprit is not None:
         raise Bad(*culprit)
     if spec.secure_across_edges:

@@ -44,7 +44,7 @@ from core.instructions import train_instruction
 from core.partials import EDGE_TRAIN, PartialReply, edge_instruction, parse_partial_reply
 from core.records import ClientRecord
 from core.status import ClientStatus
-from core.strategy import Strategy
+from core.strategy import PrivateStrategy, Strategy
 from core.train import TrainOutcome, TrainRequest, TrainWorkflow
 from core.weighting import WeightPolicy
 from core.wire import wire_bytes
@@ -82,6 +82,10 @@ class TreeTrain:
     secure_across : SecAggSpec | None
         Sum the edges' sums by secure aggregation too, with these settings
         (``[hierarchy] secure_across_edges``): the aggregator learns only the global sum.
+    unit_weights : bool
+        Every device weighs 1 whatever its example count (DP-FedAvg, ``[dp]``): an
+        edge's weight must then be its count of devices folded. ``weighting``
+        still weighs the devices' training losses, as a flat round does.
     """
 
     edge: TrainWorkflow
@@ -90,6 +94,7 @@ class TreeTrain:
     max_update_ratio: float = 10.0
     accumulate: str = "float32"
     secure_across: SecAggSpec | None = None
+    unit_weights: bool = False
     _topology: Topology | None = field(default=None, init=False, repr=False)
 
     def topology(self, grid: Grid) -> Topology | FleetTopology:
@@ -213,7 +218,8 @@ class _Merge:
         weighting = self.tree.weighting
         if weighting is not None and partial.count:
             counts = [d.num_examples for d in partial.devices if d.outcome == ClientStatus.OK]
-            expected = float(sum(weighting.weight(n) for n in counts))
+            expected = float(len(counts)) if self.tree.unit_weights else float(sum(weighting.weight(n)
+                                                                                   for n in counts))
             if not abs(partial.weight - expected) <= 1e-6 * expected:
                 raise UpdateRejected(f"weight {partial.weight:.6g} is not the {expected:.6g} its devices' "
                                      "example counts give")
@@ -278,8 +284,10 @@ class _Merge:
         up, down = sum(s.bytes_up for s in result.stages), sum(s.bytes_down for s in result.stages)
         self.bytes_in, self.bytes_out = self.bytes_in + up, self.bytes_out + down  # the protocol's messages
         total = np.asarray(result.total, dtype=self.agg.total.dtype)
-        self.agg = aggregate.merge(self.agg, MeanState(total, float(result.total_weight),
-                                                       sum(p.count for _, p, _ in kept)))
+        summed = MeanState(total, float(result.total_weight), sum(p.count for _, p, _ in kept))
+        # a private strategy bounds a secure sum's count bit (DP-FedAvg's fold_sum); a plain one merges it
+        self.agg = (self.strategy.fold_sum(self.agg, summed) if isinstance(self.strategy, PrivateStrategy)
+                    else aggregate.merge(self.agg, summed))
         return {"edges": len(kept), "survivors": len(result.survivors), "error_bound": float(result.error_bound),
                 "bytes_up": up, "bytes_down": down}
 

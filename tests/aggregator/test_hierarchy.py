@@ -296,3 +296,65 @@ def test_the_scenarios_accumulate_reaches_every_running_sum() -> None:
         assert isinstance(tree, TreeTrain) and tree.accumulate == tree.edge.accumulate == accumulate
         secure = build_train(tiny_scenario(federation=fed, secagg={"enabled": True}))
         assert secure.accumulate == accumulate
+
+
+@pytest.mark.parametrize("secagg", [False, True], ids=["plain", "secagg-inside-edges"])
+def test_central_dp_over_a_tree_releases_the_flat_runs_model_and_spends_the_same_epsilon(
+        db_url: str, monkeypatch: pytest.MonkeyPatch, secagg: bool) -> None:
+    # Arrange: DP-FedAvg, 12 devices sampled by Poisson (q = 6/12, or 1), central noise. Its sample and noise come from
+    # a secret generator; the test replaces it with the same seeded sequence for both runs, so the flat run is
+    # the independent reference for the very same cohorts and noise
+    import itertools
+
+    dp = {"enabled": True, "noise_multiplier": 0.5, "clip_norm": 0.5}
+    # under secure aggregation inside the edges every device is sampled (q = 1): a Poisson sample can leave an
+    # edge one device, too few for its own secure sum, where the flat cohort has enough
+    fed = {"clients": 12, "min_clients": 1, "weighting": "capped", "clients_per_round": 12 if secagg else 6}
+    # a 64-bit ring: each cohort's quantisation grid then rounds below float32's own error (as above)
+    extra: dict[str, Any] = {"secagg": {"enabled": True, "bits": 64, "clip_range": 4.0}} if secagg else {}
+
+    def run(**tree: Any) -> Any:
+        seeds = itertools.count(1000)
+        monkeypatch.setattr("privacy.dp.strategy.secure_rng", lambda: np.random.default_rng(next(seeds)))
+        return simulate(tiny_scenario(rounds=3, federation=fed, dp=dp, **extra, **tree), db_url=db_url, workers=1)
+
+    # Execute
+    flat, tree = run(), run(hierarchy={"edges": 3})
+
+    # Assert: the same devices each round, the same released model (float32 sums in another order), the same
+    # privacy spent; each edge's weight was checked as its count of devices (DP weighs every device 1)
+    assert flat.status == tree.status == "finished", (tree.status, RunStore(db_url).get_run(tree.run_id).error)
+    assert _sampled(db_url, flat.run_id) == _sampled(db_url, tree.run_id)
+    a, b = _model(db_url, flat.run_id), _model(db_url, tree.run_id)
+    assert np.abs(a - b).max() <= 1e-5 and np.abs(a).max() > 0.01
+    store = RunStore(db_url)
+    eps = [[r.epsilon for r in store.rounds(run.run_id)] for run in (flat, tree)]
+    assert eps[0] == eps[1] and all(e is not None and e > 0 for e in eps[0])
+    assert all(e["answered"] == e["sampled"] for r in store.rounds(tree.run_id) for e in r.tree["edges"])
+
+
+def test_distributed_dp_over_a_tree_runs_with_secure_aggregation_inside_the_edges(db_url: str) -> None:
+    # each device adds its noise share sized by the round's whole cohort (K = 12, not its edge's 4), and the
+    # aggregator's top-up for missing shares counts the merged sum's devices: the same epsilon as flat
+    dp = {"enabled": True, "noise_multiplier": 0.5, "clip_norm": 0.5, "placement": "distributed"}
+    fed = {"clients": 12, "min_clients": 1, "weighting": "capped", "clients_per_round": 12}
+    runs = [simulate(tiny_scenario(rounds=2, federation=fed, dp=dp, secagg={"enabled": True}, **tree),
+                     db_url=db_url, workers=1) for tree in ({}, {"hierarchy": {"edges": 3}})]
+    store = RunStore(db_url)
+    assert [r.status for r in runs] == ["finished", "finished"]
+    eps = [[r.epsilon for r in store.rounds(run.run_id)] for run in runs]
+    assert eps[0] == eps[1] and eps[0][0] is not None
+    assert all(e["answered"] == 4 for r in store.rounds(runs[1].run_id) for e in r.tree["edges"])
+    assert runs[1].final_accuracy > 0.3  # noised, and still learning
+
+
+def test_central_dp_with_a_secure_sum_across_the_edges_folds_it_as_dp_fedavg_folds_a_secure_sum(db_url: str) -> None:
+    dp = {"enabled": True, "noise_multiplier": 0.5, "clip_norm": 0.5}
+    fed = {"clients": 12, "min_clients": 1, "weighting": "capped", "clients_per_round": 12}
+    run = simulate(tiny_scenario(rounds=2, federation=fed, dp=dp, secagg={"enabled": True},
+                                 hierarchy={"edges": 3, "secure_across_edges": True}), db_url=db_url, workers=1)
+    store = RunStore(db_url)
+    assert run.status == "finished", store.get_run(run.run_id).error
+    across = [r.tree["secure_across_edges"] for r in store.rounds(run.run_id)]
+    assert all(a["edges"] == a["survivors"] == 3 for a in across)  # the aggregator saw only the global sum
+    assert all(r.epsilon is not None and r.epsilon > 0 for r in store.rounds(run.run_id))

@@ -35,12 +35,17 @@ def test_more_edges_than_devices_is_refused() -> None:
     ({"federation": {"clients": 10}}, r"federation.weighting = 'median': \[hierarchy\] edges > 0.*\"capped\""),
     ({"strategy": {"name": "krum", "num_byzantine": 1}}, r"strategy.name = 'krum': \[hierarchy\] edges > 0: a robust"),
     ({"async": {"enabled": True}, "evaluation": {"federated": False}}, r"async.enabled = True: \[hierarchy\] edges"),
-    ({"dp": {"enabled": True, "noise_multiplier": 1.0, "clip_norm": 1.0}}, r"dp.enabled = True: \[hierarchy\]"),
 ])
 def test_what_a_tree_cannot_sum_is_refused_naming_both_keys(sections: dict[str, Any], match: str) -> None:
     with pytest.raises(ScenarioError, match=match):
         parse(hierarchy={"edges": 2}, **sections)
     parse(**sections)  # the same scenario flat is fine
+
+
+def test_central_dp_over_a_tree_is_accepted() -> None:
+    # every device weighs 1 and the top adds the noise: the edges' sums add up to the flat sum
+    tree = parse(hierarchy={"edges": 2}, dp={"enabled": True, "noise_multiplier": 1.0, "clip_norm": 1.0})
+    assert tree.dp.enabled and tree.hierarchy.edges == 2
 
 
 def test_secure_aggregation_and_compression_compose_with_a_tree() -> None:
