@@ -32,6 +32,7 @@ from aggregator.fedbuff import BufferedLoop
 from aggregator.flower_app import find_app, log_end, round_logger, serve_flower_app
 from aggregator.hierarchy.evaluate import TreeEvaluate
 from aggregator.hierarchy.fleet import EdgeFleet, deployed_tree_problem
+from aggregator.hierarchy.robust import EdgeRobust
 from aggregator.hierarchy.serve import EDGE_CHANNEL, EDGE_IDLE, EDGE_IDLE_S, EDGE_NAME, EDGE_RUN, EdgeServer
 from aggregator.hierarchy.tree import TreeTrain
 from aggregator.resume import check_same_scenario, has_ended, scenario_difference, start_state
@@ -72,8 +73,14 @@ __all__ = ["app", "build_strategy", "build_train", "build_device_train", "run_fe
 
 
 def build_strategy(scenario: Scenario) -> Strategy[Any]:
-    """Build the scenario's strategy (by name: ``aggregator.strategies.registry``), in DP-FedAvg under ``[dp]``."""
+    """Build the scenario's strategy (by name: ``aggregator.strategies.registry``), in DP-FedAvg under ``[dp]``.
+
+    A robust rule under ``[hierarchy]`` runs at each edge, with FedAvg over the edges
+    (:class:`aggregator.hierarchy.robust.EdgeRobust`).
+    """
     base = build_base(scenario)
+    if scenario.hierarchy.enabled and scenario.strategy.robust:  # the rule at each edge, FedAvg over the edges
+        return EdgeRobust(base)
     if not scenario.dp.enabled:
         return base
     return make_dp_strategy(base, scenario.dp, clients_per_round=scenario.federation.per_round,
@@ -95,7 +102,7 @@ def build_train(scenario: Scenario) -> TrainWorkflow:
     return TreeTrain(train, scenario.hierarchy.edges, weighting=None if scenario.secagg.enabled else policy,
                      max_update_ratio=fed.max_update_ratio, accumulate=fed.accumulate,
                      secure_across=scenario.secagg if scenario.hierarchy.secure_across_edges else None,
-                     unit_weights=scenario.dp.enabled)
+                     unit_weights=scenario.dp.enabled or scenario.strategy.robust)
 
 
 def build_device_train(scenario: Scenario) -> TrainWorkflow:

@@ -58,9 +58,10 @@ def check_hierarchy(scenario: Any) -> None:
          "no edge knows before every edge has answered; use \"capped\" or \"uniform\"")
         if scenario.federation.weighting == "median" else
         ("strategy.name", scenario.strategy.name,
-         "[hierarchy] edges > 0: a robust rule must see every update, and an edge sends only its "
-         "devices' sum; use a FedAvg-family strategy")
-        if scenario.strategy.robust else
+         "[hierarchy] edges > 0 runs a robust rule at each edge, over its own cohort, and this one cannot: "
+         + _EDGE_RULES_WHY.get(scenario.strategy.name, "")
+         + "; use \"median\" or \"trimmed_mean\" (each edge's cohort filtered, FedAvg over the edges)")
+        if scenario.strategy.robust and scenario.strategy.name not in EDGE_RULES else
         ("async.enabled", True, "[hierarchy] edges > 0 sends one sum per edge and round, and buffered "
          "asynchronous aggregation folds single replies as they come; choose one") if scenario.asynchronous.enabled
         else None)
@@ -75,6 +76,14 @@ def check_hierarchy(scenario: Any) -> None:
             raise Bad("hierarchy.edges", spec.edges, f"hierarchy.secure_across_edges = true needs at least "
                        f"{MIN_SECURE_EDGES} edges: with two, each learns the other's sum from the next model")
 
+
+#: The robust rules an edge runs over its own cohort (``aggregator.hierarchy.robust``): stateless, each update 1.
+EDGE_RULES = frozenset({"median", "trimmed_mean"})
+_EDGE_RULES_WHY = {
+    "krum": "its num_byzantine bound is per round, and a Byzantine minority of the round can be a majority of "
+            "one edge's cohort",
+    "centered_clipping": "its centre is the previous round's aggregate, which no edge holds",
+}
 
 #: The fewest edges a secure sum across edges hides one edge's sum among: with 2, each edge subtracts its own.
 MIN_SECURE_EDGES = 3

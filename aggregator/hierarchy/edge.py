@@ -19,7 +19,9 @@ from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
 from aggregator.evaluation import federated_evaluate
+from aggregator.hierarchy.robust import as_partial_sum
 from core.aggregate import MeanState
+from core.buffer import UpdateBuffer
 from core.instructions import TrainConfig
 from core.layouts import ParamLayout
 from core.partials import edge_devices, edge_secured, eval_partial_reply, partial_reply
@@ -48,15 +50,21 @@ def edge_round(grid: Grid, instruction: RecordDict, request: TrainRequest, train
     secure sum across the edges, the reply carries no sum and the answer's
     ``secret`` holds it, to be masked in that protocol (``aggregator.hierarchy.secure``).
 
+    ``strategy`` is what the edge folds its devices with: the round's, or a
+    robust rule (``aggregator.hierarchy.robust``), whose aggregate of the
+    cohort then goes up as a sum.
+
     Raises
     ------
     TypeError
-        ``strategy`` folds no running sum (a robust rule; the scenario refuses it under ``[hierarchy]``).
+        ``strategy`` keeps an aggregate that is neither a running sum nor a robust rule's buffer.
     """
     started = time.monotonic()
     devices = edge_devices(instruction)
     outcome = train(grid, replace(request, nodes=devices), strategy)
     agg = outcome.aggregate
+    if isinstance(agg, UpdateBuffer):  # a robust rule at the edge: its aggregate of the cohort, as a sum
+        agg = as_partial_sum(strategy, agg, request.state.params.dtype.name) if agg.count else None
     if agg is not None and not isinstance(agg, MeanState):
         raise TypeError(f"strategy {strategy.name!r} folds no running sum; an edge can send only a sum")
     seconds = time.monotonic() - started

@@ -29,6 +29,7 @@ from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
 from aggregator.hierarchy.edge import edge_evaluate, edge_round
+from aggregator.hierarchy.robust import edge_strategy
 from core.boundary import one_line
 from core.channel import Channel, Request
 from core.instructions import read_instruction
@@ -135,4 +136,5 @@ class EdgeServer:
         state = ServerState(params=instruction.params)
         train = TrainRequest(server_round=instruction.config.round, nodes=[], state=state, config=instruction.config,
                              deadline_s=deadline, max_update_bytes=self.max_update_bytes, layout=self.layout)
-        return edge_round(self.grid, request.content, train, self.train, self.strategy.for_round(state)).reply
+        return edge_round(self.grid, request.content, train, self.train,
+                          edge_strategy(self.strategy).for_round(state)).reply

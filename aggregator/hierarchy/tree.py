@@ -34,6 +34,7 @@ from flwr.serverapp import Grid
 
 from aggregator.hierarchy.edge import EdgeAnswer, edge_round
 from aggregator.hierarchy.fleet import EdgeFleet, FleetTopology
+from aggregator.hierarchy.robust import edge_strategy
 from aggregator.hierarchy.secure import secure_edge_sum
 from aggregator.hierarchy.topology import Topology
 from core import aggregate
@@ -83,8 +84,8 @@ class TreeTrain:
         Sum the edges' sums by secure aggregation too, with these settings
         (``[hierarchy] secure_across_edges``): the aggregator learns only the global sum.
     unit_weights : bool
-        Every device weighs 1 whatever its example count (DP-FedAvg, ``[dp]``): an
-        edge's weight must then be its count of devices folded. ``weighting``
+        Every device weighs 1 whatever its example count (DP-FedAvg, ``[dp]``, or a
+        robust rule at the edges): an edge's weight must then be its count of devices folded. ``weighting``
         still weighs the devices' training losses, as a flat round does.
     """
 
@@ -139,7 +140,7 @@ class TreeTrain:
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=max(1, min(at_once, len(groups))),
                                 thread_name_prefix="quorum-edge") as pool:
-            futures = [pool.submit(edge_round, grid, message, request, self.edge, strategy)
+            futures = [pool.submit(edge_round, grid, message, request, self.edge, edge_strategy(strategy))
                        for _, _, message in instructions]
             for (edge, devices, message), future in zip(instructions, futures, strict=True):
                 merge.edge(edge, devices, wire_bytes(message), future)  # in edge order: the same bits every run

@@ -358,3 +358,75 @@ def test_central_dp_with_a_secure_sum_across_the_edges_folds_it_as_dp_fedavg_fol
     across = [r.tree["secure_across_edges"] for r in store.rounds(run.run_id)]
     assert all(a["edges"] == a["survivors"] == 3 for a in across)  # the aggregator saw only the global sum
     assert all(r.epsilon is not None and r.epsilon > 0 for r in store.rounds(run.run_id))
+
+
+# ------------------------------------------------------------------ a robust rule at each edge
+
+
+class _BufferEdge:
+    """An edge workflow folding device n's update ``n x u`` (device 5: a Byzantine ``-1000 x u``) with the rule."""
+
+    def __init__(self, update: np.ndarray) -> None:
+        self.update = update
+
+    def __call__(self, grid: Grid, request: TrainRequest, strategy: Strategy[Any]) -> TrainOutcome[Any]:  # noqa: ARG002
+        agg = strategy.new_aggregate(self.update.size)
+        for n in request.nodes:
+            agg = strategy.accumulate(agg, self.update * (-1000.0 if n == 5 else float(n)), float(n))
+        return TrainOutcome(aggregate=agg, clients=[ClientRecord(client=str(n), outcome=ClientStatus.OK,
+                                                                  num_examples=n) for n in request.nodes])
+
+
+def test_a_median_at_each_edge_outvotes_its_byzantine_device_and_fedavg_merges_the_edges() -> None:
+    from aggregator.hierarchy.robust import EdgeRobust
+    from aggregator.strategies.median import FedMedian
+
+    # Three edges of three devices; device 5 (edge 1) sends -1000 u. Worked by hand, coordinate by coordinate:
+    # edge 0 median(1u, 2u, 3u) = 2u; edge 1 median(4u, -1000u, 6u) = 4u; edge 2 median(7u, 8u, 9u) = 8u;
+    # FedAvg over the edges, 3 devices each: (2 + 4 + 8) / 3 u
+    u = np.array([0.01, -0.02, 0.03], np.float32)
+    strategy = EdgeRobust(FedMedian())
+    tree = TreeTrain(_BufferEdge(u), edges=3, weighting=WeightPolicy("capped", max_examples=1000), unit_weights=True)
+    outcome = tree(_Grid(9), _request(3, list(range(1, 10))), strategy)
+
+    assert outcome.aggregate is not None and (outcome.aggregate.weight, outcome.aggregate.count) == (9.0, 9)
+    np.testing.assert_allclose(aggregate.finalize(outcome.aggregate), u * 14 / 3, rtol=1e-6)
+    assert all(c.outcome == ClientStatus.OK for c in outcome.clients)
+    # the step is the rule's own (server_lr 1): the model moves by the merged mean
+    state = strategy.apply(ServerState.initial(np.zeros(3, np.float32)), aggregate.finalize(outcome.aggregate))
+    np.testing.assert_allclose(state.params, u * 14 / 3, rtol=1e-6)
+    assert strategy.name == "median@edges"
+
+
+def test_an_edge_claiming_its_robust_aggregate_weighs_its_examples_is_refused() -> None:
+    from aggregator.hierarchy.robust import EdgeRobust
+    from aggregator.strategies.median import FedMedian
+
+    class Inflating(_BufferEdge):
+        def __call__(self, grid: Grid, request: TrainRequest, strategy: Strategy[Any]) -> TrainOutcome[Any]:
+            out = super().__call__(grid, request, strategy)
+            # as a plain sum weighted by example counts: 1 + 2 + 3 = 6, where each device weighs 1 under the rule
+            if request.nodes[0] == 1:
+                mean = strategy.finalize(out.aggregate, np.random.default_rng(0))
+                out.aggregate = aggregate.MeanState(mean * 6, 6.0, 3)
+            return out
+
+    u = np.array([0.01, -0.02, 0.03], np.float32)
+    tree = TreeTrain(Inflating(u), edges=3, weighting=WeightPolicy("capped", max_examples=1000), unit_weights=True)
+    outcome = tree(_Grid(9), _request(3, list(range(1, 10))), EdgeRobust(FedMedian()))
+    assert {c.client for c in outcome.clients if c.outcome == ClientStatus.REJECTED} == {"1", "2", "3"}
+    np.testing.assert_allclose(aggregate.finalize(outcome.aggregate), u * 12 / 2, rtol=1e-6)  # (4 + 8) / 2
+
+
+@pytest.mark.parametrize("rule", [{"name": "median"},
+                                  {"name": "trimmed_mean", "trimmed_mean": {"trim_fraction": 0.25}}],
+                         ids=["median", "trimmed_mean"])
+def test_a_robust_rule_at_the_edges_learns_through_a_byzantine_attack(db_url: str, rule: dict[str, Any]) -> None:
+    scenario = tiny_scenario(rounds=3, federation={"clients": 12, "min_clients": 1, "weighting": "capped"},
+                             strategy=rule, hierarchy={"edges": 3},
+                             faults={"byzantine": {"fraction": 0.17, "attack": "signflip"}})
+    run = simulate(scenario, db_url=db_url, workers=1)
+    stored = RunStore(db_url).get_run(run.run_id)
+    assert run.status in ("finished", "degraded") and run.final_accuracy > 0.6, (run.status, stored.error)
+    assert stored.strategy == f"{rule['name']}@edges"
+    assert all(e["answered"] == 4 for r in RunStore(db_url).rounds(run.run_id) for e in r.tree["edges"])

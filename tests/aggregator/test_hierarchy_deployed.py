@@ -130,6 +130,20 @@ def test_edges_reached_by_messages_end_with_the_flat_model(tmp_path: Path, db_ur
     assert store.get_run(run_id).info is not None
 
 
+def test_a_robust_rule_at_deployed_edges_gives_the_simulated_trees_model(tmp_path: Path, db_url: str) -> None:
+    # the simulated tree (edges on threads, same blocks) is the reference; the deployed edges fold with the rule
+    fed = {**FED, "accumulate": "float32"}  # a robust rule keeps no float64 running sum
+    scenario = tiny_scenario(rounds=2, federation=fed, hierarchy={"edges": 3},
+                             strategy={"name": "trimmed_mean", "trimmed_mean": {"trim_fraction": 0.25}})
+    simulated = simulate(scenario, db_url=db_url, workers=1)
+    store = RunStore(db_url)
+    with deployed_tree(tmp_path, scenario) as tree:
+        run_id, result = run_federation(tree.fleet, scenario, store, engine="inprocess")
+    assert result.status == simulated.status == "finished"
+    assert store.get_run(run_id).strategy == "trimmed_mean@edges"
+    np.testing.assert_allclose(_model(db_url, run_id), _model(db_url, simulated.run_id), atol=1e-6)
+
+
 def test_an_edge_that_never_answers_loses_its_devices_as_dropped(tmp_path: Path, db_url: str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # Arrange: edge-c's SuperNode is connected, but its ServerApp serves nothing (it died)

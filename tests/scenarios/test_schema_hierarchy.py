@@ -33,13 +33,21 @@ def test_more_edges_than_devices_is_refused() -> None:
 
 @pytest.mark.parametrize(("sections", "match"), [
     ({"federation": {"clients": 10}}, r"federation.weighting = 'median': \[hierarchy\] edges > 0.*\"capped\""),
-    ({"strategy": {"name": "krum", "num_byzantine": 1}}, r"strategy.name = 'krum': \[hierarchy\] edges > 0: a robust"),
+    ({"strategy": {"name": "krum", "num_byzantine": 1}},
+     r"strategy.name = 'krum': \[hierarchy\] edges > 0 runs a robust rule at each edge.*num_byzantine bound"),
+    ({"strategy": {"name": "centered_clipping"}},
+     r"strategy.name = 'centered_clipping': .*previous round's aggregate"),
     ({"async": {"enabled": True}, "evaluation": {"federated": False}}, r"async.enabled = True: \[hierarchy\] edges"),
 ])
 def test_what_a_tree_cannot_sum_is_refused_naming_both_keys(sections: dict[str, Any], match: str) -> None:
     with pytest.raises(ScenarioError, match=match):
         parse(hierarchy={"edges": 2}, **sections)
     parse(**sections)  # the same scenario flat is fine
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed_mean"])
+def test_a_stateless_robust_rule_runs_at_the_edges(rule: str) -> None:
+    assert parse(hierarchy={"edges": 2}, strategy={"name": rule}).strategy.name == rule
 
 
 def test_central_dp_over_a_tree_is_accepted() -> None:
