@@ -37,7 +37,7 @@ from core.status import ClientStatus
 
 __all__ = ["EDGE_TRAIN", "EDGE_EVALUATE", "EDGE_QUERY", "devices_query", "devices_reply", "parse_devices_reply",
            "EdgeDevices", "MAX_NAME_CHARS", "eval_partial_reply", "parse_eval_partial", "EvalRows",
-           "edge_instruction", "edge_devices", "edge_secured",
+           "edge_instruction", "edge_devices", "edge_secured", "renamed_devices",
            "partial_reply", "parse_partial_reply", "PartialReply",
            "MAX_EDGE_DEVICES"]
 
@@ -396,3 +396,41 @@ def parse_devices_reply(content: RecordDict) -> EdgeDevices:
                              "per device")
     pairs: list[tuple[int, str]] = list(zip(ids, names, strict=True))
     return EdgeDevices(edge, {d: "".join(c for c in n if c.isprintable()) for d, n in pairs})
+
+
+# -- naming the devices the aggregator's way -----------------------------------------------------------------------
+
+
+def renamed_devices(content: RecordDict, names: Mapping[int, int]) -> RecordDict:
+    """Return an edge message or answer with its devices renamed by ``names`` (old id -> new id).
+
+    The aggregator of a deployed tree names a device by its enrolled name,
+    each edge by its node id on the edge's SuperLink: the aggregator renames
+    the devices an instruction lists before it goes down, and the devices an
+    answer names (a partial sum's rows, an evaluation's records) when it
+    comes up. A device ``names`` does not know keeps its id, so an answer
+    about a device the edge was not asked about is still refused by the
+    parsers. Records this module does not spell pass unchanged.
+    """
+    out = RecordDict(dict(content.items()))
+
+    def new(text: Any) -> Any:
+        if isinstance(text, str) and text.isdigit() and len(text) <= 20:
+            return str(names.get(int(text), int(text)))
+        return text
+
+    edge = out.get(_EDGE)
+    if isinstance(edge, ConfigRecord) and isinstance(edge.get("devices"), list):
+        listed: Any = edge.get("devices")
+        out[_EDGE] = ConfigRecord({**dict(edge.items()), "devices": [names.get(d, d) if isinstance(d, int) else d
+                                                                      for d in listed]})
+    for key in (_ROWS, _EVAL_LOST):
+        rows = out.get(key)
+        if isinstance(rows, ConfigRecord) and isinstance(rows.get("client"), list):
+            clients: Any = rows.get("client")
+            out[key] = ConfigRecord({**dict(rows.items()), "client": [new(c) for c in clients]})
+    for key in [k for k in out if k.startswith(_EVAL_PREFIX)]:
+        renamed = f"{_EVAL_PREFIX}{new(key[len(_EVAL_PREFIX):])}"
+        if renamed != key:
+            out[renamed] = out.pop(key)
+    return out

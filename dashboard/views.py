@@ -401,7 +401,7 @@ def _text(value: Any) -> str | None:
 def tree_edges(tree: Any) -> list[dict[str, Any]]:
     """Return a round's edge rows (``rounds.tree["edges"]``), each read defensively.
 
-    Every row has ``edge`` (its number), the :data:`EDGE_COUNTS`, ``seconds``,
+    Every row has ``edge`` (its number), ``name`` (a deployed edge's), the :data:`EDGE_COUNTS`, ``seconds``,
     the byte figures of :data:`EDGE_BYTES` and ``problem`` (why its devices
     were lost): the stored value when it has the right type and range, else
     None; and ``first``, whether it is the first row with its edge number (a
@@ -424,6 +424,7 @@ def tree_edges(tree: Any) -> list[dict[str, Any]]:
         row["seconds"] = _seconds(stored.get("seconds"))
         row.update({key: _count(stored.get(key)) for _, key in EDGE_BYTES})
         row["problem"] = _text(stored.get("problem"))
+        row["name"] = _text(stored.get("name"))  # a deployed edge's enrolled name
         rows.append(row)
         if len(rows) == MAX_EDGES:
             break
@@ -434,6 +435,7 @@ def edge_display(row: Mapping[str, Any]) -> dict[str, str]:
     """Return the display strings of one :func:`tree_edges` row (a dash for what was not recorded)."""
     shown = {key: DASH if row[key] is None else f"{row[key]:,}" for key in EDGE_COUNTS}
     shown["edge"] = DASH if row["edge"] is None else str(row["edge"])
+    shown["name"] = row.get("name") or ""
     shown.update({key: fmt_bytes(row[key]) for _, key in EDGE_BYTES})
     seconds = row["seconds"]  # an edge's sub-round often takes well under a second: two decimals below ten
     took = fmt_duration(seconds) if seconds is None or seconds >= 10 else f"{seconds:.2f} s"

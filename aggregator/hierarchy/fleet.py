@@ -5,8 +5,13 @@ edge aggregators, not devices (``quorum aggregator start --edge``). A round
 still samples devices as a flat round does: :class:`EdgeFleet` wraps the
 SuperLink's grid and shows the devices under its edges as its nodes, asking
 each edge which are connected (:func:`core.partials.devices_query`, at most
-every ``refresh_s``). A device is named by its node id on its edge's
-SuperLink; the aggregator keeps, per device, the edge it was last seen under.
+every ``refresh_s``). A device is known by its enrolled name
+(:func:`device_id`), whichever edge it connects under: one that moves to
+another edge keeps its id, rows and sampling; each message down and answer
+up is renamed between the aggregator's ids and the edge's node ids
+(:func:`core.partials.renamed_devices`). Device names are the federation's
+identities: two edges that report one name are a conflict, and the second
+(by edge name) is left out, with the problem kept in :attr:`EdgeFleet.problems`.
 
 What reaches a device goes through its edge: :meth:`EdgeFleet.ask_edges`
 sends the edges their messages at once and collects their answers, which
@@ -17,9 +22,10 @@ A message addressed to a device directly is refused: there is no such node here.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
@@ -28,11 +34,11 @@ from flwr.supercore.run import Run
 from aggregator.collect import collect, push
 from core.errors import EdgeUnavailable, UpdateRejected
 from core.outcomes import error_outcome
-from core.partials import EDGE_QUERY, EdgeDevices, devices_query, parse_devices_reply
+from core.partials import EDGE_QUERY, EdgeDevices, devices_query, parse_devices_reply, renamed_devices
 from core.status import ClientStatus
 from scenarios.schema import Scenario
 
-__all__ = ["EdgeFleet", "FleetTopology", "deployed_tree_problem"]
+__all__ = ["EdgeFleet", "FleetTopology", "deployed_tree_problem", "device_id"]
 
 
 def deployed_tree_problem(scenario: Scenario) -> str | None:
@@ -50,13 +56,22 @@ def deployed_tree_problem(scenario: Scenario) -> str | None:
     return None
 
 
+def device_id(name: str) -> int:
+    """Return the aggregator's id of the device enrolled as ``name``: the same under whichever edge it connects.
+
+    63 bits of the name's SHA-256; a device its edge names no name for keeps its node id there.
+    """
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") >> 1
+
+
 @dataclass(frozen=True)
 class FleetTopology:
-    """Which edge each device is under, as the edges last said: edges by name, devices by node id."""
+    """Which edge each device is under, as the edges last said: edges by name, devices by the aggregator's id."""
 
     names: tuple[str, ...]  # edge i's name, in name order
     nodes: tuple[int, ...]  # edge i's node id on the aggregator's SuperLink
     under: dict[int, int]  # device -> edge index
+    local: dict[int, int] = field(default_factory=dict)  # device -> its node id on its edge's SuperLink
 
     @property
     def edges(self) -> int:
@@ -98,7 +113,8 @@ class EdgeFleet(Grid):
         self._topology = FleetTopology((), (), {})
         self._names: dict[int, str] = {}
         self._asked_at = -float("inf")
-        self.problems: dict[str, str] = {}  # edge node id (or name) -> why its last answer was refused
+        self.problems: dict[str, str] = {}  # edge node id (or edge/device) -> why it was left out
+        self._said: dict[str, str] = {}
 
     # -- the tree ------------------------------------------------------------------------------------------
 
@@ -109,7 +125,7 @@ class EdgeFleet(Grid):
         return self._topology
 
     def device_names(self) -> dict[int, str]:
-        """Return each device's name as ``edge/device`` (its enrolled name with its edge, else its node id)."""
+        """Return each device's name as ``edge/device`` (its enrolled name, else its node id, with its edge now)."""
         topo = self._topology
         return {d: f"{topo.names[e]}/{self._names.get(d) or d}" for d, e in topo.under.items()}
 
@@ -133,13 +149,21 @@ class EdgeFleet(Grid):
         said.sort(key=lambda t: (t[0], t[1]))
         under: dict[int, int] = {}
         names: dict[int, str] = {}
-        for index, (_, _, reply) in enumerate(said):
-            for device, name in reply.devices.items():
-                if device in under:  # two edges claim one node id: the first (by name) keeps it
+        local: dict[int, int] = {}
+        for index, (edge, _, reply) in enumerate(said):
+            for node, name in reply.devices.items():
+                device = device_id(name) if name else node  # its enrolled name: the same under any edge
+                if device in under:  # two edges claim one device: the first (by name) keeps it
+                    self.problems[f"{edge}/{name or node}"] = (f"also claimed by edge {said[under[device]][0]}; "
+                                                               "left out (device names must be unique)")
                     continue
-                under[device], names[device] = index, name
-        self._topology = FleetTopology(tuple(s[0] for s in said), tuple(s[1] for s in said), under)
+                under[device], names[device], local[device] = index, name, node
+        self._topology = FleetTopology(tuple(s[0] for s in said), tuple(s[1] for s in said), under, local)
         self._names = names
+        for key, why in self.problems.items():  # each problem once, in the ServerApp's log
+            if self._said.get(key) != why:
+                self._said[key] = why
+                print(f"edges: {key}: {why}", flush=True)
 
     def ask_edges(self, kind: str, orders: Sequence[tuple[int, RecordDict]], timeout_s: float,
                   server_round: int = 0) -> list[RecordDict | Exception]:
@@ -150,11 +174,15 @@ class EdgeFleet(Grid):
         :class:`~core.errors.EdgeUnavailable` in its place (its devices are
         dropped); one whose ClientApp raised, a ``RuntimeError`` naming it.
         """
-        nodes = [self._topology.nodes[edge] for edge, _ in orders]
-        answers = self._send(kind, dict(zip(nodes, (content for _, content in orders), strict=True)), timeout_s,
-                             server_round)
+        topo = self._topology
+        down = {d: n for d, n in topo.local.items() if d != n}  # the aggregator's ids -> each edge's node ids
+        up = {n: d for d, n in down.items()}
+        nodes = [topo.nodes[edge] for edge, _ in orders]
+        contents = [renamed_devices(content, down) if down else content for _, content in orders]
+        answers = self._send(kind, dict(zip(nodes, contents, strict=True)), timeout_s, server_round)
         silent = EdgeUnavailable(f"no answer within {timeout_s:g} s")
-        return [answers.get(node, silent) for node in nodes]
+        return [renamed_devices(a, up) if isinstance(a, RecordDict) and up else a
+                for a in (answers.get(node, silent) for node in nodes)]
 
     def _send(self, kind: str, contents: dict[int, RecordDict], timeout_s: float,
               server_round: int = 0) -> dict[int, RecordDict | Exception]:

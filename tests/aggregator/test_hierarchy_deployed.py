@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, RecordDict
 
-from aggregator.hierarchy.fleet import EdgeFleet
+from aggregator.hierarchy.fleet import EdgeFleet, device_id
 from aggregator.hierarchy.serve import EdgeServer
 from aggregator.serverapp import build_device_train, build_strategy, run_federation
 from clients.clientapp import app as client_app
@@ -55,19 +55,25 @@ def _run_config(scenario: Scenario) -> dict[str, str]:
     return {"scenario-json": json.dumps(scenario.to_dict())}
 
 
-def _edge_server(scenario: Scenario, grid: InProcessGrid, channel: Channel, name: str) -> EdgeServer:
+def _edge_server(scenario: Scenario, grid: InProcessGrid, channel: Channel, name: str, named: bool) -> EdgeServer:
     """The edge's ServerApp as ``aggregator.serverapp._serve_edge`` composes it."""
     model = TaskModel.build(load_task(scenario), scenario.seed)
     fed = scenario.federation
     return EdgeServer(grid, channel, run=1, name=name, train=build_device_train(scenario),
                       strategy=build_strategy(scenario), deadline_s=fed.deadline_s,
                       max_update_bytes=int(fed.max_update_mb * 2**20), layout=layout_of(model.model, model.names),
-                      names=lambda: {d: f"dev{d}" for d in BLOCKS[name]})
+                      names=(lambda: {d: f"dev{d}" for d in BLOCKS[name]}) if named else (lambda: {}))
 
 
 @contextmanager
-def deployed_tree(tmp_path: Path, scenario: Scenario, serving: tuple[str, ...] = tuple(BLOCKS)) -> Iterator[Tree]:
-    """The edges of :data:`BLOCKS` (those in ``serving`` answer), and the aggregator's fleet over them."""
+def deployed_tree(tmp_path: Path, scenario: Scenario, serving: tuple[str, ...] = tuple(BLOCKS),
+                  named: bool = False, extra: dict[str, list[int]] | None = None) -> Iterator[Tree]:
+    """The edges of :data:`BLOCKS` (those in ``serving`` answer), and the aggregator's fleet over them.
+
+    ``named``: the edges name their devices ``dev<n>`` (the aggregator then knows them by name, not by the
+    node ids a flat run samples); ``extra``: more nodes on an edge's grid, as ``node_id`` of partition
+    ``node_id % 50 - 1``.
+    """
     stop = threading.Event()
     config = _run_config(scenario)
     with ExitStack() as stack:
@@ -75,9 +81,10 @@ def deployed_tree(tmp_path: Path, scenario: Scenario, serving: tuple[str, ...] =
         servers: dict[str, EdgeServer] = {}
         threads = []
         for name in serving:
-            nodes = [NodeSpec(d, {"partition-id": d - 1, "num-partitions": 12}) for d in BLOCKS[name]]
+            nodes = [NodeSpec(d, {"partition-id": d % 50 - 1, "num-partitions": 12})
+                     for d in [*BLOCKS[name], *(extra or {}).get(name, [])]]
             grid = stack.enter_context(InProcessGrid(client_app, nodes, config))
-            servers[name] = _edge_server(scenario, grid, channels[name], name)
+            servers[name] = _edge_server(scenario, grid, channels[name], name, named)
             thread = threading.Thread(target=servers[name].serve, args=(600.0, stop.is_set), daemon=True)
             thread.start()
             threads.append(thread)
@@ -149,7 +156,7 @@ def test_an_edge_that_never_answers_loses_its_devices_as_dropped(tmp_path: Path,
     # Arrange: edge-c's SuperNode is connected, but its ServerApp serves nothing (it died)
     scenario = tiny_scenario(rounds=1, federation={**FED, "deadline_s": 2.0}, hierarchy={"edges": 3})
     store = RunStore(db_url)
-    with deployed_tree(tmp_path, scenario, serving=("edge-a", "edge-b")) as tree:
+    with deployed_tree(tmp_path, scenario, serving=("edge-a", "edge-b"), named=False) as tree:
         # the aggregator asks edge-c who is there once; a dead edge never says, so nothing of it is sampled.
         # To model an edge dying after it said so, fix the tree the fleet learnt with edge-c answering once.
         stop = threading.Event()
@@ -180,26 +187,28 @@ def _answer_query_once(channel: Channel, stop: threading.Event) -> None:
     while not stop.is_set():
         request = channel.take(1)
         if request is not None:
-            channel.answer(request, devices_reply("edge-c", {d: f"dev{d}" for d in BLOCKS["edge-c"]}))
+            channel.answer(request, devices_reply("edge-c", {d: "" for d in BLOCKS["edge-c"]}))  # no names
             return
         stop.wait(0.02)
 
 
 def test_the_fleet_shows_edges_devices_and_refuses_messages_to_them(tmp_path: Path) -> None:
     scenario = tiny_scenario(federation=FED, hierarchy={"edges": 3})
-    with deployed_tree(tmp_path, scenario) as tree:
-        assert sorted(tree.fleet.get_node_ids()) == list(range(1, 13))
+    with deployed_tree(tmp_path, scenario, named=True) as tree:
+        ids = {d: device_id(f"dev{d}") for d in range(1, 13)}  # known by name, not by node id
+        assert sorted(tree.fleet.get_node_ids()) == sorted(ids.values())
         topology = tree.fleet.topology()
         assert topology.names == ("edge-a", "edge-b", "edge-c")
-        assert topology.groups([12, 1, 5, 2]) == [(0, [1, 2]), (1, [5]), (2, [12])]
-        assert tree.fleet.device_names()[5] == "edge-b/dev5"
+        assert topology.groups([ids[12], ids[1], ids[5], ids[2]]) == [(0, [ids[1], ids[2]]), (1, [ids[5]]),
+                                                                     (2, [ids[12]])]
+        assert tree.fleet.device_names()[ids[5]] == "edge-b/dev5"
         with pytest.raises(RuntimeError, match="only through its edge"):
             tree.fleet.push_messages([])  # nothing may reach a device around its edge
 
 
 def test_a_device_claimed_by_two_edges_stays_with_the_first(tmp_path: Path) -> None:
     scenario = tiny_scenario(federation=FED, hierarchy={"edges": 3})
-    with deployed_tree(tmp_path, scenario) as tree:
+    with deployed_tree(tmp_path, scenario, named=False) as tree:
         tree.servers["edge-b"].names = lambda: {}
         real = tree.servers["edge-c"].grid.get_node_ids
 
@@ -295,3 +304,30 @@ def test_a_device_refuses_an_edges_message_without_touching_its_data() -> None:
             reply = replies.pop(1)
             assert reply.has_error()  # type: ignore[attr-defined]
             assert "only an edge aggregator" in reply.error.reason  # type: ignore[attr-defined]
+
+
+def test_a_device_that_moves_to_another_edge_keeps_its_identity(tmp_path: Path, db_url: str) -> None:
+    # Arrange: the edges name their devices; dev5 is node 5 under edge-b in round 1, and after it moves, node 55
+    # under edge-c (another edge's SuperLink gives it another node id), with the same data
+    scenario = tiny_scenario(rounds=2, federation=FED, hierarchy={"edges": 3})
+    store = RunStore(db_url)
+    with deployed_tree(tmp_path, scenario, named=True, extra={"edge-c": [55]}) as tree:
+        b, c = tree.servers["edge-b"], tree.servers["edge-c"]
+        moved = threading.Event()
+        b_nodes, c_nodes = b.grid.get_node_ids, c.grid.get_node_ids
+        b.grid.get_node_ids = lambda: [n for n in b_nodes() if not (moved.is_set() and n == 5)]  # type: ignore
+        c.grid.get_node_ids = lambda: [n for n in c_nodes() if n != 55 or moved.is_set()]  # type: ignore
+        c.names = lambda: {**{d: f"dev{d}" for d in BLOCKS["edge-c"]}, 55: "dev5"}
+
+        # Act: the move happens between the rounds
+        run_id, result = run_federation(tree.fleet, scenario, store, engine="inprocess",
+                                        on_round=lambda _: moved.set())
+
+    # Assert: one id for dev5 in both rounds, trained under edge-b (1) and then edge-c (2), and named so
+    dev5 = str(device_id("dev5"))
+    assert result.status == "finished", store.get_run(run_id).error
+    rows = [{c.client: c for c in store.client_results(run_id, r)} for r in (1, 2)]
+    assert [rows[i][dev5].outcome for i in (0, 1)] == ["ok", "ok"]
+    assert [rows[i][dev5].metrics[EDGE_METRIC] for i in (0, 1)] == [1, 2]
+    assert all(len(r) == 12 for r in rows)  # no second dev5, no stray node id
+    assert "55" not in rows[1] and "5" not in rows[1]

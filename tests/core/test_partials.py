@@ -30,6 +30,7 @@ from core.partials import (
     parse_eval_partial,
     parse_partial_reply,
     partial_reply,
+    renamed_devices,
 )
 from core.records import ClientRecord
 from core.status import ClientStatus
@@ -246,3 +247,33 @@ def test_junk_in_a_devices_reply_parses_consistently_or_is_refused(key: str, val
     assert 0 < len(said.edge) <= MAX_NAME_CHARS
     assert all(isinstance(d, int) and 0 <= d < 2**64 for d in said.devices)
     assert all(isinstance(n, str) and n.isprintable() for n in said.devices.values())
+
+
+# ---------------------------------------------------------------------------------- the aggregator's names
+
+
+def test_devices_are_renamed_down_and_back_up_and_an_unknown_one_is_left_for_the_parser() -> None:
+    down, up = {3: 2**64 - 1, 5: 7}, {2**64 - 1: 3, 7: 5}
+    sent = renamed_devices(edge_instruction(RecordDict(), [3, 5]), down)
+    assert edge_devices(sent) == [2**64 - 1, 7]
+    rows = [ClientRecord(client=str(2**64 - 1), outcome=ClientStatus.OK, num_examples=4),
+            ClientRecord(client="7", outcome=ClientStatus.DROPPED)]
+    back = renamed_devices(partial_reply(np.ones(SIZE, np.float32), 4.0, 1, rows, 1.0), up)
+    assert [d.client for d in parse_partial_reply(back, SIZE, 1 << 20, [3, 5]).devices] == ["3", "5"]
+    evals = renamed_devices(eval_partial_reply({2**64 - 1: (0.5, 0.9, 10)}, {}, {}, {7: ("dropped", "gone")}), up)
+    parsed = parse_eval_partial(evals, [3, 5])
+    assert set(parsed.results) == {3} and set(parsed.lost) == {5}
+    stray = renamed_devices(partial_reply(None, 0.0, 0, [ClientRecord(client="99", outcome="dropped")], 1.0), up)
+    with pytest.raises(UpdateRejected):  # 99 is no device it was asked about, renamed or not
+        parse_partial_reply(stray, SIZE, 1 << 20, [3, 5])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["edge", "devices", "edge-eval-lost"]), st.sampled_from(["devices", "client"]), _junk)
+def test_renaming_junk_never_raises(record: str, key: str, value: Any) -> None:
+    try:
+        content = RecordDict({record: ConfigRecord({key: value}), "eval:12": MetricRecord({"num-examples": 1})})
+    except Exception:  # Flower's records refuse the type itself: nothing an edge could send
+        return
+    out = renamed_devices(content, {12: 13, 4: 5})
+    assert "eval:13" in out and "eval:12" not in out

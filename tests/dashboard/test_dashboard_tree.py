@@ -277,3 +277,11 @@ def test_any_json_in_rounds_tree_is_never_a_5xx(site: TestClient, runs: TreeRuns
     served = answers[f"/api/runs/{runs.junk}/rounds/1"].json()["tree"]
     assert served is None or isinstance(served, dict)
     assert (served is None) == (not isinstance(tree, dict))
+
+
+def test_a_deployed_edges_name_is_shown_beside_its_number(tmp_path: Any) -> None:
+    from dashboard.views import edge_display, tree_edges
+
+    rows = tree_edges({"edges": [{"edge": 1, "name": "edge-b <script>", "sampled": 3}, {"edge": 0, "sampled": 2}]})
+    shown = [edge_display(r) for r in rows]
+    assert [(s["edge"], s["name"]) for s in shown] == [("1", "edge-b <script>"), ("0", "")]
