@@ -46,10 +46,6 @@ def deployed_tree_problem(scenario: Scenario) -> str | None:
     if scenario.hierarchy.secure_across_edges:
         return (f"{scenario.name}: hierarchy.secure_across_edges = true runs in simulation only; in a deployment "
                 "secure aggregation runs inside each edge ([secagg] enabled): set it false")
-    if scenario.dp.enabled:
-        return (f"{scenario.name}: dp.enabled = true over a deployed tree is not built yet (each edge would fold "
-                "with the round's bound DP strategy, which it cannot rebuild from the instruction yet); it runs in "
-                "simulation, or run the deployment flat")
     if scenario.data.standardize != "none":
         return (f"{scenario.name}: data.standardize = {scenario.data.standardize!r} does not run through edge "
                 "aggregators yet: set it \"none\" under [hierarchy] in a deployment")

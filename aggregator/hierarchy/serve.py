@@ -37,6 +37,7 @@ from core.layouts import ParamLayout
 from core.partials import EDGE_EVALUATE, EDGE_QUERY, EDGE_TRAIN, devices_reply, edge_secured
 from core.strategy import ServerState, Strategy
 from core.train import TrainRequest, TrainWorkflow
+from privacy.dp.strategy import DPFedAvg
 
 __all__ = ["EdgeServer", "EDGE_CHANNEL", "EDGE_NAME", "EDGE_RUN", "EDGE_IDLE", "EDGE_IDLE_S"]
 
@@ -136,5 +137,7 @@ class EdgeServer:
         state = ServerState(params=instruction.params)
         train = TrainRequest(server_round=instruction.config.round, nodes=[], state=state, config=instruction.config,
                              deadline_s=deadline, max_update_bytes=self.max_update_bytes, layout=self.layout)
-        return edge_round(self.grid, request.content, train, self.train,
-                          edge_strategy(self.strategy).for_round(state)).reply
+        strategy = edge_strategy(self.strategy)
+        # a DP run's edge folds with the round's clip norm and cohort, as the instruction carries them
+        bound = strategy.for_edge(instruction.config) if isinstance(strategy, DPFedAvg) else strategy.for_round(state)
+        return edge_round(self.grid, request.content, train, self.train, bound).reply

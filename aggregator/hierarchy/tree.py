@@ -165,7 +165,7 @@ class _Merge:
     names: tuple[str, ...] = ()  # a deployed edge's name, by edge
 
     def __post_init__(self) -> None:
-        empty = self.strategy.new_aggregate(self.size)
+        empty = self.strategy.new_aggregate(self.request.state.params.size)  # its size: the model, plus a tail
         if not isinstance(empty, MeanState):
             raise TypeError(f"strategy {self.strategy.name!r} folds no running sum; a tree merges edges' sums")
         self.agg = aggregate.widened(empty, self.tree.accumulate)

@@ -51,7 +51,7 @@ from typing import Any, Self
 import numpy as np
 
 from core import aggregate
-from core.instructions import TrainConfig
+from core.instructions import COHORT, TrainConfig
 from core.strategy import PrivateStrategy, ServerState, Strategy, describe
 from privacy.dp import adaptive as adapt
 from privacy.dp.accountant import RoundEvent, Sampling, epsilon_of
@@ -191,6 +191,26 @@ class DPFedAvg(PrivateStrategy[aggregate.MeanState]):
         if isinstance(sampled, bool) or not isinstance(sampled, int) or sampled < 0:
             raise DPConfigError("sampled", sampled, "must be an integer >= 0")
         return replace(self, cohort=sampled)
+
+    def for_edge(self, config: TrainConfig) -> Self:
+        """Return this strategy bound as the round's instruction ``config`` says: what a deployed edge folds with.
+
+        An edge aggregator holds no DP state: the round's clip norm (``dp-clip``,
+        the one its devices clip to) and cohort (``cohort``) come with the
+        instruction, as the aggregator bound them (:meth:`for_round`, :meth:`with_cohort`).
+
+        Raises
+        ------
+        DPConfigError
+            The instruction carries no DP settings, or a cohort that is not a count.
+        """
+        told = ClientDPConfig.from_config(config)
+        if told is None:
+            raise DPConfigError("clip_norm", None, "the round's instruction carries no DP settings; an edge of a "
+                                "DP run cannot clip without the round's clip norm")
+        bound = replace(self, clip_norm=told.clip, bound_to_round=True)
+        cohort = config.get(COHORT)
+        return bound.with_cohort(cohort) if cohort is not None else bound
 
     def dp_state(self, state: ServerState) -> DPState:
         """Return the DP state carried in ``state`` (fresh before the first round).

@@ -298,15 +298,16 @@ def test_the_scenarios_accumulate_reaches_every_running_sum() -> None:
         assert secure.accumulate == accumulate
 
 
-@pytest.mark.parametrize("secagg", [False, True], ids=["plain", "secagg-inside-edges"])
+@pytest.mark.parametrize(("secagg", "adaptive"), [(False, False), (True, False), (False, True)],
+                         ids=["plain", "secagg-inside-edges", "adaptive-clip"])
 def test_central_dp_over_a_tree_releases_the_flat_runs_model_and_spends_the_same_epsilon(
-        db_url: str, monkeypatch: pytest.MonkeyPatch, secagg: bool) -> None:
+        db_url: str, monkeypatch: pytest.MonkeyPatch, secagg: bool, adaptive: bool) -> None:
     # Arrange: DP-FedAvg, 12 devices sampled by Poisson (q = 6/12, or 1), central noise. Its sample and noise come from
     # a secret generator; the test replaces it with the same seeded sequence for both runs, so the flat run is
     # the independent reference for the very same cohorts and noise
     import itertools
 
-    dp = {"enabled": True, "noise_multiplier": 0.5, "clip_norm": 0.5}
+    dp = {"enabled": True, "noise_multiplier": 0.5, "clip_norm": 0.5, "adaptive_clipping": adaptive}
     # under secure aggregation inside the edges every device is sampled (q = 1): a Poisson sample can leave an
     # edge one device, too few for its own secure sum, where the flat cohort has enough
     fed = {"clients": 12, "min_clients": 1, "weighting": "capped", "clients_per_round": 12 if secagg else 6}

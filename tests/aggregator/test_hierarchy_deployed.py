@@ -331,3 +331,45 @@ def test_a_device_that_moves_to_another_edge_keeps_its_identity(tmp_path: Path, 
     assert [rows[i][dev5].metrics[EDGE_METRIC] for i in (0, 1)] == [1, 2]
     assert all(len(r) == 12 for r in rows)  # no second dev5, no stray node id
     assert "55" not in rows[1] and "5" not in rows[1]
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed-clip", "adaptive-clip"])
+def test_central_dp_through_deployed_edges_releases_the_flat_runs_model(tmp_path: Path, db_url: str,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       adaptive: bool) -> None:
+    # Arrange: the DP run's secret sample and noise replaced by one seeded sequence for both runs (the flat run is
+    # the reference); the deployed edges hold no DP state: they fold with the clip norm the instruction carries
+    import itertools
+
+    dp = {"enabled": True, "noise_multiplier": 0.5, "clip_norm": 0.5, "adaptive_clipping": adaptive}
+    fed = {**FED, "accumulate": "float32", "clients_per_round": 6}
+
+    def seeded() -> None:
+        seeds = itertools.count(1000)
+        monkeypatch.setattr("privacy.dp.strategy.secure_rng", lambda: np.random.default_rng(next(seeds)))
+
+    seeded()
+    flat = simulate(tiny_scenario(rounds=3, federation=fed, dp=dp), db_url=db_url, workers=1)
+    scenario = tiny_scenario(rounds=3, federation=fed, dp=dp, hierarchy={"edges": 3})
+    store = RunStore(db_url)
+
+    # Act
+    seeded()
+    with deployed_tree(tmp_path, scenario) as tree:
+        run_id, result = run_federation(tree.fleet, scenario, store, engine="inprocess")
+
+    # Assert: the same cohorts, the same released model, the same privacy spent (and, adaptive, the same clip)
+    assert result.status == flat.status == "finished", store.get_run(run_id).error
+    for r in (1, 2, 3):
+        assert sorted(c.client for c in store.client_results(run_id, r)) == \
+            sorted(c.client for c in store.client_results(flat.run_id, r))
+    a, b = _model(db_url, flat.run_id), _model(db_url, run_id)
+    assert np.abs(a - b).max() <= 1e-5 and np.abs(a).max() > 0.01
+    assert [r.epsilon for r in store.rounds(run_id)] == [r.epsilon for r in store.rounds(flat.run_id)]
+    clips = []
+    for run in (flat.run_id, run_id):
+        state = store.load_state(run)
+        assert state is not None
+        clips.append(state.wrapper_state["dp"]["clip"])
+    assert clips[0] == pytest.approx(clips[1])
+    assert (clips[0] != dp["clip_norm"]) == adaptive  # adaptive clipping moved it, through the edges as flat
