@@ -33,7 +33,7 @@ from aggregator.flower_app import find_app, log_end, round_logger, serve_flower_
 from aggregator.hierarchy.evaluate import TreeEvaluate
 from aggregator.hierarchy.fleet import EdgeFleet, deployed_tree_problem
 from aggregator.hierarchy.robust import EdgeRobust
-from aggregator.hierarchy.serve import EDGE_CHANNEL, EDGE_IDLE, EDGE_IDLE_S, EDGE_NAME, EDGE_RUN, EdgeServer
+from aggregator.hierarchy.serve import EDGE_CHANNEL, EDGE_IDLE_S, EDGE_NAME, EDGE_RUN, EdgeServer
 from aggregator.hierarchy.tree import TreeTrain
 from aggregator.resume import check_same_scenario, has_ended, scenario_difference, start_state
 from aggregator.rounds import LoopResult, RoundLoop
@@ -546,7 +546,7 @@ def main(grid: Grid, context: Context) -> None:
     on_start: Callable[[str], None] | None = None
     if deployed and scenario.hierarchy.enabled:  # the SuperLink's nodes are edge aggregators: sample their devices
         try:
-            grid = _fleet(grid, scenario)
+            grid = _fleet(grid, scenario, config)
         except ScenarioError as exc:  # a run that never started is still a stored, visible, failed run
             if isinstance(store, TakenRunStore):
                 record_failed_start(store, scenario, context.run_id, {}, str(exc))
@@ -561,7 +561,7 @@ def main(grid: Grid, context: Context) -> None:
     log_end(store, run_id, result)
 
 
-def _fleet(grid: Grid, scenario: Scenario) -> EdgeFleet:
+def _fleet(grid: Grid, scenario: Scenario, config: dict[str, Any] | None = None) -> EdgeFleet:
     """Return the deployment's grid seen through its edge aggregators (``aggregator.hierarchy.fleet``).
 
     Raises
@@ -572,7 +572,8 @@ def _fleet(grid: Grid, scenario: Scenario) -> EdgeFleet:
     problem = deployed_tree_problem(scenario)
     if problem is not None:
         raise ScenarioError(problem)
-    return EdgeFleet(grid)
+    enrolled = json.loads(str((config or {}).get("devices") or "{}"))  # the edges, as enrolled here
+    return EdgeFleet(grid, enrolled={int(k): str(v) for k, v in enrolled.items()})
 
 
 def _serve_edge(grid: Grid, context: Context, config: dict[str, Any]) -> None:
@@ -589,13 +590,13 @@ def _serve_edge(grid: Grid, context: Context, config: dict[str, Any]) -> None:
         scenario = scenario.with_overrides(**overrides)
     fed = scenario.federation
     model = TaskModel.build(load_task(scenario), scenario.seed)
-    names = {int(k): str(v) for k, v in json.loads(str(config.get("devices") or "{}")).items()}
-    server = EdgeServer(grid, Channel(Path(str(config[EDGE_CHANNEL]))), run=int(config[EDGE_RUN]),
+    channel = Channel(Path(str(config[EDGE_CHANNEL])))
+    server = EdgeServer(grid, channel, run=int(config[EDGE_RUN]),
                         name=str(config.get(EDGE_NAME) or "edge"), train=build_device_train(scenario),
                         strategy=build_strategy(scenario), deadline_s=fed.deadline_s,
                         max_update_bytes=int(fed.max_update_mb * 2**20), layout=layout_of(model.model, model.names),
-                        names=lambda: names)
-    idle_s = float(config.get(EDGE_IDLE, EDGE_IDLE_S))
+                        names=channel.device_names)  # read on every query: devices enroll and move
+    idle_s = EDGE_IDLE_S
     print(f"edge {server.name}: serving the aggregator's run {server.run} (idle stop after {idle_s:g} s)", flush=True)
     served = server.serve(idle_s)
     print(f"edge {server.name}: answered {served} messages; idle for {idle_s:g} s, stopping", flush=True)

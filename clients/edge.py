@@ -29,6 +29,9 @@ __all__ = ["edge_mod", "forward", "EDGE_CHANNEL", "EDGE_TYPES"]
 #: The node config key naming an edge's hand-off folder (``quorum aggregator start --edge`` sets it).
 EDGE_CHANNEL = "edge-channel"
 EDGE_TYPES = frozenset({EDGE_TRAIN, EDGE_EVALUATE, EDGE_QUERY})
+#: What of the aggregator's run config an edge keeps: the scenario. Not its store's address, its devices' names
+#: or who submitted the run.
+SCENARIO_KEYS = frozenset({"scenario-json", "overrides"})
 #: How long an edge waits for its ServerApp when the message's own time to live says nothing (seconds).
 DEFAULT_WAIT_S = 600.0
 
@@ -53,8 +56,8 @@ def forward(message: Message, context: Context) -> Message:
     meta = message.metadata
     ttl = float(meta.ttl) if meta.ttl and meta.ttl > 0 else DEFAULT_WAIT_S
     wait = max(1.0, meta.created_at + ttl - time.time()) if meta.created_at > 0 else ttl
-    answer = Channel(Path(folder)).ask(context.run_id, meta.message_type, message.content, wait,
-                                    run_config=dict(context.run_config))
+    scenario = {k: v for k, v in context.run_config.items() if k in SCENARIO_KEYS}  # never the aggregator's store
+    answer = Channel(Path(folder)).ask(context.run_id, meta.message_type, message.content, wait, run_config=scenario)
     return Message(answer, reply_to=message)
 
 

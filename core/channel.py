@@ -9,14 +9,17 @@ on the edge's host, and waits for the answer.
 
 Under the channel's root::
 
-    runs/<run>.json          the aggregator's run config (its scenario): the edge serves that run with it
+    runs/<run>.json          the aggregator's scenario (its run config's scenario keys, nothing else)
     requests/<run>/<id>.msg  a message to answer: Flower's protobuf ``RecordDict``, with a header record
     replies/<id>.msg         its answer
+    names.json               the edge's device names, kept current by its supervisor
 
 Every file is written whole and renamed into place, so neither side reads
-half a message. A request carries its deadline (wall clock: two processes);
-one taken past it is dropped unanswered, and an asker that gives up removes
-its request. Both processes run as the edge host's own user: the folder is
+half a message, and a request is claimed by an atomic rename, so two
+servers never run one. A request carries its deadline (wall clock: two
+processes); one taken past it is dropped unanswered, an answer past it is
+not written, an asker that gives up removes its request, and the edge's
+supervisor sweeps what is left (:meth:`Channel.sweep`). Both processes run as the edge host's own user: the folder is
 not a boundary against its owner (``docs/hierarchy.md``).
 """
 
@@ -116,18 +119,28 @@ class Channel:
         return sorted(oldest, key=oldest.__getitem__)
 
     def take(self, run: int) -> Request | None:
-        """Take ``run``'s oldest waiting request (``None``: none); requests past their deadline are dropped."""
+        """Take ``run``'s oldest waiting request (``None``: none); requests past their deadline are dropped.
+
+        A request is claimed by renaming it out of the queue first, so of two
+        servers of one run only one gets it; one that cannot be read (withdrawn,
+        or not a message) is dropped.
+        """
         folder = self.root / "requests" / str(int(run))
         if not folder.is_dir():
             return None
         paths = sorted(folder.glob(f"*{_SUFFIX}"), key=lambda p: _mtime(p))
         for path in paths:
+            claimed = path.with_name(f".{path.name}.{os.getpid()}.taken")
             try:
-                content = _read(path)
-            except (OSError, ValueError):  # withdrawn (timed out) between listing and reading
+                os.rename(path, claimed)  # atomic: a second server's rename of the same file fails
+            except OSError:  # withdrawn by its asker, or taken by another server
+                continue
+            try:
+                content = _read(claimed)
+            except Exception:  # not a message (protobuf's DecodeError is no ValueError): dropped
                 continue
             finally:
-                path.unlink(missing_ok=True)
+                claimed.unlink(missing_ok=True)
             header = content.get(_HEADER)
             if not isinstance(header, ConfigRecord):
                 continue
@@ -139,11 +152,47 @@ class Channel:
         return None
 
     def answer(self, request: Request, content: RecordDict) -> None:
-        """Hand ``content`` back as the answer to ``request``."""
+        """Hand ``content`` back as the answer to ``request``; nothing once its asker stopped waiting (its deadline)."""
+        if time.time() > request.deadline:
+            return
         _write(self.root / "replies" / f"{request.id}{_SUFFIX}", recorddict_to_proto(content).SerializeToString())
+
+    # -- the edge host's housekeeping ------------------------------------------------------------------------
+
+    def sweep(self, older_than_s: float = 3600.0) -> int:
+        """Remove what nobody will read: answers, requests and half-written files older than ``older_than_s``.
+
+        Returns how many files went. An asker waits at most a message's time to
+        live, so an answer an hour old is one whose asker gave up (or died).
+        """
+        cutoff, gone = time.time() - older_than_s, 0
+        for pattern in (f"replies/*{_SUFFIX}", f"requests/*/*{_SUFFIX}", "**/.*.tmp", "**/.*.taken"):
+            for path in self.root.glob(pattern):
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
+                        gone += 1
+        return gone
+
+    def publish_names(self, names: Mapping[int, str]) -> None:
+        """Record the edge's device names (node id -> enrolled name), for its ServerApps to read on each query."""
+        text = json.dumps({str(int(k)): str(v) for k, v in names.items()}, sort_keys=True)
+        path = self.root / "names.json"
+        if not path.exists() or path.read_text() != text:
+            _write(path, text.encode())
+
+    def device_names(self) -> dict[int, str]:
+        """Return the names :meth:`publish_names` last recorded (empty when none could be read)."""
+        try:
+            raw = json.loads((self.root / "names.json").read_text())
+            return {int(k): str(v) for k, v in raw.items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
 
     def fail(self, request: Request, reason: str) -> None:
         """Answer ``request`` with the reason it could not be run: its asker raises it."""
+        if time.time() > request.deadline:
+            return
         content = RecordDict({_FAILED: ConfigRecord({"reason": reason})})
         _write(self.root / "replies" / f"{request.id}{_SUFFIX}", recorddict_to_proto(content).SerializeToString())
 

@@ -429,8 +429,9 @@ def renamed_devices(content: RecordDict, names: Mapping[int, int]) -> RecordDict
         if isinstance(rows, ConfigRecord) and isinstance(rows.get("client"), list):
             clients: Any = rows.get("client")
             out[key] = ConfigRecord({**dict(rows.items()), "client": [new(c) for c in clients]})
-    for key in [k for k in out if k.startswith(_EVAL_PREFIX)]:
+    evals = {k: out.pop(k) for k in [k for k in out if k.startswith(_EVAL_PREFIX)]}  # renamed in one pass: a new
+    for key, record in evals.items():                                                # name may be an old one
         renamed = f"{_EVAL_PREFIX}{new(key[len(_EVAL_PREFIX):])}"
-        if renamed != key:
-            out[renamed] = out.pop(key)
+        if renamed not in out:  # two records for one device: the first kept, the parser sees one
+            out[renamed] = record
     return out

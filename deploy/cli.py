@@ -129,6 +129,9 @@ def _edge_spec(cfg: DeployConfig, edge: bool, upstream: str | None, key: Path | 
         _fail("--edge and --standby: an edge aggregator has no standby (its devices wait while it restarts)")
     if upstream is None:
         _fail("--edge needs --upstream HOST:PORT, the aggregator's device address")
+    if cfg.aggregator.insecure and (key is not None or ca is not None):
+        _fail("--upstream-key and --upstream-ca are for TLS, and this edge runs --insecure: drop them, or drop "
+              "--insecure")
     spec = EdgeSpec(upstream=str(upstream), name=name or cfg.aggregator.name, key=key, ca=ca,
                     insecure=cfg.aggregator.insecure)
     try:

@@ -268,5 +268,5 @@ APP_CONFIG: dict[str, str | int | float] = {
     "wait-clients-s": 120.0, "devices": "{}", "state-dir": "", "federation": "", "orgs": "{}",
     "submitted-by": "", "submitted-org": "", "submission": 0,  # a remote submission's (deploy/submissions.py)
     # an edge aggregator's own run (deploy/edge.py, aggregator.hierarchy.serve)
-    "edge-channel": "", "edge-name": "", "edge-run": "", "edge-idle-s": 900.0,
+    "edge-channel": "", "edge-name": "", "edge-run": "",
 }

@@ -40,6 +40,8 @@ __all__ = ["EdgeSpec", "EdgeBridge", "upstream_agent_argv", "START_GRACE_S"]
 
 #: How long a submitted edge run may take to show its ServerApp before the bridge submits it again.
 START_GRACE_S = 90.0
+#: How often the bridge sweeps the hand-off folder of what nobody will read (``core.channel.Channel.sweep``).
+SWEEP_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class EdgeSpec:
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise DeployError(f"--upstream {self.upstream!r}: expected HOST:PORT, the aggregator's device address")
         if self.insecure:
+            if host not in ("127.0.0.1", "localhost", "::1", "[::1]"):
+                raise DeployError(f"--upstream {self.upstream!r} with --insecure: an edge without TLS reaches a "
+                                  "loopback aggregator only; give --upstream-key and --upstream-ca instead")
             return
         for flag, path in (("--upstream-key", self.key), ("--upstream-ca", self.ca)):
             if path is None:
@@ -103,6 +108,7 @@ class EdgeBridge:
     submit: Callable[[DeployConfig, dict[str, Any]], int]
     say: Callable[[str], None] = print
     serving: dict[int, tuple[int, float]] = field(default_factory=dict)  # aggregator's run -> (edge run, when)
+    swept: float = -float("inf")  # when the hand-off folder was last swept
 
     @property
     def channel(self) -> Channel:
@@ -110,7 +116,23 @@ class EdgeBridge:
         return channel_of(self.config)
 
     def poll(self) -> list[int]:
-        """Serve every aggregator's run that waits; return the edge runs submitted now."""
+        """Serve every aggregator's run that waits; return the edge runs submitted now.
+
+        Also keeps the edge's device names current for its ServerApps, and sweeps
+        the hand-off folder now and then. Never raises: the supervisor's watch
+        loop calls it, and a failure here is said and tried again.
+        """
+        try:
+            return self._poll()
+        except Exception as exc:  # a folder or registry unreadable for a moment must not stop the edge
+            self.say(f"edge {self.spec.name}: {type(exc).__name__}: {exc} (trying again)")
+            return []
+
+    def _poll(self) -> list[int]:
+        self.channel.publish_names(device_names(self.config))
+        if time.monotonic() - self.swept >= SWEEP_S:
+            self.swept = time.monotonic()
+            self.channel.sweep()
         started = []
         for run in self.channel.waiting_runs():
             if self._served(run):
@@ -133,11 +155,10 @@ class EdgeBridge:
 
     def run_config(self, run: int, upstream: dict[str, Any]) -> dict[str, Any]:
         """Return the edge run's config: the aggregator's (its scenario), the edge's own keys over it."""
-        keep = {k: v for k, v in upstream.items() if k in ("scenario", "scenario-json", "overrides")}
+        keep = {k: v for k, v in upstream.items() if k in ("scenario-json", "overrides")}  # never a path of its
         return {**keep, "edge-channel": str(self.channel.root), "edge-name": self.spec.name,
                 "edge-run": str(run),  # a Flower run id is a uint64; run config integers are int64
-                "state-dir": str(self.config.state.root),
-                "devices": json.dumps({str(k): v for k, v in device_names(self.config).items()})}
+                "state-dir": str(self.config.state.root)}  # device names: the folder's names.json, kept current
 
     def _served(self, run: int) -> bool:
         """Whether a ServerApp of this edge serves ``run``: submitted just now, or its process is alive."""

@@ -10,8 +10,11 @@ every ``refresh_s``). A device is known by its enrolled name
 another edge keeps its id, rows and sampling; each message down and answer
 up is renamed between the aggregator's ids and the edge's node ids
 (:func:`core.partials.renamed_devices`). Device names are the federation's
-identities: two edges that report one name are a conflict, and the second
-(by edge name) is left out, with the problem kept in :attr:`EdgeFleet.problems`.
+identities: two edges that report one name are a conflict, and neither
+claim is believed (the device is left out until one edge has it), with the
+problem kept in :attr:`EdgeFleet.problems` and said in the ServerApp's log.
+An edge is named by the name it was enrolled under at the aggregator
+(``enrolled``), not the one it gives itself.
 
 What reaches a device goes through its edge: :meth:`EdgeFleet.ask_edges`
 sends the edges their messages at once and collects their answers, which
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from flwr.app import Message, RecordDict
@@ -58,6 +61,11 @@ def device_id(name: str) -> int:
     63 bits of the name's SHA-256; a device its edge names no name for keeps its node id there.
     """
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") >> 1
+
+
+#: The problems the log remembers having said, and says at most at once (:meth:`EdgeFleet.refresh`).
+MAX_SAID = 10_000
+MAX_SAID_AT_ONCE = 20
 
 
 @dataclass(frozen=True)
@@ -104,12 +112,14 @@ class EdgeFleet(Grid):
     #: The tree's edges are reached by :meth:`ask_edges`, all at once: there are no threads to share it with.
     thread_safe = False
 
-    def __init__(self, grid: Grid, refresh_s: float = 5.0, query_s: float = 15.0) -> None:
+    def __init__(self, grid: Grid, refresh_s: float = 5.0, query_s: float = 15.0,
+                 enrolled: Mapping[int, str] | None = None) -> None:
         self.inner, self.refresh_s, self.query_s = grid, refresh_s, query_s
+        self.enrolled = dict(enrolled or {})  # edge node id -> the name it was enrolled under here
         self._topology = FleetTopology((), (), {})
         self._names: dict[int, str] = {}
         self._asked_at = -float("inf")
-        self.problems: dict[str, str] = {}  # edge node id (or edge/device) -> why it was left out
+        self.problems: dict[str, str] = {}  # edge node id (or device) -> why it was left out at the last refresh
         self._said: dict[str, str] = {}
 
     # -- the tree ------------------------------------------------------------------------------------------
@@ -130,6 +140,7 @@ class EdgeFleet(Grid):
         if not force and time.monotonic() - self._asked_at < self.refresh_s:
             return
         self._asked_at = time.monotonic()
+        self.problems = {}
         edges = sorted(self.inner.get_node_ids())
         answers = self._send(EDGE_QUERY, {node: devices_query() for node in edges}, self.query_s)
         said: list[tuple[str, int, EdgeDevices]] = []
@@ -139,27 +150,38 @@ class EdgeFleet(Grid):
                 self.problems[str(node)] = str(answer) if answer is not None else "no answer"
                 continue
             try:
-                said.append(((reply := parse_devices_reply(answer)).edge, node, reply))
+                reply = parse_devices_reply(answer)
             except UpdateRejected as exc:
                 self.problems[str(node)] = str(exc)
+                continue
+            # the name it was enrolled under here, not the one it calls itself
+            said.append((self.enrolled.get(node) or reply.edge, node, reply))
         said.sort(key=lambda t: (t[0], t[1]))
+        claims: dict[int, list[tuple[int, int, str]]] = {}  # device -> (edge index, node id there, name)
+        for index, (_, _, reply) in enumerate(said):
+            for node, name in reply.devices.items():
+                claims.setdefault(device_id(name) if name else node, []).append((index, node, name))
         under: dict[int, int] = {}
         names: dict[int, str] = {}
         local: dict[int, int] = {}
-        for index, (edge, _, reply) in enumerate(said):
-            for node, name in reply.devices.items():
-                device = device_id(name) if name else node  # its enrolled name: the same under any edge
-                if device in under:  # two edges claim one device: the first (by name) keeps it
-                    self.problems[f"{edge}/{name or node}"] = (f"also claimed by edge {said[under[device]][0]}; "
-                                                               "left out (device names must be unique)")
-                    continue
-                under[device], names[device], local[device] = index, name, node
+        for device, claimed in claims.items():
+            if len(claimed) > 1:  # two edges claim one device: neither is believed
+                edges_named = ", ".join(said[i][0] for i, _, _ in claimed)
+                self.problems[f"device {claimed[0][2] or device}"] = (f"claimed by edges {edges_named}; left out "
+                                                                      "until one edge has it (names are unique)")
+                continue
+            (index, node, name), = claimed
+            under[device], names[device], local[device] = index, name, node
         self._topology = FleetTopology(tuple(s[0] for s in said), tuple(s[1] for s in said), under, local)
         self._names = names
-        for key, why in self.problems.items():  # each problem once, in the ServerApp's log
-            if self._said.get(key) != why:
-                self._said[key] = why
-                print(f"edges: {key}: {why}", flush=True)
+        fresh = [(k, why) for k, why in self.problems.items() if self._said.get(k) != why]
+        if len(self._said) + len(fresh) > MAX_SAID:  # an edge could report a million conflicting names
+            self._said.clear()
+        for key, why in fresh[:MAX_SAID_AT_ONCE]:  # each problem once, in the ServerApp's log
+            self._said[key] = why
+            print(f"edges: {key}: {why}", flush=True)
+        if len(fresh) > MAX_SAID_AT_ONCE:
+            print(f"edges: and {len(fresh) - MAX_SAID_AT_ONCE:,} more problems", flush=True)
 
     def ask_edges(self, kind: str, orders: Sequence[tuple[int, RecordDict]], timeout_s: float,
                   server_round: int = 0) -> list[RecordDict | Exception]:
@@ -171,14 +193,18 @@ class EdgeFleet(Grid):
         dropped); one whose ClientApp raised, a ``RuntimeError`` naming it.
         """
         topo = self._topology
-        down = {d: n for d, n in topo.local.items() if d != n}  # the aggregator's ids -> each edge's node ids
-        up = {n: d for d, n in down.items()}
+        # per edge: the aggregator's ids of its devices -> their node ids on its SuperLink, and back
+        down = [{d: n for d, n in topo.local.items() if topo.under[d] == edge and d != n} for edge, _ in orders]
         nodes = [topo.nodes[edge] for edge, _ in orders]
-        contents = [renamed_devices(content, down) if down else content for _, content in orders]
+        contents = [renamed_devices(content, m) if m else content for (_, content), m in zip(orders, down, strict=True)]
         answers = self._send(kind, dict(zip(nodes, contents, strict=True)), timeout_s, server_round)
         silent = EdgeUnavailable(f"no answer within {timeout_s:g} s")
-        return [renamed_devices(a, up) if isinstance(a, RecordDict) and up else a
-                for a in (answers.get(node, silent) for node in nodes)]
+        out: list[RecordDict | Exception] = []
+        for node, m in zip(nodes, down, strict=True):
+            answer = answers.get(node, silent)
+            out.append(renamed_devices(answer, {n: d for d, n in m.items()}) if isinstance(answer, RecordDict) and m
+                       else answer)
+        return out
 
     def _send(self, kind: str, contents: dict[int, RecordDict], timeout_s: float,
               server_round: int = 0) -> dict[int, RecordDict | Exception]:

@@ -39,14 +39,13 @@ from core.strategy import ServerState, Strategy
 from core.train import TrainRequest, TrainWorkflow
 from privacy.dp.strategy import DPFedAvg
 
-__all__ = ["EdgeServer", "EDGE_CHANNEL", "EDGE_NAME", "EDGE_RUN", "EDGE_IDLE", "EDGE_IDLE_S"]
+__all__ = ["EdgeServer", "EDGE_CHANNEL", "EDGE_NAME", "EDGE_RUN", "EDGE_IDLE_S"]
 
 #: The run config keys of an edge's own run (``quorum aggregator start --edge`` submits it): its hand-off
-#: folder, its name, the aggregator's Flower run it answers for, and how long it waits without a message.
+#: folder, its name, and the aggregator's Flower run it answers for.
 EDGE_CHANNEL = "edge-channel"
 EDGE_NAME = "edge-name"
 EDGE_RUN = "edge-run"
-EDGE_IDLE = "edge-idle-s"
 #: How long an edge's run waits for the aggregator's next message before it ends (the edge starts another).
 EDGE_IDLE_S = 900.0
 
@@ -93,7 +92,11 @@ class EdgeServer:
         """Answer requests until ``stop()`` or ``idle_s`` seconds pass without one; return how many were answered."""
         last = time.monotonic()
         while not stop() and time.monotonic() - last < idle_s:
-            request = self.channel.take(self.run)
+            try:
+                request = self.channel.take(self.run)
+            except OSError as exc:  # the folder itself unreadable for a moment: said, and tried again
+                print(f"edge {self.name}: cannot read the hand-off folder: {exc}", flush=True)
+                request = None
             if request is None:
                 time.sleep(poll_s)
                 continue
@@ -104,11 +107,14 @@ class EdgeServer:
     def answer(self, request: Request) -> None:
         """Answer one request: its reply, or the reason it failed."""
         try:
-            reply = self.handle(request)
-        except Exception as exc:  # one bad message never stops the edge: the aggregator records why
-            self.channel.fail(request, f"edge {self.name}: {one_line(exc)}")
-        else:
-            self.channel.answer(request, reply)
+            try:
+                reply = self.handle(request)
+            except Exception as exc:  # one bad message never stops the edge: the aggregator records why
+                self.channel.fail(request, f"edge {self.name}: {one_line(exc)}")
+            else:
+                self.channel.answer(request, reply)
+        except OSError as exc:  # the answer could not be written: its asker times out, the server goes on
+            print(f"edge {self.name}: could not answer a {request.kind} message: {exc}", flush=True)
         self.served += 1
 
     def handle(self, request: Request) -> RecordDict:

@@ -206,7 +206,7 @@ def test_the_fleet_shows_edges_devices_and_refuses_messages_to_them(tmp_path: Pa
             tree.fleet.push_messages([])  # nothing may reach a device around its edge
 
 
-def test_a_device_claimed_by_two_edges_stays_with_the_first(tmp_path: Path) -> None:
+def test_a_device_claimed_by_two_edges_is_believed_under_neither(tmp_path: Path) -> None:
     scenario = tiny_scenario(federation=FED, hierarchy={"edges": 3})
     with deployed_tree(tmp_path, scenario, named=False) as tree:
         tree.servers["edge-b"].names = lambda: {}
@@ -217,7 +217,9 @@ def test_a_device_claimed_by_two_edges_stays_with_the_first(tmp_path: Path) -> N
 
         tree.servers["edge-c"].grid.get_node_ids = claims_five  # type: ignore[method-assign]
         tree.fleet.refresh(force=True)
-        assert tree.fleet.topology().edge_of(5) == 1
+        assert 5 not in tree.fleet.get_node_ids()  # edge-c may be lying, or edge-b: neither is believed
+        assert sorted(tree.fleet.get_node_ids()) == [d for d in range(1, 13) if d != 5]
+        assert "claimed by edges edge-b, edge-c" in tree.fleet.problems["device 5"]
 
 
 def test_an_edge_that_fails_answers_why_and_keeps_serving(tmp_path: Path) -> None:
@@ -373,3 +375,56 @@ def test_central_dp_through_deployed_edges_releases_the_flat_runs_model(tmp_path
         clips.append(state.wrapper_state["dp"]["clip"])
     assert clips[0] == pytest.approx(clips[1])
     assert (clips[0] != dp["clip_norm"]) == adaptive  # adaptive clipping moved it, through the edges as flat
+
+
+def test_an_edge_is_named_as_it_was_enrolled_not_as_it_calls_itself(tmp_path: Path) -> None:
+    scenario = tiny_scenario(federation=FED, hierarchy={"edges": 3})
+    with deployed_tree(tmp_path, scenario) as tree:
+        tree.servers["edge-c"].name = "!a-trusted-edge"  # sorts first, and claims another's name
+        fleet = EdgeFleet(tree.fleet.inner, refresh_s=0.0, query_s=5.0,
+                          enrolled={1000: "edge-a", 1001: "edge-b", 1002: "edge-c"})
+        assert fleet.topology().names == ("edge-a", "edge-b", "edge-c")
+
+
+def test_two_servers_of_one_run_never_take_one_request(tmp_path: Path) -> None:
+    first, second = Channel(tmp_path / "c"), Channel(tmp_path / "c")
+    folder = tmp_path / "c" / "requests" / "1"
+    folder.mkdir(parents=True)
+    from flwr.common.serde import recorddict_to_proto
+
+    header = RecordDict({"quorum-channel": ConfigRecord({"kind": "query.edge", "run": 1, "deadline": 4e9})})
+    for i in range(20):
+        (folder / f"{i:02d}.msg").write_bytes(recorddict_to_proto(header).SerializeToString())
+    (folder / "zz.msg").write_bytes(b"not a message")
+    taken: list[str] = []
+    threads = [threading.Thread(target=lambda ch=ch: [taken.append(r.id) for r in iter(lambda: ch.take(1), None)])
+               for ch in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(taken) == [f"{i:02d}" for i in range(20)]  # each once; the junk file dropped, never raised
+    assert list(folder.iterdir()) == []
+
+
+def test_a_late_answer_is_not_written_and_the_folder_is_swept(tmp_path: Path) -> None:
+    import os
+    import time
+
+    channel = Channel(tmp_path / "c")
+    late = Request("r1", 1, "train.edge", RecordDict(), deadline=time.time() - 1)
+    channel.answer(late, RecordDict())
+    channel.fail(late, "too late")
+    assert not (tmp_path / "c" / "replies").exists()
+    old = tmp_path / "c" / "replies" / "old.msg"
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"x")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    fresh = old.with_name("fresh.msg")
+    fresh.write_bytes(b"x")
+    assert channel.sweep(older_than_s=3600) == 1
+    assert not old.exists() and fresh.exists()
+    channel.publish_names({5: "ward-1"})
+    assert channel.device_names() == {5: "ward-1"}
+    (tmp_path / "c" / "names.json").write_text("[not, json")
+    assert channel.device_names() == {}

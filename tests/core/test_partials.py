@@ -268,6 +268,13 @@ def test_devices_are_renamed_down_and_back_up_and_an_unknown_one_is_left_for_the
         parse_partial_reply(stray, SIZE, 1 << 20, [3, 5])
 
 
+def test_renaming_in_a_chain_keeps_every_record() -> None:
+    # 5 -> 100 and 100 -> 200 at once: renamed one after the other in place, 5's record would land on 200
+    content = eval_partial_reply({5: (0.5, 0.9, 10), 100: (0.1, 0.2, 3)}, {}, {}, {})
+    out = renamed_devices(content, {5: 100, 100: 200})
+    assert out["eval:100"]["num-examples"] == 10 and out["eval:200"]["num-examples"] == 3
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(["edge", "devices", "edge-eval-lost"]), st.sampled_from(["devices", "client"]), _junk)
 def test_renaming_junk_never_raises(record: str, key: str, value: Any) -> None:

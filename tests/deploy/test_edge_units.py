@@ -34,8 +34,10 @@ def test_an_edge_that_cannot_reach_its_aggregator_is_refused_naming_the_option(s
         spec.check()
 
 
-def test_an_insecure_loopback_edge_needs_no_key() -> None:
+def test_an_insecure_loopback_edge_needs_no_key_and_a_remote_one_is_refused() -> None:
     EdgeSpec("127.0.0.1:9092", "e", insecure=True).check()
+    with pytest.raises(DeployError, match="loopback aggregator only"):
+        EdgeSpec("10.0.0.7:9092", "e", insecure=True).check()
 
 
 @pytest.mark.parametrize(("args", "why"), [
@@ -43,7 +45,8 @@ def test_an_insecure_loopback_edge_needs_no_key() -> None:
     (["--edge"], "--edge needs --upstream HOST:PORT"),
     (["--edge", "--standby", "--upstream", "h:1"], "an edge aggregator has no standby"),
     (["--edge", "--upstream", "h:1"], "--upstream-key is required"),
-], ids=["upstream-alone", "edge-without-upstream", "edge-standby", "edge-without-key"])
+    (["--edge", "--insecure", "--upstream", "127.0.0.1:1", "--upstream-key", "k"], "are for TLS"),
+], ids=["upstream-alone", "edge-without-upstream", "edge-standby", "edge-without-key", "insecure-with-key"])
 def test_edge_flags_that_do_not_fit_are_refused_before_anything_starts(tmp_path: Path, args: list[str],
                                                                        why: str) -> None:
     from deploy.cli import app
@@ -111,6 +114,7 @@ def test_the_bridge_serves_each_waiting_run_once_with_the_aggregators_scenario(t
     assert config["edge-channel"] == str(bridge.channel.root)
     assert config["state-dir"] == str(cfg.state.root)  # the edge's own logs, not the aggregator's folder
     assert "db" not in config  # the aggregator's store stays the aggregator's
+    assert (bridge.channel.root / "names.json").exists()  # the edge's device names, for its ServerApps
     assert set(config) <= set(APP_CONFIG)  # Flower refuses an undeclared run config key
 
 
