@@ -40,7 +40,8 @@ def forward(message: Message, context: Context) -> Message:
     """Hand ``message`` to this edge's ServerApp and reply with its answer.
 
     It waits as long as the message lives (its time to live, from when the
-    aggregator created it).
+    aggregator created it; the whole time to live when the two hosts' clocks
+    disagree so much that the message looks expired or not yet created).
 
     Raises
     ------
@@ -55,7 +56,9 @@ def forward(message: Message, context: Context) -> Message:
                          f"(node config {EDGE_CHANNEL}) answers it")
     meta = message.metadata
     ttl = float(meta.ttl) if meta.ttl and meta.ttl > 0 else DEFAULT_WAIT_S
-    wait = max(1.0, meta.created_at + ttl - time.time()) if meta.created_at > 0 else ttl
+    wait = meta.created_at + ttl - time.time()  # the aggregator's clock: on another host it may be off
+    if not 1.0 <= wait <= ttl:  # created in the future, or expired on arrival: clocks disagree; trust the TTL
+        wait = ttl
     scenario = {k: v for k, v in context.run_config.items() if k in SCENARIO_KEYS}  # never the aggregator's store
     answer = Channel(Path(folder)).ask(context.run_id, meta.message_type, message.content, wait, run_config=scenario)
     return Message(answer, reply_to=message)

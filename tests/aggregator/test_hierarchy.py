@@ -431,3 +431,27 @@ def test_a_robust_rule_at_the_edges_learns_through_a_byzantine_attack(db_url: st
     assert run.status in ("finished", "degraded") and run.final_accuracy > 0.6, (run.status, stored.error)
     assert stored.strategy == f"{rule['name']}@edges"
     assert all(e["answered"] == 4 for r in RunStore(db_url).rounds(run.run_id) for e in r.tree["edges"])
+
+
+def test_a_tree_run_stopped_after_round_2_resumes_to_the_uninterrupted_model(db_url: str) -> None:
+    # Arrange: a tree of 3 edges with secure aggregation inside them, FedAdam's server state carried across rounds
+    scenario = tiny_scenario(rounds=4, federation={**FED, "clients_per_round": 8}, hierarchy={"edges": 3},
+                             strategy={"name": "fedadam", "server_lr": 0.01})
+    whole = simulate(scenario, db_url=db_url, workers=1)
+
+    def crash_after_round_2(record: Any) -> None:
+        if record.round == 2:
+            raise KeyboardInterrupt  # the aggregator dies once round 2 is committed
+
+    # Act: the same scenario, stopped after round 2 and resumed from the store
+    with pytest.raises(KeyboardInterrupt):
+        simulate(scenario, db_url=db_url, workers=1, on_round=crash_after_round_2)
+    store = RunStore(db_url)
+    stopped = next(r for r in store.list_runs() if r.id != whole.run_id)
+    assert (stopped.status, stopped.rounds_done) == ("interrupted", 2)
+    resumed = simulate(scenario, db_url=db_url, workers=1, resume_id=stopped.id)
+
+    # Assert: every round's devices and the final model are the uninterrupted run's; no round twice
+    assert resumed.status == "finished" and [r.round for r in store.rounds(stopped.id)] == [1, 2, 3, 4]
+    assert _sampled(db_url, stopped.id) == _sampled(db_url, whole.run_id)
+    np.testing.assert_array_equal(_model(db_url, stopped.id), _model(db_url, whole.run_id))

@@ -428,3 +428,28 @@ def test_a_late_answer_is_not_written_and_the_folder_is_swept(tmp_path: Path) ->
     assert channel.device_names() == {5: "ward-1"}
     (tmp_path / "c" / "names.json").write_text("[not, json")
     assert channel.device_names() == {}
+
+
+@pytest.mark.parametrize(("created", "wait"), [(0.0, 60.0), (-30.0, 30.0), (-3600.0, 60.0), (3600.0, 60.0)],
+                         ids=["fresh", "half-lived", "skewed-past", "skewed-future"])
+def test_the_edge_waits_as_long_as_the_message_lives_whatever_the_clocks(monkeypatch: pytest.MonkeyPatch,
+                                                                         created: float, wait: float) -> None:
+    import time
+
+    from flwr.app import Context, Message
+
+    from clients.edge import forward
+
+    with InProcessGrid(client_app, [NodeSpec(1)], {}):  # sets the task identity a Message needs
+        message = Message(RecordDict(), 1, "query.edge", ttl=60.0)
+    message.metadata.created_at = time.time() + created
+    asked: list[float] = []
+
+    def ask(self: Channel, run: int, kind: str, content: RecordDict, timeout_s: float, **_: object) -> RecordDict:
+        asked.append(timeout_s)
+        return RecordDict()
+
+    monkeypatch.setattr(Channel, "ask", ask)
+    forward(message, Context(run_id=1, node_id=1, node_config={"edge-channel": "/tmp/x"}, state=RecordDict(),
+                             run_config={}))
+    assert asked[0] == pytest.approx(wait, abs=1.0)
