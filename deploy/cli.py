@@ -78,6 +78,10 @@ def start(
     edge_name: Annotated[str | None, typer.Option(
         help="With --edge: the name this edge was enrolled under at the aggregator (default: aggregator.name "
              "of this file).")] = None,
+    edge_policy: Annotated[Path | None, typer.Option(
+        help="With --edge: this edge's site policy (policy.toml, as a device's: secure aggregation required, "
+             "privacy budget, cohort, allowed tasks): a run of the aggregator's that breaks it is refused, and "
+             "the aggregator records why for the edge's devices.")] = None,
 ) -> None:
     """Start the SuperLink, its TLS front door and the dashboard; print what devices need.
 
@@ -89,7 +93,7 @@ def start(
 
     # --insecure also pulls the listener onto loopback; an address beyond it is refused by the config check
     cfg = _load(config, insecure=insecure, port=port, listen="127.0.0.1" if insecure else None)
-    edge_spec = _edge_spec(cfg, edge, upstream, upstream_key, upstream_ca, edge_name, standby)
+    edge_spec = _edge_spec(cfg, edge, upstream, upstream_key, upstream_ca, edge_name, standby, edge_policy)
     if detach:
         _detach(cfg.state.logs / "aggregator.log", ready_s=None if standby else 180.0)
         return
@@ -114,13 +118,13 @@ def start(
 
 
 def _edge_spec(cfg: DeployConfig, edge: bool, upstream: str | None, key: Path | None, ca: Path | None,
-               name: str | None, standby: bool) -> EdgeSpec | None:
+               name: str | None, standby: bool, policy: Path | None = None) -> EdgeSpec | None:
     """Return how an ``--edge`` reaches its aggregator (``None``: not an edge); a wrong combination is refused."""
     from deploy.edge import EdgeSpec
     from deploy.errors import DeployError
 
     given = [flag for flag, v in (("--upstream", upstream), ("--upstream-key", key), ("--upstream-ca", ca),
-                                  ("--edge-name", name)) if v is not None]
+                                  ("--edge-name", name), ("--edge-policy", policy)) if v is not None]
     if not edge:
         if given:
             _fail(f"{given[0]} is an edge aggregator's option: add --edge")
@@ -133,7 +137,7 @@ def _edge_spec(cfg: DeployConfig, edge: bool, upstream: str | None, key: Path | 
         _fail("--upstream-key and --upstream-ca are for TLS, and this edge runs --insecure: drop them, or drop "
               "--insecure")
     spec = EdgeSpec(upstream=str(upstream), name=name or cfg.aggregator.name, key=key, ca=ca,
-                    insecure=cfg.aggregator.insecure)
+                    insecure=cfg.aggregator.insecure, policy=policy)
     try:
         spec.check()
     except DeployError as exc:

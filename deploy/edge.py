@@ -54,6 +54,7 @@ class EdgeSpec:
     ca: Path | None = None          # the aggregator's CA certificate
     insecure: bool = False          # a loopback trial: no TLS upstream
     poll_s: float = 0.2             # how often the idle upstream SuperNode asks for work
+    policy: Path | None = None      # the edge operator's site policy (policy.toml): which runs this edge serves
 
     def check(self) -> None:
         """Refuse an edge that cannot reach its aggregator, naming the option.
@@ -66,6 +67,14 @@ class EdgeSpec:
         host, _, port = self.upstream.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise DeployError(f"--upstream {self.upstream!r}: expected HOST:PORT, the aggregator's device address")
+        if self.policy is not None:
+            from clients.policy.errors import PolicyError
+            from clients.policy.spec import load_policy
+
+            try:
+                load_policy(self.policy)
+            except (PolicyError, OSError) as exc:
+                raise DeployError(f"--edge-policy {self.policy}: {exc}") from None
         if self.insecure:
             if host not in ("127.0.0.1", "localhost", "::1", "[::1]"):
                 raise DeployError(f"--upstream {self.upstream!r} with --insecure: an edge without TLS reaches a "
@@ -109,6 +118,7 @@ class EdgeBridge:
     say: Callable[[str], None] = print
     serving: dict[int, tuple[int, float]] = field(default_factory=dict)  # aggregator's run -> (edge run, when)
     swept: float = -float("inf")  # when the hand-off folder was last swept
+    refused: dict[int, str] = field(default_factory=dict)  # aggregator's run -> why the edge's policy refused it
 
     @property
     def channel(self) -> Channel:
@@ -135,11 +145,20 @@ class EdgeBridge:
             self.channel.sweep()
         started = []
         for run in self.channel.waiting_runs():
+            if run in self.refused:  # the edge's site policy refused the run: each of its messages says why
+                self._refuse(run)
+                continue
             if self._served(run):
                 continue
             upstream = self.channel.run_config(run)
             if upstream is None:
                 continue  # its asker writes the run config first: a request without one is not ours
+            why = self._policy_refusal(run, upstream)
+            if why is not None:
+                self.refused[run] = why
+                self.say(f"edge {self.spec.name}: the aggregator's run {run} is refused: {why}")
+                self._refuse(run)
+                continue
             try:
                 edge_run = self.submit(self.config, self.run_config(run, upstream))
             except Exception as exc:  # the SuperLink restarting, a bad run config: said, tried again later
@@ -152,6 +171,28 @@ class EdgeBridge:
                      "on this edge's SuperLink")
             started.append(edge_run)
         return started
+
+    def _policy_refusal(self, run: int, upstream: dict[str, Any]) -> str | None:
+        """Why the edge's site policy refuses the aggregator's run (``None``: it serves it, or there is no policy).
+
+        The run is judged as a device judges it (``deploy.policy_check.judge``):
+        secure aggregation required, the privacy budget, the cohort, the task allowed.
+        """
+        if self.spec.policy is None:
+            return None
+        from clients.policy.spec import load_policy
+        from deploy.policy_check import judge
+        from scenarios.runconfig import scenario_from_run_config
+
+        verdict = judge(load_policy(self.spec.policy), scenario_from_run_config(upstream), f"run {run}")
+        if verdict.accepted:
+            return None
+        return "site policy: " + "; ".join(verdict.reasons or (verdict.error or "cannot tell",))
+
+    def _refuse(self, run: int) -> None:
+        """Answer each waiting message of ``run`` with the refusal: the aggregator records it for the edge's devices."""
+        while (request := self.channel.take(run)) is not None:
+            self.channel.fail(request, f"edge {self.spec.name} refused the run: {self.refused[run]}")
 
     def run_config(self, run: int, upstream: dict[str, Any]) -> dict[str, Any]:
         """Return the edge run's config: the aggregator's (its scenario), the edge's own keys over it."""

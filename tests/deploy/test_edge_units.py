@@ -160,3 +160,49 @@ def test_a_request_without_its_run_config_is_not_served(tmp_path: Path) -> None:
     request.parent.mkdir(parents=True)
     request.write_bytes(b"")
     assert bridge.poll() == []
+
+
+def test_a_run_the_edges_site_policy_refuses_is_answered_with_why_and_never_served(tmp_path: Path) -> None:
+    import json as json_
+    import threading
+
+    from core.errors import EdgeUnavailable
+    from tests.conftest import tiny_scenario
+
+    cfg = _config(tmp_path)
+    policy = tmp_path / "policy.toml"
+    policy.write_text("require_secure_aggregation = true\n")
+    submitted: list[dict[str, Any]] = []
+    said: list[str] = []
+    bridge = EdgeBridge(cfg, EdgeSpec("127.0.0.1:1", "edge-a", insecure=True, policy=policy),
+                        lambda _, config: submitted.append(config) or 1, say=said.append)
+    run_config = {"scenario-json": json_.dumps(tiny_scenario().to_dict())}  # no [secagg]: the policy refuses it
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        from flwr.app import RecordDict
+
+        try:
+            bridge.channel.ask(8, "train.edge", RecordDict(), timeout_s=20.0, run_config=run_config)
+        except EdgeUnavailable as exc:
+            errors.append(exc)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    for _ in range(400):
+        bridge.poll()
+        if errors or not asker.is_alive():
+            break
+        threading.Event().wait(0.02)
+    asker.join(timeout=30)
+    assert submitted == []  # no ServerApp of the edge ever serves it
+    assert errors and "edge edge-a refused the run: site policy" in str(errors[0])
+    assert "secure aggregation" in str(errors[0])
+    assert len(said) == 1 and "refused" in said[0]
+
+
+def test_a_bad_edge_policy_is_refused_naming_it(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text("max_epsilon = -1\n")
+    with pytest.raises(DeployError, match="--edge-policy"):
+        EdgeSpec("127.0.0.1:1", "e", insecure=True, policy=policy).check()
