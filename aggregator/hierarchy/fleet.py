@@ -141,22 +141,7 @@ class EdgeFleet(Grid):
             return
         self._asked_at = time.monotonic()
         self.problems = {}
-        edges = sorted(self.inner.get_node_ids())
-        answers = self._send(EDGE_QUERY, {node: devices_query() for node in edges}, self.query_s)
-        said: list[tuple[str, int, EdgeDevices]] = []
-        for node in edges:
-            answer = answers.get(node)
-            if not isinstance(answer, RecordDict):
-                self.problems[str(node)] = str(answer) if answer is not None else "no answer"
-                continue
-            try:
-                reply = parse_devices_reply(answer)
-            except UpdateRejected as exc:
-                self.problems[str(node)] = str(exc)
-                continue
-            # the name it was enrolled under here, not the one it calls itself
-            said.append((self.enrolled.get(node) or reply.edge, node, reply))
-        said.sort(key=lambda t: (t[0], t[1]))
+        said = self._edges_say()
         claims: dict[int, list[tuple[int, int, str]]] = {}  # device -> (edge index, node id there, name)
         for index, (_, _, reply) in enumerate(said):
             for node, name in reply.devices.items():
@@ -174,10 +159,36 @@ class EdgeFleet(Grid):
             under[device], names[device], local[device] = index, name, node
         self._topology = FleetTopology(tuple(s[0] for s in said), tuple(s[1] for s in said), under, local)
         self._names = names
+        self._say_problems()
+
+    def _edges_say(self) -> list[tuple[str, int, EdgeDevices]]:
+        """Ask every edge which devices it has; ``(its name, its node id, its answer)`` in name order.
+
+        An edge that does not answer, or answers what cannot be read, is left out, with why in :attr:`problems`.
+        """
+        edges = sorted(self.inner.get_node_ids())
+        answers = self._send(EDGE_QUERY, {node: devices_query() for node in edges}, self.query_s)
+        said: list[tuple[str, int, EdgeDevices]] = []
+        for node in edges:
+            answer = answers.get(node)
+            if not isinstance(answer, RecordDict):
+                self.problems[str(node)] = str(answer) if answer is not None else "no answer"
+                continue
+            try:
+                reply = parse_devices_reply(answer)
+            except UpdateRejected as exc:
+                self.problems[str(node)] = str(exc)
+                continue
+            # the name it was enrolled under here, not the one it calls itself
+            said.append((self.enrolled.get(node) or reply.edge, node, reply))
+        return sorted(said, key=lambda t: (t[0], t[1]))
+
+    def _say_problems(self) -> None:
+        """Say each new problem once in the ServerApp's log (at most :data:`MAX_SAID_AT_ONCE` at a time)."""
         fresh = [(k, why) for k, why in self.problems.items() if self._said.get(k) != why]
         if len(self._said) + len(fresh) > MAX_SAID:  # an edge could report a million conflicting names
             self._said.clear()
-        for key, why in fresh[:MAX_SAID_AT_ONCE]:  # each problem once, in the ServerApp's log
+        for key, why in fresh[:MAX_SAID_AT_ONCE]:
             self._said[key] = why
             print(f"edges: {key}: {why}", flush=True)
         if len(fresh) > MAX_SAID_AT_ONCE:
